@@ -1,0 +1,225 @@
+"""The catalog's state and how each action changes it.
+
+State = latest checkpoint + replay of the commits after it (an event-sourced log, as
+Delta Lake's and Iceberg's metadata logs). :meth:`CatalogState.apply` is the only code
+that interprets actions, and :meth:`CatalogState.checkpoint_actions` is its inverse: the
+actions that rebuild the state from nothing.
+
+Per partition the catalog keeps what a reader needs to build the committed view
+without scanning records: the segments (object, row groups, offset range, stats), the
+log start offset, the high watermark and the last stable offset (LSO).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import CatalogError
+
+# Action kinds.
+CREATE_TOPIC = "create_topic"
+DELETE_TOPIC = "delete_topic"
+ADD_SEGMENT = "add_segment"
+REMOVE_SEGMENT = "remove_segment"
+LOG_START_OFFSET = "log_start_offset"
+PARTITION_STATE = "partition_state"
+LEASE = "lease"
+LEASE_RELEASE = "lease_release"
+PRODUCER_ID_BLOCK = "producer_id_block"
+PRODUCER_SNAPSHOT = "producer_snapshot"
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """One partition's records in one object: offsets ``base_offset..last_offset`` (inclusive).
+
+    ``size_bytes`` is the compressed size of the partition's row groups;
+    timestamps are ms since the epoch.
+    """
+
+    topic: str
+    partition: int
+    path: str
+    base_offset: int
+    last_offset: int
+    record_count: int
+    size_bytes: int
+    min_timestamp: int
+    max_timestamp: int
+    row_group_start: int
+    row_group_count: int
+
+    @property
+    def row_groups(self) -> list[int]:
+        """Row-group indexes of this partition inside the object."""
+        return list(range(self.row_group_start, self.row_group_start + self.row_group_count))
+
+    def to_action(self, high_watermark: int, last_stable_offset: int) -> dict[str, Any]:
+        """The ``add_segment`` action that adds this segment and moves the partition's offsets."""
+        return {
+            "action": ADD_SEGMENT, "topic": self.topic, "partition": self.partition, "path": self.path,
+            "base_offset": self.base_offset, "last_offset": self.last_offset,
+            "record_count": self.record_count, "size_bytes": self.size_bytes,
+            "min_timestamp": self.min_timestamp, "max_timestamp": self.max_timestamp,
+            "row_group_start": self.row_group_start, "row_group_count": self.row_group_count,
+            "high_watermark": high_watermark, "last_stable_offset": last_stable_offset,
+        }
+
+
+@dataclass
+class PartitionState:
+    """Offsets and segments of one partition.
+
+    Invariants: segments are sorted by base_offset and do not overlap;
+    ``log_start_offset <= last_stable_offset <= high_watermark``.
+    """
+
+    topic: str
+    partition: int
+    log_start_offset: int = 0
+    high_watermark: int = 0
+    last_stable_offset: int = 0
+    segments: list[SegmentInfo] = field(default_factory=list)
+
+    def segments_from(self, offset: int) -> list[SegmentInfo]:
+        """Segments holding offsets >= ``offset`` (in offset order)."""
+        idx = bisect.bisect_right([s.last_offset for s in self.segments], offset - 1)
+        return self.segments[idx:]
+
+    def size_bytes(self) -> int:
+        """Sum of the segments' sizes (bytes)."""
+        return sum(s.size_bytes for s in self.segments)
+
+
+@dataclass
+class TopicState:
+    """A topic: its id (a new one each time the name is created), config overrides, partitions."""
+
+    name: str
+    topic_id: str
+    config: dict[str, str]
+    partitions: list[PartitionState]
+
+
+@dataclass
+class LeaseState:
+    """The writer lease as the catalog records it (see :mod:`txlake.catalog.writer_lease`)."""
+
+    owner: str
+    epoch: int
+    lease_ms: int
+    acquired_ms: int
+    info: dict[str, Any]
+    released: bool = False
+
+
+@dataclass
+class CatalogState:
+    """Everything the catalog knows at one version."""
+
+    version: int = 0
+    topics: dict[str, TopicState] = field(default_factory=dict)
+    lease: LeaseState | None = None
+    next_producer_id: int = 0
+    producer_snapshot: str | None = None
+
+    # -- reading -------------------------------------------------------------------
+    def partition(self, topic: str, partition: int) -> PartitionState:
+        """The state of one partition.
+
+        Raises:
+            CatalogError: the topic or partition does not exist.
+        """
+        t = self.topics.get(topic)
+        if t is None or not 0 <= partition < len(t.partitions):
+            from .errors import UnknownTopicError
+
+            raise UnknownTopicError(f"Unknown topic or partition: {topic} [{partition}]")
+        return t.partitions[partition]
+
+    def referenced_paths(self) -> set[str]:
+        """Every object key the state references (segments and the producer snapshot)."""
+        paths = {s.path for t in self.topics.values() for p in t.partitions for s in p.segments}
+        if self.producer_snapshot:
+            paths.add(self.producer_snapshot)
+        return paths
+
+    # -- changing ------------------------------------------------------------------
+    def apply(self, action: dict[str, Any]) -> None:
+        """Apply one action. Raises CatalogError for an action that breaks an invariant."""
+        kind = action["action"]
+        if kind == CREATE_TOPIC:
+            name = action["topic"]
+            n = action["num_partitions"]
+            self.topics[name] = TopicState(
+                name, action["topic_id"], dict(action.get("config") or {}),
+                [PartitionState(name, i) for i in range(n)],
+            )
+        elif kind == DELETE_TOPIC:
+            self.topics.pop(action["topic"], None)
+        elif kind == ADD_SEGMENT:
+            p = self.partition(action["topic"], action["partition"])
+            seg = SegmentInfo(
+                action["topic"], action["partition"], action["path"], action["base_offset"], action["last_offset"],
+                action["record_count"], action["size_bytes"], action["min_timestamp"], action["max_timestamp"],
+                action["row_group_start"], action["row_group_count"],
+            )
+            if p.segments and seg.base_offset <= p.segments[-1].last_offset:
+                idx = bisect.bisect_left([s.base_offset for s in p.segments], seg.base_offset)
+                if idx < len(p.segments) and p.segments[idx].base_offset <= seg.last_offset:
+                    raise CatalogError(f"segment {seg.path} overlaps {p.segments[idx].path} in {seg.topic} [{seg.partition}]")
+                p.segments.insert(idx, seg)
+            else:
+                p.segments.append(seg)
+            p.high_watermark = max(p.high_watermark, action.get("high_watermark", seg.last_offset + 1))
+            p.last_stable_offset = action.get("last_stable_offset", p.high_watermark)
+        elif kind == REMOVE_SEGMENT:
+            p = self.partition(action["topic"], action["partition"])
+            p.segments = [s for s in p.segments if not (s.path == action["path"] and s.base_offset == action["base_offset"])]
+        elif kind == LOG_START_OFFSET:
+            p = self.partition(action["topic"], action["partition"])
+            p.log_start_offset = max(p.log_start_offset, action["offset"])
+        elif kind == PARTITION_STATE:
+            p = self.partition(action["topic"], action["partition"])
+            p.log_start_offset = action["offset"]
+            p.high_watermark = action["high_watermark"]
+            p.last_stable_offset = action["last_stable_offset"]
+        elif kind == LEASE:
+            self.lease = LeaseState(action["owner"], action["lease_epoch"], action["lease_ms"],
+                                    action["timestamp_ms"], json.loads(action.get("info") or "{}"))
+        elif kind == LEASE_RELEASE:
+            if self.lease is not None and self.lease.epoch == action["lease_epoch"]:
+                self.lease.released = True
+        elif kind == PRODUCER_ID_BLOCK:
+            self.next_producer_id = max(self.next_producer_id, action["producer_id"])
+        elif kind == PRODUCER_SNAPSHOT:
+            self.producer_snapshot = action["path"]
+        else:
+            raise CatalogError(f"unknown catalog action {kind!r}")
+
+    def checkpoint_actions(self) -> list[dict[str, Any]]:
+        """Actions that rebuild this state from an empty one (the content of a checkpoint)."""
+        out: list[dict[str, Any]] = []
+        if self.lease is not None:
+            lease = self.lease
+            out.append({"action": LEASE, "owner": lease.owner, "lease_epoch": lease.epoch,
+                        "lease_ms": lease.lease_ms, "timestamp_ms": lease.acquired_ms, "info": json.dumps(lease.info)})
+            if lease.released:
+                out.append({"action": LEASE_RELEASE, "owner": lease.owner, "lease_epoch": lease.epoch})
+        if self.next_producer_id:
+            out.append({"action": PRODUCER_ID_BLOCK, "producer_id": self.next_producer_id})
+        if self.producer_snapshot:
+            out.append({"action": PRODUCER_SNAPSHOT, "path": self.producer_snapshot})
+        for t in self.topics.values():
+            out.append({"action": CREATE_TOPIC, "topic": t.name, "topic_id": t.topic_id,
+                        "num_partitions": len(t.partitions), "config": dict(t.config)})
+            for p in t.partitions:
+                for s in p.segments:
+                    out.append(s.to_action(p.high_watermark, p.last_stable_offset))
+                out.append({"action": PARTITION_STATE, "topic": t.name, "partition": p.partition,
+                            "offset": p.log_start_offset, "high_watermark": p.high_watermark,
+                            "last_stable_offset": p.last_stable_offset})
+        return out

@@ -1,0 +1,658 @@
+"""The one storage abstraction every txlake layer uses.
+
+All persistence goes through :class:`ObjectStore`, a thin wrapper over an fsspec
+filesystem rooted at a URL (``file://``, a plain local path, ``memory://``,
+``s3://``, ...). Keys are ``/``-separated paths relative to that root.
+
+The ordering primitive of the whole system is :meth:`ObjectStore.put_if_absent`
+(create-if-absent). It is the only operation allowed to special-case a backend:
+
+* local files: the bytes go to a temporary file in the target folder, are
+  fsync'ed, then ``os.link(tmp, final)`` publishes them atomically (the link fails
+  with ``FileExistsError`` if the key exists); readers never see partial content;
+* ``memory://``: fsspec's MemoryFileSystem is a process-global dict, so the
+  check-and-write runs under a module-level lock;
+* ``s3://``: ``PutObject`` with ``If-None-Match: *``; a 412 PreconditionFailed
+  (s3fs raises ``FileExistsError`` on AWS, ``OSError(EINVAL)`` on other servers)
+  means "already exists", a 409 ConditionalRequestConflict is retried.
+
+Every other operation is a plain fsspec call.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import threading
+import time
+import uuid
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, BinaryIO, Iterator
+
+import fsspec
+
+__all__ = [
+    "ObjectInfo",
+    "ObjectNotFoundError",
+    "ObjectStore",
+    "StorageError",
+    "TEMP_PREFIX",
+]
+
+#: Basename prefix of the temporary files the local backend writes before
+#: publishing an object. Such names are never returned by :meth:`ObjectStore.list`.
+TEMP_PREFIX = ".txlake-tmp-"
+
+#: User-metadata entry (``x-amz-meta-txlake-put-token``) written with every S3
+#: conditional PUT, so a PUT that the client retried after the server had
+#: already applied it can recognise its own object.
+_S3_TOKEN_META = "txlake-put-token"
+
+# MemoryFileSystem keeps every object in one class-level dict shared by all
+# instances of the process: one lock serialises all memory mutations.
+_MEMORY_LOCK = threading.RLock()
+
+_S3_PROTOCOLS = ("s3", "s3a")
+_LOCAL_PROTOCOLS = ("file", "local")
+
+
+class ObjectNotFoundError(FileNotFoundError):
+    """No object exists at a key.
+
+    Attributes:
+        url: full URL (``protocol://root/key``) of the missing object.
+    """
+
+    def __init__(self, url: str, detail: str | None = None):
+        super().__init__(errno.ENOENT, "object not found", url)
+        self.url = url
+        self.detail = detail
+
+    def __str__(self) -> str:
+        msg = f"object not found: {self.url}"
+        return f"{msg} ({self.detail})" if self.detail else msg
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.detail))
+
+
+class StorageError(OSError):
+    """A storage operation failed for a reason other than a missing object.
+
+    Attributes:
+        url: full URL of the object or prefix the operation addressed.
+        operation: name of the operation (``"get"``, ``"put"``, ``"list"``, ...).
+        detail: the underlying error, as text (the exception is chained as
+            ``__cause__``).
+    """
+
+    def __init__(self, url: str, operation: str, detail: str):
+        super().__init__(f"storage {operation} failed for {url}: {detail}")
+        self.url = url
+        self.operation = operation
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"storage {self.operation} failed for {self.url}: {self.detail}"
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.operation, self.detail))
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object, as returned by :meth:`ObjectStore.list`.
+
+    Attributes:
+        key: key relative to the store root, ``/``-separated, no leading ``/``.
+        size: size in bytes.
+        mtime_ms: last-modified time, integer milliseconds since the Unix epoch
+            (0 if the backend does not report one).
+    """
+
+    key: str
+    size: int
+    mtime_ms: int
+
+
+def _check_key(key: str) -> str:
+    """Validate an object key; returns it unchanged or raises ValueError."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"object key must be a non-empty str, got {key!r}")
+    if key.startswith("/") or key.endswith("/") or "\\" in key:
+        raise ValueError(
+            f"invalid object key {key!r}: keys are relative, '/'-separated, "
+            "without a leading or trailing '/' or backslashes"
+        )
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid object key {key!r}: empty, '.' or '..' path component")
+    return key
+
+
+def _check_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str):
+        raise ValueError(f"list prefix must be a str, got {prefix!r}")
+    if prefix.startswith("/") or "\\" in prefix:
+        raise ValueError(f"invalid list prefix {prefix!r}: must be relative and '/'-separated")
+    if any(p in (".", "..") for p in prefix.split("/")[:-1]) or "//" in prefix:
+        raise ValueError(f"invalid list prefix {prefix!r}")
+    return prefix
+
+
+def _as_bytes(data: Any) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"object data must be bytes-like, got {type(data).__name__}")
+
+
+def _mtime_ms(info: dict) -> int:
+    """Best-effort last-modified time of an fsspec info dict, in epoch ms."""
+    for field in ("mtime", "LastModified", "last_modified", "modified", "updated", "created"):
+        value = info.get(field)
+        if value is None:
+            continue
+        if isinstance(value, datetime):
+            return int(value.timestamp() * 1000)
+        if isinstance(value, (int, float)):
+            return int(value * 1000)
+        if isinstance(value, str):
+            try:
+                return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+            except ValueError:
+                continue
+    return 0
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_temp(folder: str, basename: str, data: bytes) -> str:
+    """Write data to a fresh fsync'ed temp file in folder; returns its path."""
+    tmp = os.path.join(folder, f"{TEMP_PREFIX}{uuid.uuid4().hex}-{basename}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _s3_error_code(exc: BaseException) -> tuple[str | None, int | None]:
+    """(S3 error code, HTTP status) of an s3fs/botocore error, if known."""
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            err = response.get("Error") or {}
+            meta = response.get("ResponseMetadata") or {}
+            status = meta.get("HTTPStatusCode")
+            return err.get("Code"), int(status) if status is not None else None
+        e = e.__cause__ or e.__context__
+    return None, None
+
+
+class ObjectStore:
+    """Objects under one root URL, on any fsspec filesystem.
+
+    Args:
+        url: root of the store: ``"file:///abs/path"``, a plain absolute or
+            relative local path (treated as ``file://``), ``"memory://name"``,
+            ``"s3://bucket/prefix"``, or any other fsspec URL. A local root
+            folder is created if missing.
+        storage_options: keyword arguments of the fsspec filesystem; for
+            ``s3://`` these are s3fs arguments (``endpoint_url``, ``key``,
+            ``secret``, ``client_kwargs``, ...).
+
+    Attributes:
+        url: normalised URL of the root, with protocol, no trailing slash.
+        protocol: canonical protocol name (``"file"``, ``"memory"``, ``"s3"``, ...).
+        root: the root as the fsspec filesystem spells paths (no trailing slash).
+        fs: the fsspec filesystem.
+        storage_options: the options the filesystem was built with (a copy).
+
+    Raises:
+        ValueError: the URL is empty or its protocol is unknown to fsspec.
+        StorageError: the filesystem could not be created (e.g. missing
+            package, or a local root that cannot be created).
+
+    Instances are thread-safe and picklable (they rebuild their filesystem).
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None):
+        if not isinstance(url, str) or not url.strip():
+            raise ValueError(f"storage url must be a non-empty str, got {url!r}")
+        raw = url.strip()
+        self.storage_options: dict = dict(storage_options or {})
+        protocol, _ = fsspec.core.split_protocol(raw)
+        if protocol is None:
+            protocol = "file"
+            raw = "file://" + os.path.abspath(os.path.expanduser(raw))
+        try:
+            cls = fsspec.get_filesystem_class(protocol)
+        except (ValueError, ImportError) as e:
+            raise ValueError(f"unsupported storage url {url!r}: {e}") from e
+        protos = cls.protocol if isinstance(cls.protocol, (tuple, list)) else (cls.protocol,)
+        self.protocol: str = protos[0]
+        root = cls._strip_protocol(raw)
+        if self.protocol in _LOCAL_PROTOCOLS:
+            self.protocol = "file"
+            root = os.path.abspath(root)
+        self.root: str = root.rstrip("/")
+        if self.protocol == "file":
+            self.url = "file://" + (self.root or "/")
+        else:
+            self.url = f"{self.protocol}://{self.root.lstrip('/')}"
+        try:
+            self.fs = fsspec.filesystem(self.protocol, **self.storage_options)
+        except Exception as e:  # noqa: BLE001 - surface any construction failure
+            raise StorageError(self.url, "open", f"{type(e).__name__}: {e}") from e
+        if self.protocol == "file":
+            try:
+                os.makedirs(self.root or "/", exist_ok=True)
+            except OSError as e:
+                raise StorageError(self.url, "create root", str(e)) from e
+        self._arrow_fs = None
+        self._arrow_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ naming
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self.url!r})"
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.storage_options))
+
+    def uri(self, key: str) -> str:
+        """Full URL of key: ``protocol://root/key``. Raises ValueError on a bad key."""
+        return f"{self.url}/{_check_key(key)}"
+
+    def fs_path(self, key: str) -> str:
+        """Path of key as ``self.fs`` (and :meth:`arrow_filesystem`) expects it.
+
+        Raises ValueError on a bad key (empty, absolute, ``..``, trailing ``/``).
+        """
+        return f"{self.root}/{_check_key(key)}"
+
+    def _prefix_path(self, prefix: str) -> str:
+        return f"{self.root}/{prefix}" if prefix else (self.root or "/")
+
+    def _key_of(self, path: str) -> str | None:
+        base = self.root + "/"
+        if not path.startswith(base):
+            return None
+        return path[len(base):]
+
+    @contextmanager
+    def _errors(self, operation: str, url: str) -> Iterator[None]:
+        """Map backend exceptions to ObjectNotFoundError / StorageError."""
+        try:
+            yield
+        except (ObjectNotFoundError, StorageError, ValueError, TypeError):
+            raise
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise ObjectNotFoundError(url) from e
+        except Exception as e:  # noqa: BLE001 - every other failure names the url
+            raise StorageError(url, operation, f"{type(e).__name__}: {e}") from e
+
+    def _mutation_lock(self):
+        """The lock memory:// mutations run under (a no-op elsewhere)."""
+        return _MEMORY_LOCK if self.protocol == "memory" else nullcontext()
+
+    def _invalidate(self, path: str | None = None) -> None:
+        """Drop fsspec's cached listings so other writers' objects are seen."""
+        try:
+            self.fs.invalidate_cache(path)
+        except Exception:  # noqa: BLE001 - cache invalidation is best effort
+            self.fs.invalidate_cache()
+
+    # ------------------------------------------------------------------ writes
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create the object at key with data, only if no object exists there.
+
+        This is the ordering primitive of txlake (catalog commits, writer
+        leases): when several threads or processes race on one key, exactly one
+        call returns True, and a reader of the key sees either nothing or the
+        complete bytes of the winner.
+
+        Args:
+            key: object key relative to the root.
+            data: the object content, non-empty bytes-like.
+
+        Returns:
+            True if this call created the object, False if an object already
+            existed at key (its content is left unchanged).
+
+        Raises:
+            ValueError: data is empty (an empty conditional write can truncate
+                on some backends) or the key is invalid.
+            TypeError: data is not bytes-like.
+            StorageError: any other failure (naming the url), or a protocol
+                without a verified create-if-absent.
+        """
+        path = self.fs_path(key)
+        data = _as_bytes(data)
+        if not data:
+            raise ValueError(f"put_if_absent of empty data refused for {self.uri(key)}")
+        url = self.uri(key)
+        if self.protocol == "file":
+            return self._put_if_absent_local(path, data, url)
+        if self.protocol == "memory":
+            with _MEMORY_LOCK, self._errors("put_if_absent", url):
+                if self.fs.isfile(path):
+                    return False
+                self.fs.pipe_file(path, data)
+                return True
+        if self.protocol in _S3_PROTOCOLS:
+            return self._put_if_absent_s3(path, data, url)
+        raise StorageError(
+            url,
+            "put_if_absent",
+            f"no verified atomic create-if-absent for protocol {self.protocol!r}; "
+            "use file://, memory:// or s3://",
+        )
+
+    def _put_if_absent_local(self, path: str, data: bytes, url: str) -> bool:
+        folder, basename = os.path.split(path)
+        with self._errors("put_if_absent", url):
+            os.makedirs(folder, exist_ok=True)
+            tmp = _write_temp(folder, basename, data)
+            try:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
+                except OSError as e:
+                    if e.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                        raise StorageError(
+                            url,
+                            "put_if_absent",
+                            f"the local filesystem does not support hard links ({e}); "
+                            "txlake needs them for atomic create-if-absent",
+                        ) from e
+                    raise
+            finally:
+                _unlink_quietly(tmp)
+            _fsync_dir(folder)
+            return True
+
+    def _put_if_absent_s3(self, path: str, data: bytes, url: str) -> bool:
+        bucket, key, _ = self.fs.split_path(path)
+        token = uuid.uuid4().hex
+        delay = 0.05
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                self.fs.call_s3(
+                    "put_object",
+                    Bucket=bucket,
+                    Key=key,
+                    Body=data,
+                    IfNoneMatch="*",
+                    Metadata={_S3_TOKEN_META: token},
+                )
+                self._invalidate(path)
+                return True
+            except Exception as e:  # noqa: BLE001 - classified below
+                code, status = _s3_error_code(e)
+                exists = (
+                    isinstance(e, FileExistsError)
+                    or code == "PreconditionFailed"
+                    or status == 412
+                    or (
+                        isinstance(e, OSError)
+                        and e.errno == errno.EINVAL
+                        and "pre-condition" in str(e).lower()
+                    )
+                )
+                if exists:
+                    self._invalidate(path)
+                    # The client may have retried a PUT the server had already
+                    # applied: then the object carries our token and is ours.
+                    return self._s3_token_of(bucket, key) == token
+                conflict = code == "ConditionalRequestConflict" or status == 409
+                if conflict and time.monotonic() < deadline:
+                    # Another conditional write to this key is in flight: retry,
+                    # the answer will be 412 (it won) or 200 (it failed).
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                detail = f"{type(e).__name__}: {e}"
+                if code:
+                    detail += f" [S3 {code}, HTTP {status}]"
+                raise StorageError(url, "put_if_absent", detail) from e
+
+    def _s3_token_of(self, bucket: str, key: str) -> str | None:
+        try:
+            head = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except Exception:  # noqa: BLE001 - gone or unreadable: not provably ours
+            return None
+        meta = head.get("Metadata") or {}
+        return meta.get(_S3_TOKEN_META)
+
+    def put(self, key: str, data: bytes) -> None:
+        """Create or overwrite the object at key; parent folders are created.
+
+        On the local backend the bytes are written to a temp file and renamed
+        over the key, so readers never see a half-written object.
+
+        Raises:
+            ValueError: invalid key.
+            TypeError: data is not bytes-like.
+            StorageError: any backend failure, naming the url.
+        """
+        path = self.fs_path(key)
+        data = _as_bytes(data)
+        url = self.uri(key)
+        if self.protocol == "file":
+            folder, basename = os.path.split(path)
+            with self._errors("put", url):
+                os.makedirs(folder, exist_ok=True)
+                tmp = _write_temp(folder, basename, data)
+                try:
+                    os.replace(tmp, path)
+                except BaseException:
+                    _unlink_quietly(tmp)
+                    raise
+                _fsync_dir(folder)
+            return
+        with self._mutation_lock(), self._errors("put", url):
+            self.fs.pipe_file(path, data)
+        self._invalidate(path)
+
+    def delete(self, key: str) -> None:
+        """Delete the object at key; a missing object is not an error.
+
+        Raises:
+            ValueError: invalid key.
+            StorageError: any backend failure, naming the url.
+        """
+        path = self.fs_path(key)
+        url = self.uri(key)
+        try:
+            with self._mutation_lock(), self._errors("delete", url):
+                self.fs.rm_file(path)
+        except ObjectNotFoundError:
+            pass
+        finally:
+            self._invalidate(path)
+
+    # ------------------------------------------------------------------- reads
+
+    def get(self, key: str) -> bytes:
+        """Full content of the object at key.
+
+        Raises:
+            ObjectNotFoundError: no object at key (names its url).
+            ValueError: invalid key.
+            StorageError: any other backend failure, naming the url.
+        """
+        path = self.fs_path(key)
+        url = self.uri(key)
+        self._invalidate(path)
+        with self._errors("get", url):
+            return bytes(self.fs.cat_file(path))
+
+    def get_or_none(self, key: str) -> bytes | None:
+        """Like :meth:`get`, but None when no object exists at key."""
+        try:
+            return self.get(key)
+        except ObjectNotFoundError:
+            return None
+
+    def exists(self, key: str) -> bool:
+        """True if an object (not a folder) exists at key.
+
+        Raises:
+            ValueError: invalid key.
+            StorageError: backend failure other than "not found".
+        """
+        path = self.fs_path(key)
+        self._invalidate(path)
+        try:
+            with self._errors("exists", self.uri(key)):
+                info = self.fs.info(path)
+        except ObjectNotFoundError:
+            return False
+        return info.get("type") == "file"
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Objects whose key starts with prefix, sorted by key.
+
+        ``"dir/"`` lists everything below that folder (recursively); ``"dir/ab"``
+        lists ``dir/ab*`` (including below ``dir/abc/``); ``""`` lists the store.
+        Folders and in-flight temporary files are never returned.
+
+        Returns:
+            A list of :class:`ObjectInfo` (``[]`` if nothing matches).
+
+        Raises:
+            ValueError: invalid prefix (absolute, backslashes, ``..``).
+            StorageError: any backend failure, naming the prefix url.
+        """
+        prefix = _check_prefix(prefix)
+        folder, _, base = prefix.rpartition("/")
+        folder_path = self._prefix_path(folder)
+        url = f"{self.url}/{prefix}"
+        self._invalidate(folder_path)
+        try:
+            with self._errors("list", url):
+                if self.protocol in _S3_PROTOCOLS and base:
+                    # server-side prefix filter: one LIST of just the matches
+                    found = self.fs.find(folder_path, prefix=base, detail=True)
+                else:
+                    found = self.fs.find(folder_path, detail=True)
+        except ObjectNotFoundError:
+            return []
+        out = []
+        for name, info in found.items():
+            name = info.get("name", name)
+            key = self._key_of(name)
+            if key is None or not key.startswith(prefix) or key.endswith("/"):
+                continue
+            if info.get("type", "file") != "file":
+                continue
+            if key.rpartition("/")[2].startswith(TEMP_PREFIX):
+                continue
+            size = info.get("size")
+            if size is None:
+                size = self.fs.info(name).get("size", 0)
+            out.append(ObjectInfo(key=key, size=int(size), mtime_ms=_mtime_ms(info)))
+        out.sort(key=lambda o: o.key)
+        return out
+
+    def open_input(self, key: str) -> BinaryIO:
+        """A seekable binary file object for key, e.g. for ``pyarrow.parquet.ParquetFile``.
+
+        The caller closes it. Each call returns an independent file object.
+
+        Raises:
+            ObjectNotFoundError: no object at key (names its url).
+            ValueError: invalid key.
+            StorageError: any other backend failure, naming the url.
+        """
+        path = self.fs_path(key)
+        url = self.uri(key)
+        self._invalidate(path)
+        with self._errors("open", url):
+            if self.protocol == "memory":
+                # MemoryFileSystem.open hands out the one shared BytesIO of the
+                # object: give each reader its own cursor instead.
+                return io.BytesIO(self.fs.cat_file(path))
+            return self.fs.open(path, "rb")
+
+    def arrow_filesystem(self):
+        """A ``pyarrow.fs.FileSystem`` over this store's fsspec filesystem (cached).
+
+        Paths given to it are :meth:`fs_path` values. Local stores get pyarrow's
+        native ``LocalFileSystem``; others ``PyFileSystem(FSSpecHandler(fs))``.
+        """
+        if self._arrow_fs is None:
+            with self._arrow_lock:
+                if self._arrow_fs is None:
+                    import pyarrow.fs as pafs
+
+                    if self.protocol == "file":
+                        self._arrow_fs = pafs.LocalFileSystem()
+                    elif self.protocol == "memory":
+                        self._arrow_fs = pafs.PyFileSystem(_memory_handler_class()(self.fs))
+                    else:
+                        self._arrow_fs = pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+        return self._arrow_fs
+
+
+_MEMORY_HANDLER = None
+
+
+def _memory_handler_class():
+    """FSSpecHandler whose input files are private copies (see open_input)."""
+    global _MEMORY_HANDLER
+    if _MEMORY_HANDLER is None:
+        import pyarrow as pa
+        import pyarrow.fs as pafs
+
+        class _MemoryHandler(pafs.FSSpecHandler):
+            def open_input_file(self, path):
+                try:
+                    data = self.fs.cat_file(path)
+                except KeyError as e:  # pragma: no cover
+                    raise FileNotFoundError(path) from e
+                return pa.PythonFile(io.BytesIO(data), mode="r")
+
+            def open_input_stream(self, path):
+                return self.open_input_file(path)
+
+        _MEMORY_HANDLER = _MemoryHandler
+    return _MEMORY_HANDLER

@@ -1,0 +1,35 @@
+"""Finding and deleting orphaned objects: written but never (or no longer) referenced.
+
+A crash between writing a data object and committing it leaves an object no commit
+names. Readers never see it (they read only what the catalog names); the writer
+deletes it once it is older than a grace period, so an object being written right now
+by the live writer (not yet committed) is never touched.
+"""
+
+from __future__ import annotations
+
+import time
+
+from txlake.catalog.catalog import Catalog
+from txlake.catalog.storage import ObjectStore
+
+
+def find_orphans(store: ObjectStore, catalog: Catalog, prefixes: list[str], grace_ms: int) -> list[str]:
+    """Keys under ``prefixes`` that the catalog does not reference and that are older than ``grace_ms``."""
+    with catalog.lock:
+        referenced = catalog.state.referenced_paths()
+    cutoff = int(time.time() * 1000) - grace_ms
+    found = []
+    for prefix in prefixes:
+        for info in store.list(prefix):
+            if info.key not in referenced and info.mtime_ms < cutoff:
+                found.append(info.key)
+    return found
+
+
+def delete_orphans(store: ObjectStore, catalog: Catalog, prefixes: list[str], grace_ms: int) -> list[str]:
+    """Delete what :func:`find_orphans` finds; return the deleted keys."""
+    orphans = find_orphans(store, catalog, prefixes, grace_ms)
+    for key in orphans:
+        store.delete(key)
+    return orphans

@@ -1,0 +1,170 @@
+"""Producer state per partition: Kafka's ``ProducerStateManager`` and ``ProducerAppendInfo``.
+
+For every producer id that wrote to a partition the broker keeps its epoch and the
+metadata of its last 5 batches (KIP-98). A new batch is checked against it before it is
+appended:
+
+* an exact retry of one of the last 5 batches (same epoch, same sequence range) is a
+  *duplicate*: the original offsets are returned and nothing is written;
+* an older epoch -> INVALID_PRODUCER_EPOCH;
+* a newer epoch must start at sequence 0 -> else OUT_OF_ORDER_SEQUENCE_NUMBER;
+* the same epoch must continue at ``last_seq + 1`` (with wrap-around from 2^31-1 to 0)
+  -> else OUT_OF_ORDER_SEQUENCE_NUMBER (a gap or a partial overlap);
+* a producer with no state left (e.g. its segments were deleted) may write any sequence
+  (Kafka's behaviour since KIP-360).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .errors import ApiError, Errors
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+INT32_MAX = 2**31 - 1
+#: Kafka's ``ProducerStateEntry.NUM_BATCHES_TO_RETAIN``.
+NUM_BATCHES_TO_RETAIN = 5
+
+
+def increment_sequence(sequence: int, increment: int) -> int:
+    """Kafka's ``DefaultRecordBatch.incrementSequence``: add with wrap-around past 2^31-1."""
+    if sequence > INT32_MAX - increment:
+        return increment - (INT32_MAX - sequence) - 1
+    return sequence + increment
+
+
+def in_sequence(last_seq: int, next_seq: int) -> bool:
+    """True if ``next_seq`` directly follows ``last_seq`` (wrapping from 2^31-1 to 0)."""
+    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
+
+
+@dataclass(frozen=True)
+class BatchMetadata:
+    """Sequence and offset range of one appended batch; timestamp in ms."""
+
+    first_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+    timestamp: int
+
+
+@dataclass
+class ProducerStateEntry:
+    """What a partition remembers of one producer id (Kafka's ``ProducerStateEntry``)."""
+
+    producer_id: int
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    batches: deque = field(default_factory=lambda: deque(maxlen=NUM_BATCHES_TO_RETAIN))
+    coordinator_epoch: int = -1
+    last_timestamp: int = -1
+    current_txn_first_offset: int | None = None
+
+    @property
+    def last_seq(self) -> int:
+        """Last sequence of the newest batch, or -1 with no batch."""
+        return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
+
+    @property
+    def last_offset(self) -> int:
+        """Last offset of the newest batch, or -1 with no batch."""
+        return self.batches[-1].last_offset if self.batches else -1
+
+    def find_duplicate(self, epoch: int, first_seq: int, last_seq: int) -> BatchMetadata | None:
+        """The retained batch with exactly this epoch and sequence range, if any."""
+        if epoch != self.producer_epoch:
+            return None
+        for batch in self.batches:
+            if batch.first_seq == first_seq and batch.last_seq == last_seq:
+                return batch
+        return None
+
+    def add_batch(self, epoch: int, batch: BatchMetadata) -> None:
+        """Record an appended batch; a new epoch forgets the old epoch's batches."""
+        if epoch != self.producer_epoch:
+            self.batches.clear()
+            self.producer_epoch = epoch
+        self.batches.append(batch)
+        self.last_timestamp = batch.timestamp
+
+
+class ProducerStateManager:
+    """Producer state of one partition (Kafka's ``ProducerStateManager``).
+
+    Not thread-safe: the broker serialises appends per partition.
+    """
+
+    def __init__(self, topic: str, partition: int):
+        self.topic = topic
+        self.partition = partition
+        self.producers: dict[int, ProducerStateEntry] = {}
+
+    def check_append(self, producer_id: int, epoch: int, first_seq: int, last_seq: int,
+                     is_transactional: bool) -> BatchMetadata | None:
+        """Validate a batch before it is appended.
+
+        Returns:
+            The original batch's metadata if this batch is an exact duplicate (nothing
+            must be written), else None (append it, then call :meth:`update`).
+
+        Raises:
+            ApiError: INVALID_PRODUCER_EPOCH or OUT_OF_ORDER_SEQUENCE_NUMBER, with Kafka's message.
+        """
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return None  # unknown producer: any sequence is accepted (KIP-360)
+        duplicate = entry.find_duplicate(epoch, first_seq, last_seq)
+        if duplicate is not None:
+            return duplicate
+        tp = f"{self.topic}-{self.partition}"
+        if epoch < entry.producer_epoch:
+            raise ApiError(Errors.INVALID_PRODUCER_EPOCH,
+                           f"Epoch of producer {producer_id} at offset {entry.last_offset + 1} in {tp} is {epoch}, "
+                           f"which is smaller than the last seen epoch {entry.producer_epoch}")
+        if epoch != entry.producer_epoch:
+            if first_seq != 0 and entry.producer_epoch != NO_PRODUCER_EPOCH:
+                raise ApiError(Errors.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                               f"Invalid sequence number for new epoch of producer {producer_id} in partition {tp}: "
+                               f"{epoch} (request epoch), {first_seq} (seq. number), {entry.producer_epoch} (current producer epoch)")
+        elif entry.producer_epoch != NO_PRODUCER_EPOCH and entry.batches and not in_sequence(entry.last_seq, first_seq):
+            raise ApiError(Errors.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                           f"Out of order sequence number for producer {producer_id} in partition {tp}: "
+                           f"{first_seq} (incoming seq. number), {entry.last_seq} (current end sequence number)")
+        return None
+
+    def update(self, producer_id: int, epoch: int, first_seq: int, last_seq: int, first_offset: int,
+               last_offset: int, timestamp: int, is_transactional: bool) -> None:
+        """Record an appended (or replayed) data batch of ``producer_id``."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerStateEntry(producer_id)
+        entry.add_batch(epoch, BatchMetadata(first_seq, last_seq, first_offset, last_offset, timestamp))
+        if is_transactional and entry.current_txn_first_offset is None:
+            entry.current_txn_first_offset = first_offset
+
+    def last_entry(self, producer_id: int) -> ProducerStateEntry | None:
+        """The entry of ``producer_id``, if the partition has one."""
+        return self.producers.get(producer_id)
+
+    # -- snapshots ------------------------------------------------------------------
+    def snapshot_rows(self) -> list[dict[str, Any]]:
+        """Rows of :data:`txlake.formats.producer_state.SNAPSHOT_SCHEMA` for this partition."""
+        return [
+            {"topic": self.topic, "partition": self.partition, "producer_id": e.producer_id,
+             "producer_epoch": e.producer_epoch, "coordinator_epoch": e.coordinator_epoch,
+             "last_timestamp": e.last_timestamp, "txn_first_offset": e.current_txn_first_offset,
+             "batches": [vars(b) for b in e.batches]}
+            for e in self.producers.values()
+        ]
+
+    def load_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Restore entries from snapshot rows of this partition."""
+        for row in rows:
+            entry = ProducerStateEntry(row["producer_id"], row["producer_epoch"],
+                                       deque((BatchMetadata(**b) for b in row["batches"]), maxlen=NUM_BATCHES_TO_RETAIN),
+                                       row["coordinator_epoch"], row["last_timestamp"], row["txn_first_offset"])
+            self.producers[entry.producer_id] = entry

@@ -1,0 +1,57 @@
+"""One embedded broker per storage root per process, shared by every client (API.md).
+
+Clients acquire the broker of their ``storage.url`` and release it when closed; the
+last release closes it (flush, producer-state snapshot, writer lease released). At
+interpreter exit every broker still open is closed the same way, so a process that
+exits cleanly never leaves a lease for the next writer to wait out.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import Any
+
+from txlake.catalog.storage import ObjectStore
+
+from .broker import Broker, BrokerConfig
+
+_lock = threading.Lock()
+_brokers: dict[str, list] = {}  # normalised url -> [broker, refcount]
+
+
+def acquire_broker(url: str, storage_options: dict[str, Any] | None = None,
+                   config: BrokerConfig | None = None) -> Broker:
+    """The shared broker of ``url`` (opened on first use; later configs are ignored)."""
+    store = ObjectStore(url, storage_options)
+    with _lock:
+        entry = _brokers.get(store.url)
+        if entry is None or entry[0]._closed:
+            entry = _brokers[store.url] = [Broker(store, config), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def release_broker(broker: Broker) -> None:
+    """Drop one reference; the last one closes the broker."""
+    with _lock:
+        entry = _brokers.get(broker.store.url)
+        if entry is None or entry[0] is not broker:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        del _brokers[broker.store.url]
+    broker.close()
+
+
+def close_all() -> None:
+    """Close every open broker (what a clean interpreter exit does)."""
+    with _lock:
+        brokers = [e[0] for e in _brokers.values()]
+        _brokers.clear()
+    for broker in brokers:
+        broker.close()
+
+
+atexit.register(close_all)

@@ -1,0 +1,150 @@
+"""Record segments: the Parquet layout of partition data (one row per record).
+
+A *flush object* holds the new records of every partition that changed in one group
+commit; each partition's records form their own row groups, so a reader of one
+partition reads only its row groups (the catalog records which ones). Compaction later
+rewrites them into per-partition segments with the same schema.
+
+Columns (format version 1) -- record fields, then the batch fields Kafka keeps in a
+RecordBatch header (KIP-98 message format v2), repeated on each row of the batch:
+
+=================  ==========  ==========================================================
+column             type        meaning
+=================  ==========  ==========================================================
+topic              string      topic name
+partition          int32       partition id
+offset             int64       the record's offset in its partition
+timestamp          int64       ms since the epoch
+timestamp_type     int8        0 CreateTime, 1 LogAppendTime
+key                binary      null for a null key
+value              binary      null for a tombstone
+headers            list<...>   list of {key: string, value: binary}; null when none
+producer_id        int64       -1 when not idempotent
+producer_epoch     int16       -1 when not idempotent
+base_sequence      int32       the batch's first sequence number, -1 when none
+base_offset        int64       offset of the batch's first record
+last_offset_delta  int32       last offset of the batch minus base_offset
+is_transactional   bool        the batch belongs to a transaction
+is_control         bool        a control record (transaction marker)
+control_type       int16       0 ABORT, 1 COMMIT (Kafka's ControlRecordType); null otherwise
+coordinator_epoch  int32       the transaction coordinator's epoch on a marker; else null
+=================  ==========  ==========================================================
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .versioning import check_schema, check_tags, open_parquet, read_all, stamp
+
+KIND = "record-segment"
+VERSION = 1
+
+HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())]))
+
+#: Columns a producer supplies for each record (the payload of a batch before the log assigns offsets).
+PAYLOAD_SCHEMA = pa.schema(
+    [
+        pa.field("timestamp", pa.int64(), nullable=False),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", HEADER_TYPE),
+    ]
+)
+
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp", pa.int64(), nullable=False),
+        pa.field("timestamp_type", pa.int8(), nullable=False),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", HEADER_TYPE),
+        pa.field("producer_id", pa.int64(), nullable=False),
+        pa.field("producer_epoch", pa.int16(), nullable=False),
+        pa.field("base_sequence", pa.int32(), nullable=False),
+        pa.field("base_offset", pa.int64(), nullable=False),
+        pa.field("last_offset_delta", pa.int32(), nullable=False),
+        pa.field("is_transactional", pa.bool_(), nullable=False),
+        pa.field("is_control", pa.bool_(), nullable=False),
+        pa.field("control_type", pa.int16()),
+        pa.field("coordinator_epoch", pa.int32()),
+    ]
+)
+STAMPED_SCHEMA = stamp(RECORD_SCHEMA, KIND, VERSION)
+
+TIMESTAMP_CREATE_TIME = 0
+TIMESTAMP_LOG_APPEND_TIME = 1
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+
+#: Default rows per row group: large enough for efficient Spark/DuckDB scans.
+DEFAULT_ROW_GROUP_ROWS = 128 * 1024
+
+
+def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
+                    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS) -> tuple[bytes, list[tuple[int, int]]]:
+    """Encode the record tables of several partitions into one Parquet object.
+
+    Args:
+        tables: one table per partition, each with :data:`RECORD_SCHEMA` and sorted by offset.
+        compression: Parquet codec name.
+        row_group_rows: maximum rows per row group.
+
+    Returns:
+        ``(data, ranges)`` where ``ranges[i] = (first_row_group, row_group_count)`` of ``tables[i]``.
+    """
+    assert tables, "a segment object holds at least one partition"
+    sink = io.BytesIO()
+    ranges: list[tuple[int, int]] = []
+    next_rg = 0
+    with pq.ParquetWriter(sink, STAMPED_SCHEMA, compression=compression) as writer:
+        for table in tables:
+            assert table.num_rows > 0, "never write an empty partition chunk"
+            table = table.cast(RECORD_SCHEMA) if not table.schema.equals(RECORD_SCHEMA) else table
+            n_groups = -(-table.num_rows // row_group_rows)
+            writer.write_table(table.replace_schema_metadata(STAMPED_SCHEMA.metadata), row_group_size=row_group_rows)
+            ranges.append((next_rg, n_groups))
+            next_rg += n_groups
+    data = sink.getvalue()
+    assert data, "a Parquet object is never empty"
+    return data, ranges
+
+
+def open_segment(source, location: str) -> pq.ParquetFile:
+    """Open a segment object and check its format tags.
+
+    Raises:
+        CorruptObjectError, UnsupportedFormatVersionError: naming ``location``.
+    """
+    pf = open_parquet(source, location)
+    check_tags(pf.schema_arrow.metadata, KIND, VERSION, location)
+    check_schema(pf.schema_arrow, RECORD_SCHEMA, location)
+    return pf
+
+
+def read_segment(source, location: str, row_groups: Iterable[int] | None = None,
+                 columns: Sequence[str] | None = None) -> pa.Table:
+    """Read records from a segment object (bytes or seekable file).
+
+    Args:
+        row_groups: the row groups to read (all when None).
+        columns: subset of columns (all when None).
+
+    Raises:
+        CorruptObjectError, UnsupportedFormatVersionError: naming ``location``.
+    """
+    pf = open_segment(source, location)
+    rgs = list(row_groups) if row_groups is not None else None
+    if rgs is not None and any(not 0 <= rg < pf.num_row_groups for rg in rgs):
+        from .errors import CorruptObjectError
+
+        raise CorruptObjectError(location, f"has {pf.num_row_groups} row groups, the catalog names {rgs}")
+    table = read_all(pf, location, rgs, columns)
+    return table.replace_schema_metadata(None)

@@ -1,0 +1,213 @@
+"""Client configuration: Kafka's dotted keys, their defaults, and validation.
+
+Unknown keys and invalid values raise ``KafkaException`` with ``_INVALID_ARG`` and a
+message naming the key (librdkafka's wording). Defaults are Kafka's (the Java clients')
+where the semantics are Kafka's; keys only librdkafka has keep librdkafka's default.
+Keys prefixed ``storage.`` configure the embedded engine of the storage root.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from txlake.engine.broker import BrokerConfig
+
+from .error import KafkaError, kafka_exception
+
+DEFAULT_STORAGE_DIR = os.path.join(os.path.expanduser("~"), ".txlake", "data")
+
+
+def default_storage_url() -> str:
+    """``$TXLAKE_STORAGE`` if set, else ``file://~/.txlake/data``."""
+    return os.environ.get("TXLAKE_STORAGE") or f"file://{DEFAULT_STORAGE_DIR}"
+
+
+def _bad(key: str, value: object, why: str = "") -> Exception:
+    extra = f": {why}" if why else ""
+    return kafka_exception(KafkaError._INVALID_ARG, f"Invalid value \"{value}\" for configuration property \"{key}\"{extra}")
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, Any], int]:
+    def parse(key: str, value: Any) -> int:
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise _bad(key, value, "expected an integer") from None
+        if isinstance(value, float) and not value.is_integer():
+            raise _bad(key, value, "expected an integer")
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            raise _bad(key, value, f"value must be {lo}..{hi}")
+        return n
+    return parse
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise _bad(key, value, "expected true or false")
+
+
+def _choice(*choices: str) -> Callable[[str, Any], str]:
+    def parse(key: str, value: Any) -> str:
+        text = str(value)
+        if text not in choices:
+            raise _bad(key, value, f"expected one of {', '.join(choices)}")
+        return text
+    return parse
+
+
+def _str(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _bad(key, value, "expected a string")
+    return value
+
+
+def _any(key: str, value: Any) -> Any:
+    return value
+
+
+def _acks(key: str, value: Any) -> int:
+    text = str(value).strip().lower()
+    if text == "all":
+        return -1
+    n = _int(-1, 1000)(key, value)
+    return n
+
+
+def _callable(key: str, value: Any) -> Any:
+    if not callable(value):
+        raise _bad(key, value, "expected a callable")
+    return value
+
+
+COMMON: dict[str, tuple[Callable, Any]] = {
+    "storage.url": (_str, None),
+    "storage.options": (_any, None),
+    "storage.flush.linger.ms": (_int(0, 60_000), 5),
+    "storage.flush.max.bytes": (_int(1024), 32 * 1024 * 1024),
+    "storage.lease.ms": (_int(100), 15_000),
+    "storage.lease.force": (_bool, False),
+    "storage.checkpoint.interval": (_int(1), 100),
+    "storage.producer.snapshot.interval": (_int(1), 50),
+    "storage.orphan.grace.ms": (_int(0), 3_600_000),
+    "num.partitions": (_int(1), 1),
+    "bootstrap.servers": (_str, None),
+    "client.id": (_str, "rdkafka"),
+    "error_cb": (_callable, None),
+    "logger": (_any, None),
+    "request.timeout.ms": (_int(1), 30_000),
+    "socket.timeout.ms": (_int(10), 60_000),
+    "debug": (_str, None),
+}
+
+PRODUCER: dict[str, tuple[Callable, Any]] = {
+    "acks": (_acks, -1),
+    "request.required.acks": (_acks, -1),
+    "enable.idempotence": (_bool, True),
+    "retries": (_int(0, 2**31 - 1), 2**31 - 1),
+    "message.send.max.retries": (_int(0, 2**31 - 1), 2**31 - 1),
+    "max.in.flight.requests.per.connection": (_int(1, 1_000_000), 5),
+    "max.in.flight": (_int(1, 1_000_000), 5),
+    "linger.ms": (_int(0, 900_000), 5),
+    "queue.buffering.max.ms": (_int(0, 900_000), 5),
+    "batch.size": (_int(1, 2**31 - 1), 1_000_000),
+    "batch.num.messages": (_int(1, 1_000_000), 10_000),
+    "message.max.bytes": (_int(1000, 1_000_000_000), 1_000_000),
+    "delivery.timeout.ms": (_int(0, 2**31 - 1), 120_000),
+    "message.timeout.ms": (_int(0, 2**31 - 1), 120_000),
+    "retry.backoff.ms": (_int(1, 300_000), 100),
+    "queue.buffering.max.messages": (_int(0, 2**31 - 1), 100_000),
+    "queue.buffering.max.kbytes": (_int(1, 2**31 - 1), 1_048_576),
+    "compression.type": (_choice("none", "gzip", "snappy", "lz4", "zstd"), "none"),
+    "compression.codec": (_choice("none", "gzip", "snappy", "lz4", "zstd"), "none"),
+    "partitioner": (_choice("murmur2_random", "murmur2"), "murmur2_random"),
+    "transactional.id": (_str, None),
+    "transaction.timeout.ms": (_int(1000, 2**31 - 1), 60_000),
+    "on_delivery": (_callable, None),
+    "delivery.report.only.error": (_bool, False),
+}
+
+CONSUMER: dict[str, tuple[Callable, Any]] = {
+    "group.id": (_str, None),
+    "group.instance.id": (_str, None),
+    "isolation.level": (_choice("read_committed", "read_uncommitted"), "read_committed"),
+    "enable.auto.commit": (_bool, True),
+    "auto.commit.interval.ms": (_int(0, 86_400_000), 5_000),
+    "enable.auto.offset.store": (_bool, True),
+    "auto.offset.reset": (_choice("smallest", "earliest", "beginning", "largest", "latest", "end", "error"), "latest"),
+    "enable.partition.eof": (_bool, False),
+    "fetch.wait.max.ms": (_int(0, 300_000), 500),
+    "fetch.min.bytes": (_int(1), 1),
+    "fetch.max.bytes": (_int(0), 52_428_800),
+    "max.partition.fetch.bytes": (_int(1), 1_048_576),
+    "session.timeout.ms": (_int(1, 3_600_000), 45_000),
+    "heartbeat.interval.ms": (_int(1, 3_600_000), 3_000),
+    "max.poll.interval.ms": (_int(1, 86_400_000), 300_000),
+    "partition.assignment.strategy": (_str, "range,roundrobin"),
+    "on_commit": (_callable, None),
+    "check.crcs": (_bool, False),
+}
+
+ADMIN: dict[str, tuple[Callable, Any]] = {}
+
+
+@dataclass
+class ClientConfig:
+    """A validated client config: ``values`` has every known key with its default applied."""
+
+    values: dict[str, Any]
+    explicit: frozenset[str]
+    storage_url: str
+    storage_options: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def broker_config(self) -> BrokerConfig:
+        """The embedded engine's settings taken from the ``storage.*`` keys."""
+        v = self.values
+        return BrokerConfig(
+            flush_linger_ms=v["storage.flush.linger.ms"], flush_max_bytes=v["storage.flush.max.bytes"],
+            num_partitions=v["num.partitions"], lease_ms=v["storage.lease.ms"], lease_force=v["storage.lease.force"],
+            checkpoint_interval=v["storage.checkpoint.interval"],
+            producer_snapshot_interval=v["storage.producer.snapshot.interval"],
+            orphan_grace_ms=v["storage.orphan.grace.ms"],
+        )
+
+
+def parse_config(conf: Mapping[str, Any] | None, kind: str) -> ClientConfig:
+    """Validate ``conf`` for a client of ``kind`` ("producer", "consumer", "admin").
+
+    Raises:
+        KafkaException: ``_INVALID_ARG`` naming an unknown key or an invalid value.
+    """
+    if conf is not None and not isinstance(conf, Mapping):
+        raise kafka_exception(KafkaError._INVALID_ARG, "expected a configuration dict")
+    table = {**COMMON, **{"producer": PRODUCER, "consumer": CONSUMER, "admin": ADMIN}[kind]}
+    values = {k: default for k, (_, default) in table.items()}
+    options: dict[str, Any] = {}
+    explicit = set()
+    for key, value in (conf or {}).items():
+        if not isinstance(key, str):
+            raise kafka_exception(KafkaError._INVALID_ARG, f"configuration keys must be strings, got {key!r}")
+        if key.startswith("storage.options."):
+            options[key[len("storage.options."):]] = value
+            continue
+        entry = table.get(key)
+        if entry is None:
+            raise kafka_exception(KafkaError._INVALID_ARG, f"No such configuration property: \"{key}\"")
+        values[key] = entry[0](key, value)
+        explicit.add(key)
+    if isinstance(values["storage.options"], Mapping):
+        options = {**values["storage.options"], **options}
+    elif values["storage.options"] is not None:
+        raise _bad("storage.options", values["storage.options"], "expected a dict of fsspec options")
+    url = values["storage.url"] or default_storage_url()
+    return ClientConfig(values, frozenset(explicit), url, options)

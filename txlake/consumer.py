@@ -1,0 +1,297 @@
+"""The Consumer: confluent-kafka's API over a storage root, reading committed segments.
+
+Reading never takes the writer lease: a consumer in another process tails the
+catalog (one GET per look for the next commit) and keeps working while a writer runs.
+``position()`` after a poll is the next offset to fetch, which may skip control-record
+offsets. Group membership and committed offsets come with consumer groups (KIP-447
+issue); until then :meth:`Consumer.subscribe` and :meth:`Consumer.commit` are refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import pyarrow.compute as pc
+
+from txlake.engine.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from txlake.engine.errors import Errors
+from txlake.engine.registry import acquire_broker, release_broker
+
+from .config import parse_config
+from .error import KafkaError, kafka_exception
+from .types import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, OFFSET_STORED, TIMESTAMP_CREATE_TIME,
+                    TIMESTAMP_LOG_APPEND_TIME, Message, TopicPartition)
+
+_EARLIEST = {"smallest", "earliest", "beginning"}
+_LATEST = {"largest", "latest", "end"}
+FETCH_RECORDS = 10_000
+REFRESH_INTERVAL_MS = 50
+
+
+class _Fetch:
+    """Fetch state of one assigned partition: position and records fetched but not yet returned."""
+
+    __slots__ = ("position", "messages", "eof_sent")
+
+    def __init__(self, position: int):
+        self.position = position
+        self.messages: deque[Message] = deque()
+        self.eof_sent = False
+
+
+class Consumer:
+    """A Kafka consumer of a txlake storage root (confluent-kafka's ``Consumer``).
+
+    Args:
+        conf: Kafka-style config; ``isolation.level`` defaults to read_committed
+            (never past the LSO), ``auto.offset.reset`` to latest.
+
+    Raises:
+        KafkaException: ``_INVALID_ARG`` for unknown keys or invalid values.
+    """
+
+    def __init__(self, conf: dict | None = None, **kwargs: Any):
+        self._cfg = parse_config({**(conf or {}), **kwargs}, "consumer")
+        self._isolation = self._cfg["isolation.level"]
+        self._reset = self._cfg["auto.offset.reset"]
+        self._eof = self._cfg["enable.partition.eof"]
+        self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
+        self._lock = threading.RLock()
+        self._assignment: dict[tuple[str, int], _Fetch] = {}
+        self._order: deque[tuple[str, int]] = deque()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("Consumer closed")
+
+    # ------------------------------------------------------------------ assignment
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """Read exactly these partitions, from each one's offset (or by auto.offset.reset)."""
+        self._check_open()
+        with self._lock:
+            self._assignment = {}
+            for tp in partitions:
+                self._assignment[(tp.topic, tp.partition)] = _Fetch(self._resolve(tp.topic, tp.partition, tp.offset))
+            self._order = deque(self._assignment)
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        """Add partitions to the assignment."""
+        self._check_open()
+        with self._lock:
+            for tp in partitions:
+                self._assignment[(tp.topic, tp.partition)] = _Fetch(self._resolve(tp.topic, tp.partition, tp.offset))
+            self._order = deque(self._assignment)
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        """Remove partitions from the assignment."""
+        with self._lock:
+            for tp in partitions:
+                self._assignment.pop((tp.topic, tp.partition), None)
+            self._order = deque(self._assignment)
+
+    def unassign(self) -> None:
+        """Drop the whole assignment."""
+        with self._lock:
+            self._assignment = {}
+            self._order = deque()
+
+    def assignment(self) -> list[TopicPartition]:
+        """The assigned partitions."""
+        with self._lock:
+            return [TopicPartition(t, p) for t, p in self._assignment]
+
+    def subscribe(self, topics: list[str], on_assign=None, on_revoke=None, on_lost=None) -> None:
+        """Group subscription arrives with consumer groups; use :meth:`assign` for now."""
+        raise kafka_exception(KafkaError._NOT_IMPLEMENTED,
+                              "subscribe() needs the group coordinator, which this txlake version does not have yet; use assign()")
+
+    def _resolve(self, topic: str, partition: int, offset: int) -> int:
+        """A concrete fetch position for a logical offset (or OFFSET_INVALID when reset must fail)."""
+        if offset is None or offset in (OFFSET_INVALID, OFFSET_STORED):
+            offset = OFFSET_BEGINNING if self._reset in _EARLIEST else OFFSET_END if self._reset in _LATEST else OFFSET_INVALID
+        if offset == OFFSET_BEGINNING:
+            return self._list_offset(topic, partition, EARLIEST_TIMESTAMP)
+        if offset == OFFSET_END:
+            return self._list_offset(topic, partition, LATEST_TIMESTAMP)
+        return offset
+
+    def _list_offset(self, topic: str, partition: int, ts: int) -> int:
+        err, offset, _ = self._broker.list_offsets(topic, partition, ts, self._isolation)
+        if err == Errors.UNKNOWN_TOPIC_OR_PART:
+            self._broker.refresh()
+            err, offset, _ = self._broker.list_offsets(topic, partition, ts, self._isolation)
+        return offset if err == Errors.NO_ERROR else OFFSET_INVALID
+
+    def seek(self, partition: TopicPartition) -> None:
+        """Set the fetch position of an assigned partition (logical offsets allowed).
+
+        Raises:
+            KafkaException: ``_STATE`` if the partition is not assigned.
+        """
+        with self._lock:
+            state = self._assignment.get((partition.topic, partition.partition))
+            if state is None:
+                raise kafka_exception(KafkaError._STATE, f"Partition {partition.topic} [{partition.partition}] is not assigned")
+            state.position = self._resolve(partition.topic, partition.partition, partition.offset)
+            state.messages.clear()
+            state.eof_sent = False
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """The next offset to fetch for each partition (OFFSET_INVALID if unknown)."""
+        with self._lock:
+            out = []
+            for tp in partitions:
+                state = self._assignment.get((tp.topic, tp.partition))
+                pos = OFFSET_INVALID
+                if state is not None:
+                    queued = state.messages[0] if state.messages else None
+                    pos = queued.offset() if queued is not None and queued.error() is None else state.position
+                out.append(TopicPartition(tp.topic, tp.partition, pos))
+            return out
+
+    # ------------------------------------------------------------------ fetching
+    def poll(self, timeout: float | None = None) -> Message | None:
+        """The next record (or an error / partition-EOF event), waiting up to ``timeout`` s; None if none."""
+        msgs = self.consume(1, -1 if timeout is None else timeout)
+        return msgs[0] if msgs else None
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        """Up to ``num_messages`` records, waiting up to ``timeout`` s (-1 = forever) for the first."""
+        self._check_open()
+        if not 1 <= num_messages <= 1_000_000:
+            raise ValueError("num_messages must be between 1 and 1000000")
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        out: list[Message] = []
+        while True:
+            with self._lock:
+                self._drain(out, num_messages)
+            if out:
+                return out
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return out
+            if not self._broker.is_writer:
+                if not self._broker.refresh(REFRESH_INTERVAL_MS):
+                    time.sleep(min(REFRESH_INTERVAL_MS / 1000, remaining if remaining is not None else 1))
+            else:
+                time.sleep(min(0.005, remaining if remaining is not None else 0.005))
+
+    def _drain(self, out: list[Message], limit: int) -> None:
+        for _ in range(len(self._order)):
+            if len(out) >= limit:
+                return
+            key = self._order[0]
+            self._order.rotate(-1)
+            state = self._assignment[key]
+            if not state.messages:
+                self._fetch(key, state)
+            while state.messages and len(out) < limit:
+                out.append(state.messages.popleft())
+
+    def _fetch(self, key: tuple[str, int], state: _Fetch) -> None:
+        topic, partition = key
+        if state.position == OFFSET_INVALID:
+            state.position = self._resolve(topic, partition, OFFSET_INVALID)
+            if state.position == OFFSET_INVALID:
+                state.messages.append(Message(topic, partition, None, error=KafkaError(
+                    KafkaError._AUTO_OFFSET_RESET, f"no valid offset for {topic} [{partition}] and auto.offset.reset=error")))
+                return
+        result = self._broker.fetch(topic, partition, state.position, FETCH_RECORDS, self._isolation)
+        if result.error == Errors.OFFSET_OUT_OF_RANGE:
+            if self._reset in _EARLIEST or self._reset in _LATEST:
+                state.position = self._resolve(topic, partition, OFFSET_INVALID)
+                result = self._broker.fetch(topic, partition, state.position, FETCH_RECORDS, self._isolation)
+            else:
+                state.messages.append(Message(topic, partition, state.position, error=KafkaError(
+                    KafkaError._AUTO_OFFSET_RESET, result.message)))
+                return
+        if result.error != Errors.NO_ERROR:
+            state.messages.append(Message(topic, partition, state.position, error=KafkaError(result.error, result.message)))
+            return
+        table = result.records
+        if table is None or table.num_rows == 0:
+            bound = result.last_stable_offset if self._isolation == "read_committed" else result.high_watermark
+            if self._eof and not state.eof_sent and state.position >= bound:
+                state.eof_sent = True
+                state.messages.append(Message(topic, partition, state.position, error=KafkaError(
+                    KafkaError._PARTITION_EOF, f"Fetch from broker reached end of partition at offset {state.position}")))
+            return
+        state.eof_sent = False
+        # The fetch position moves past everything fetched, control records included;
+        # position() reports the first message not yet returned while some are queued.
+        state.position = table.column("offset")[-1].as_py() + 1
+        state.messages.extend(_messages(topic, partition, table.filter(pc.invert(table.column("is_control")))))
+
+    # ------------------------------------------------------------------ offsets
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
+                              cached: bool = False) -> tuple[int, int]:
+        """``(low, high)``: the log start offset and the high watermark of a partition.
+
+        Raises:
+            KafkaException: UNKNOWN_TOPIC_OR_PART.
+        """
+        if not cached:
+            self._broker.refresh()
+        err_l, low, _ = self._broker.list_offsets(partition.topic, partition.partition, EARLIEST_TIMESTAMP)
+        err_h, high, _ = self._broker.list_offsets(partition.topic, partition.partition, LATEST_TIMESTAMP, "read_uncommitted")
+        if err_l != Errors.NO_ERROR or err_h != Errors.NO_ERROR:
+            raise kafka_exception(Errors.UNKNOWN_TOPIC_OR_PART, f"Unknown topic or partition: {partition.topic} [{partition.partition}]")
+        return low, high
+
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
+        """For each partition whose ``offset`` holds a timestamp (ms): the earliest offset with a
+        timestamp >= it, or -1 (OFFSET_END) when there is none."""
+        self._broker.refresh()
+        out = []
+        for tp in partitions:
+            err, offset, _ = self._broker.list_offsets(tp.topic, tp.partition, tp.offset, self._isolation)
+            res = TopicPartition(tp.topic, tp.partition, offset if err == Errors.NO_ERROR else OFFSET_INVALID)
+            if err != Errors.NO_ERROR:
+                res.error = KafkaError(err)
+            out.append(res)
+        return out
+
+    def commit(self, *args: Any, **kwargs: Any) -> None:
+        """Committing offsets needs the group coordinator (consumer-groups issue)."""
+        raise kafka_exception(KafkaError._NOT_IMPLEMENTED, "commit() needs the group coordinator, not in this txlake version yet")
+
+    def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
+        """Committed offsets need the group coordinator (consumer-groups issue)."""
+        raise kafka_exception(KafkaError._NOT_IMPLEMENTED, "committed() needs the group coordinator, not in this txlake version yet")
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1):
+        """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""
+        from .admin import cluster_metadata
+
+        self._broker.refresh()
+        return cluster_metadata(self._broker, topic)
+
+    def close(self) -> None:
+        """Leave and release the storage root. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        release_broker(self._broker)
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _messages(topic: str, partition: int, table) -> list[Message]:
+    offsets = table.column("offset").to_pylist()
+    keys = table.column("key").to_pylist()
+    values = table.column("value").to_pylist()
+    timestamps = table.column("timestamp").to_pylist()
+    ts_types = table.column("timestamp_type").to_pylist()
+    headers_col = table.column("headers")
+    headers = ([[(h["key"], h["value"]) for h in hs] if hs else None for hs in headers_col.to_pylist()]
+               if headers_col.null_count < len(headers_col) else [None] * len(offsets))
+    return [Message(topic, partition, o, k, v, t, TIMESTAMP_LOG_APPEND_TIME if tt == 1 else TIMESTAMP_CREATE_TIME, h)
+            for o, k, v, t, tt, h in zip(offsets, keys, values, timestamps, ts_types, headers)]

@@ -1,0 +1,115 @@
+"""``KafkaError`` and ``KafkaException`` as confluent-kafka exposes them.
+
+Codes and names are Kafka's (``Errors``), with librdkafka's client-local codes (leading
+underscore). Where librdkafka names a broker code differently, both names are class
+attributes (e.g. ``MSG_SIZE_TOO_LARGE`` and ``MESSAGE_TOO_LARGE`` are both 10).
+"""
+
+from __future__ import annotations
+
+from txlake.engine.errors import ApiError, Errors
+
+# librdkafka's names for broker codes whose Kafka name differs.
+_LIBRDKAFKA_ALIASES = {
+    "MSG_SIZE_TOO_LARGE": Errors.MESSAGE_TOO_LARGE,
+    "TOPIC_EXCEPTION": Errors.INVALID_TOPIC_EXCEPTION,
+    "INVALID_MSG": Errors.CORRUPT_MESSAGE,
+    "NOT_LEADER_FOR_PARTITION": Errors.NOT_LEADER_OR_FOLLOWER,
+    "MSG_SET_TOO_LARGE": Errors.RECORD_LIST_TOO_LARGE,
+    "NO_ERROR": Errors.NO_ERROR,
+}
+
+
+class KafkaError:
+    """An error with Kafka's code and name (confluent-kafka's ``KafkaError``).
+
+    Args:
+        error: the numeric code (an :class:`~txlake.engine.errors.Errors` or int).
+        reason: human-readable text; defaults to the name.
+        fatal / retriable / txn_requires_abort: the flags confluent-kafka reports.
+    """
+
+    __slots__ = ("_code", "_reason", "_fatal", "_retriable", "_txn_requires_abort")
+
+    def __init__(self, error: int, reason: str | None = None, fatal: bool = False,
+                 retriable: bool | None = None, txn_requires_abort: bool = False):
+        self._code = int(error)
+        self._reason = reason
+        self._fatal = fatal
+        try:
+            known = Errors(self._code)
+        except ValueError:
+            known = None
+        self._retriable = retriable if retriable is not None else bool(known is not None and known.retriable)
+        self._txn_requires_abort = txn_requires_abort
+
+    def code(self) -> int:
+        """The numeric error code."""
+        return self._code
+
+    def name(self) -> str:
+        """Kafka's name of the code (``"_UNKNOWN"``-style text for an unknown code)."""
+        try:
+            return Errors(self._code).name
+        except ValueError:
+            return f"ERR_{self._code}"
+
+    def str(self) -> str:
+        """The human-readable reason."""
+        return self._reason or self.name()
+
+    def fatal(self) -> bool:
+        """True when the client instance can no longer be used (e.g. a fenced producer)."""
+        return self._fatal
+
+    def retriable(self) -> bool:
+        """True when retrying the same operation may succeed."""
+        return self._retriable
+
+    def txn_requires_abort(self) -> bool:
+        """True when the current transaction must be aborted before going on."""
+        return self._txn_requires_abort
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KafkaError):
+            return self._code == other._code
+        if isinstance(other, int):
+            return self._code == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._code)
+
+    def __str__(self) -> str:
+        return self.str()
+
+    def __repr__(self) -> str:
+        return f"KafkaError{{code={self.name()},val={self._code},str=\"{self.str()}\"}}"
+
+
+for _e in Errors:
+    setattr(KafkaError, "NO_ERROR" if _e is Errors.NO_ERROR else _e.name, int(_e))
+for _alias, _e in _LIBRDKAFKA_ALIASES.items():
+    setattr(KafkaError, _alias, int(_e))
+
+
+class KafkaException(Exception):
+    """The exception failing calls raise; ``args[0]`` is the :class:`KafkaError`."""
+
+    def __init__(self, error: KafkaError | int, *args: object):
+        if not isinstance(error, KafkaError):
+            error = KafkaError(error, *(str(a) for a in args[:1]))
+        super().__init__(error)
+
+    def __str__(self) -> str:
+        return self.args[0].str()
+
+
+def kafka_exception(code: int, message: str, **flags: bool) -> KafkaException:
+    """Shorthand: a KafkaException carrying ``KafkaError(code, message, **flags)``."""
+    return KafkaException(KafkaError(code, message, **flags))
+
+
+def from_api_error(exc: ApiError, **flags: bool) -> KafkaException:
+    """Convert an engine :class:`ApiError` into the client's KafkaException."""
+    return KafkaException(KafkaError(exc.error, exc.message, **flags))

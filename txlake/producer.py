@@ -1,0 +1,499 @@
+"""The Producer: confluent-kafka's API over the embedded broker.
+
+Records are accumulated per partition into batches (``linger.ms``, ``batch.size``,
+``batch.num.messages``, as Kafka's RecordAccumulator) and sent to the broker with the
+producer id, epoch and base sequence of an idempotent producer (KIP-98). Delivery
+reports are served by :meth:`Producer.poll` and :meth:`Producer.flush`, as in
+confluent-kafka. :meth:`Producer.produce_arrow` is the bulk path for loads.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txlake.engine.broker import ProduceBatch, ProduceResult
+from txlake.engine.errors import ApiError, Errors
+from txlake.engine.partitioner import partition_for_key
+from txlake.engine.producer_state import increment_sequence
+from txlake.engine.registry import acquire_broker, release_broker
+from txlake.catalog.topic_config import effective_config
+from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
+
+from .config import parse_config
+from .error import KafkaError, KafkaException, from_api_error, kafka_exception
+from .types import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message
+
+# librdkafka: per-record overhead counted against batch.size (v2 record framing, approx.).
+RECORD_OVERHEAD = 20
+
+
+def _to_bytes(what: str, data: Any) -> bytes | None:
+    if data is None or isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"{what} must be bytes, str or None, not {type(data).__name__}")
+
+
+def _headers(headers: Any) -> list[dict[str, Any]] | None:
+    if headers is None:
+        return None
+    items = headers.items() if isinstance(headers, dict) else headers
+    out = []
+    for item in items:
+        k, v = item
+        if not isinstance(k, str):
+            raise TypeError("header keys must be str")
+        out.append({"key": k, "value": _to_bytes("header value", v)})
+    return out
+
+
+@dataclass
+class _Buffer:
+    """Records accumulated for one partition (an open batch)."""
+
+    created: float
+    keys: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+    timestamps: list = field(default_factory=list)
+    headers: list = field(default_factory=list)
+    callbacks: list = field(default_factory=list)
+    nbytes: int = 0
+    any_headers: bool = False
+
+
+@dataclass
+class _InFlight:
+    """A closed batch sent (or to be re-sent) to the broker, with what its reports need."""
+
+    batch: ProduceBatch
+    buffer: _Buffer
+    deadline: float
+    retry_at: float = 0.0
+
+
+@dataclass
+class BulkResult:
+    """What :meth:`Producer.produce_arrow` wrote: records, and per partition ``(first offset, last offset)``."""
+
+    records: int
+    offsets: dict[int, tuple[int, int]]
+
+
+class Producer:
+    """An idempotent Kafka producer writing to a txlake storage root (confluent-kafka's ``Producer``).
+
+    Args:
+        conf: Kafka-style config (see API.md); ``storage.url`` selects the storage root.
+
+    Raises:
+        KafkaException: ``_INVALID_ARG`` for unknown keys, invalid values, or an
+            idempotence conflict (Kafka's ``ProducerConfig`` rules and messages).
+    """
+
+    def __init__(self, conf: dict | None = None, **kwargs: Any):
+        self._cfg = parse_config({**(conf or {}), **kwargs}, "producer")
+        v, explicit = self._cfg.values, self._cfg.explicit
+        self._acks = v["request.required.acks"] if "request.required.acks" in explicit else v["acks"]
+        self._retries = v["message.send.max.retries"] if "message.send.max.retries" in explicit else v["retries"]
+        self._max_in_flight = v["max.in.flight"] if "max.in.flight" in explicit else v["max.in.flight.requests.per.connection"]
+        self._linger = (v["queue.buffering.max.ms"] if "queue.buffering.max.ms" in explicit else v["linger.ms"]) / 1000
+        self._delivery_timeout = (v["message.timeout.ms"] if "message.timeout.ms" in explicit else v["delivery.timeout.ms"]) / 1000
+        self._idempotent = self._check_idempotence()
+        self._batch_bytes = v["batch.size"]
+        self._batch_records = v["batch.num.messages"]
+        self._max_message = v["message.max.bytes"]
+        self._max_queued = v["queue.buffering.max.messages"]
+        self._default_cb = v["on_delivery"]
+        self._only_errors = v["delivery.report.only.error"]
+        self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._buffers: dict[tuple[str, int], _Buffer] = {}
+        self._inflight: dict[int, _InFlight] = {}
+        self._retry: list[_InFlight] = []
+        self._queued = 0
+        self._reports: deque = deque()
+        self._partitions: dict[str, int] = {}
+        self._sticky: dict[str, int] = {}
+        self._producer_id = -1
+        self._epoch = -1
+        self._next_seq: dict[tuple[str, int], int] = {}
+        self._fatal: KafkaError | None = None
+        self._closed = False
+        self._sender = threading.Thread(target=self._send_loop, name="txlake-producer", daemon=True)
+        self._sender.start()
+
+    def _check_idempotence(self) -> bool:
+        """Kafka's ProducerConfig rules: explicit idempotence with conflicting settings is an error;
+        implicit idempotence is silently turned off by them."""
+        v, explicit = self._cfg.values, self._cfg.explicit
+        wants = v["enable.idempotence"]
+        transactional = v["transactional.id"] is not None
+        if transactional and "enable.idempotence" in explicit and not wants:
+            raise kafka_exception(KafkaError._INVALID_ARG, "Cannot set a transactional.id without also enabling idempotence.")
+        conflicts = []
+        if self._acks != -1:
+            conflicts.append("Must set acks to all in order to use the idempotent producer. Otherwise we cannot guarantee idempotence.")
+        if self._retries == 0:
+            conflicts.append("Must set retries to non-zero when using the idempotent producer.")
+        if self._max_in_flight > 5:
+            conflicts.append("Must set max.in.flight.requests.per.connection to at most 5 to use the idempotent producer.")
+        if conflicts and ("enable.idempotence" in explicit and wants or transactional):
+            raise kafka_exception(KafkaError._INVALID_ARG, conflicts[0])
+        return wants and not conflicts
+
+    # ------------------------------------------------------------------ produce
+    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int = -1,
+                on_delivery: Callable | None = None, timestamp: int = 0, headers: Any = None,
+                callback: Callable | None = None) -> None:
+        """Queue one record; its delivery report is served by :meth:`poll`/:meth:`flush`.
+
+        Args:
+            partition: -1 for Kafka's default partitioner (murmur2 of the key; sticky for a null key).
+            timestamp: CreateTime in ms (0 = now).
+            on_delivery / callback: ``cb(err: KafkaError | None, msg: Message)``.
+
+        Raises:
+            KafkaException: MSG_SIZE_TOO_LARGE (> message.max.bytes), _UNKNOWN_TOPIC,
+                _UNKNOWN_PARTITION, _FATAL after a fatal error, NOT_LEADER_OR_FOLLOWER when
+                another process holds the storage root's writer lease.
+            BufferError: queue.buffering.max.messages records are already queued.
+            TypeError: key/value/headers of the wrong type.
+        """
+        value = _to_bytes("value", value)
+        key = _to_bytes("key", key)
+        hdrs = _headers(headers)
+        size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+        if hdrs:
+            size += sum(len(h["key"]) + len(h["value"] or b"") for h in hdrs)
+        if size > self._max_message:
+            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
+                                  f"Message size {size} bytes exceeds message.max.bytes={self._max_message}")
+        n = self._partitions.get(topic)
+        if n is None:
+            n = self._lookup_topic(topic)
+        if partition is None or partition < 0:
+            partition = partition_for_key(key, n) if key is not None else self._sticky_partition(topic, n)
+        elif partition >= n:
+            raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"Unknown partition {topic} [{partition}] (topic has {n})")
+        ts = timestamp or int(time.time() * 1000)
+        cb = on_delivery or callback or self._default_cb
+        with self._lock:
+            if self._fatal is not None:
+                raise KafkaException(self._fatal)
+            if self._queued >= self._max_queued:
+                raise BufferError("Local: Queue full")
+            if self._idempotent and self._producer_id < 0:
+                self._init_producer_id()
+            tp = (topic, partition)
+            buf = self._buffers.get(tp)
+            if buf is None:
+                buf = self._buffers[tp] = _Buffer(time.monotonic())
+            buf.keys.append(key)
+            buf.values.append(value)
+            buf.timestamps.append(ts)
+            buf.headers.append(hdrs)
+            buf.callbacks.append(cb)
+            buf.any_headers = buf.any_headers or hdrs is not None
+            buf.nbytes += size + RECORD_OVERHEAD
+            self._queued += 1
+            if buf.nbytes >= self._batch_bytes or len(buf.values) >= self._batch_records:
+                self._close_batch(tp)
+
+    def _lookup_topic(self, topic: str) -> int:
+        t = self._broker.topics().get(topic)
+        if t is None:
+            self._broker.refresh()
+            t = self._broker.topics().get(topic)
+        if t is None:
+            raise kafka_exception(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic}")
+        self._partitions[topic] = len(t.partitions)
+        return len(t.partitions)
+
+    def _sticky_partition(self, topic: str, n: int) -> int:
+        p = self._sticky.get(topic)
+        if p is None or p >= n:
+            p = self._sticky[topic] = random.randrange(n)
+        return p
+
+    def _init_producer_id(self) -> None:
+        try:
+            err, pid, epoch = self._broker.init_producer_id()
+        except ApiError as exc:
+            raise from_api_error(exc) from None
+        assert err == Errors.NO_ERROR
+        self._producer_id, self._epoch = pid, epoch
+
+    def _close_batch(self, tp: tuple[str, int]) -> None:
+        """Turn the open batch of ``tp`` into a RecordBatch and send it (caller holds the lock)."""
+        buf = self._buffers.pop(tp)
+        if self._sticky.get(tp[0]) == tp[1]:
+            del self._sticky[tp[0]]
+        n = len(buf.values)
+        headers = (pa.array(buf.headers, HEADER_TYPE) if buf.any_headers else pa.nulls(n, HEADER_TYPE))
+        records = pa.Table.from_arrays(
+            [pa.array(buf.timestamps, pa.int64()), pa.array(buf.keys, pa.binary()), pa.array(buf.values, pa.binary()), headers],
+            schema=PAYLOAD_SCHEMA)
+        batch = ProduceBatch(tp[0], tp[1], records)
+        if self._idempotent:
+            seq = self._next_seq.get(tp, 0)
+            batch.producer_id, batch.producer_epoch, batch.base_sequence = self._producer_id, self._epoch, seq
+            self._next_seq[tp] = increment_sequence(seq, n)
+        self._send(_InFlight(batch, buf, time.monotonic() + self._delivery_timeout))
+
+    def _send(self, flight: _InFlight) -> None:
+        self._inflight[id(flight)] = flight
+        (future,) = self._broker.produce_async([flight.batch])
+        future.add_done_callback(lambda f, fl=flight: self._on_result(fl, f.result()))
+
+    def _on_result(self, flight: _InFlight, result: ProduceResult) -> None:
+        with self._lock:
+            self._inflight.pop(id(flight), None)
+            if result.error != Errors.NO_ERROR and result.error.retriable and time.monotonic() < flight.deadline \
+                    and self._retries > 0 and not self._closed:
+                flight.retry_at = time.monotonic() + self._cfg["retry.backoff.ms"] / 1000
+                self._retry.append(flight)
+                self._cond.notify_all()
+                return
+            err = None
+            if result.error != Errors.NO_ERROR:
+                code = Errors._MSG_TIMED_OUT if result.error.retriable else result.error
+                err = KafkaError(code, result.message or result.error.name, fatal=result.error == Errors._FENCED)
+            self._reports.append((flight, result, err))
+            self._cond.notify_all()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed and not self._buffers and not self._retry:
+                    return
+                now = time.monotonic()
+                for tp in [tp for tp, b in self._buffers.items() if now - b.created >= self._linger]:
+                    self._close_batch(tp)
+                due = [f for f in self._retry if f.retry_at <= now]
+                self._retry = [f for f in self._retry if f.retry_at > now]
+                for flight in due:
+                    self._send(flight)
+                waits = [b.created + self._linger - now for b in self._buffers.values()]
+                waits += [f.retry_at - now for f in self._retry]
+                self._cond.wait(max(0.001, min(waits)) if waits else 0.05)
+
+    # ------------------------------------------------------------------ reports
+    def poll(self, timeout: float | None = None) -> int:
+        """Serve queued delivery reports (calling their callbacks); wait up to ``timeout`` s for one.
+
+        Returns the number of events served.
+        """
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        with self._lock:
+            while not self._reports:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return 0
+                if not self._queued:
+                    return 0
+                self._cond.wait(remaining if remaining is not None else 0.1)
+            reports = list(self._reports)
+            self._reports.clear()
+        served = 0
+        for flight, result, err in reports:
+            served += self._deliver(flight, result, err)
+        return served
+
+    def _deliver(self, flight: _InFlight, result: ProduceResult, err: KafkaError | None) -> int:
+        buf, batch = flight.buffer, flight.batch
+        n = len(buf.values)
+        ts_type = TIMESTAMP_LOG_APPEND_TIME if result.log_append_time >= 0 else TIMESTAMP_CREATE_TIME
+        for i in range(n):
+            cb = buf.callbacks[i]
+            if cb is not None and (err is not None or not self._only_errors):
+                offset = result.base_offset + i if err is None else -1001
+                ts = result.log_append_time if result.log_append_time >= 0 else buf.timestamps[i]
+                hdrs = [(h["key"], h["value"]) for h in buf.headers[i]] if buf.headers[i] else None
+                cb(err, Message(batch.topic, batch.partition, offset, buf.keys[i], buf.values[i], ts, ts_type, hdrs, err))
+        with self._lock:
+            self._queued -= n
+            self._cond.notify_all()
+        return n
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Send everything queued, wait for delivery and serve the reports.
+
+        Returns the number of records still queued or in flight (0 when all were delivered).
+        """
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        with self._lock:
+            for tp in list(self._buffers):
+                self._close_batch(tp)
+        while True:
+            self.poll(0)
+            with self._lock:
+                if self._queued == 0:
+                    return 0
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return self._queued
+                if not self._reports:
+                    self._cond.wait(min(remaining, 0.1) if remaining is not None else 0.1)
+
+    def __len__(self) -> int:
+        """Records queued, in flight, or with a delivery report not yet served."""
+        return self._queued
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1):
+        """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""
+        from .admin import cluster_metadata
+
+        return cluster_metadata(self._broker, topic)
+
+    # ------------------------------------------------------------------ bulk
+    def produce_arrow(self, topic: str, data: pa.Table | pa.RecordBatchReader | Iterable[pa.RecordBatch],
+                      key: str | None = "key", value: str = "value", partition: str | int | None = None,
+                      timestamp: str | None = None, headers: str | None = None, batch_rows: int = 50_000,
+                      max_pending_bytes: int = 64 * 1024 * 1024, timeout: float = 120.0) -> BulkResult:
+        """Append a whole Arrow table (or a stream of record batches) as idempotent batches.
+
+        Args:
+            key / value / timestamp / headers: column names (key and others may be None/absent);
+                key and value columns must be binary or string.
+            partition: a column name of int partitions, a fixed partition, or None for
+                Kafka's default partitioner (murmur2 of the key, round-robin chunks for null keys).
+            batch_rows: records per batch (one sequence range each).
+            max_pending_bytes: back-pressure bound; the load streams, it never holds the data set.
+
+        Returns:
+            :class:`BulkResult` with per-partition offset ranges.
+
+        Raises:
+            KafkaException: the first failed batch's error (batches before it are committed).
+        """
+        n_parts = self._partitions.get(topic) or self._lookup_topic(topic)
+        topic_state = self._broker.topics()[topic]
+        # A batch may not exceed the topic's max.message.bytes (Kafka checks whole batches).
+        max_batch_bytes = int(effective_config(topic_state.config)["max.message.bytes"]) * 9 // 10
+        with self._lock:
+            if self._fatal is not None:
+                raise KafkaException(self._fatal)
+            if self._idempotent and self._producer_id < 0:
+                self._init_producer_id()
+        batches = data.to_batches() if isinstance(data, pa.Table) else data
+        pending: deque = deque()
+        pending_bytes = 0
+        total = 0
+        offsets: dict[int, tuple[int, int]] = {}
+        rr = random.randrange(n_parts)
+
+        def settle(entry) -> None:
+            fut, p, count, nbytes = entry
+            res = fut.result(timeout=timeout)
+            if res.error != Errors.NO_ERROR:
+                raise kafka_exception(res.error, res.message or res.error.name)
+            lo, hi = offsets.get(p, (res.base_offset, res.base_offset + count - 1))
+            offsets[p] = (min(lo, res.base_offset), max(hi, res.base_offset + count - 1))
+
+        for rb in batches:
+            if rb.num_rows == 0:
+                continue
+            cols = rb.schema.names
+            n = rb.num_rows
+            keys = _binary_column(rb, key) if key and key in cols else pa.nulls(n, pa.binary())
+            vals = _binary_column(rb, value)
+            ts = (rb.column(timestamp).cast(pa.int64()) if timestamp and timestamp in cols
+                  else pa.array(np.full(n, int(time.time() * 1000), dtype=np.int64)))
+            hdrs = rb.column(headers) if headers and headers in cols else pa.nulls(n, HEADER_TYPE)
+            payload = pa.Table.from_arrays([ts, keys, vals, hdrs], schema=PAYLOAD_SCHEMA)
+            if isinstance(partition, int):
+                parts = np.full(n, partition, dtype=np.int32)
+            elif isinstance(partition, str):
+                parts = rb.column(partition).to_numpy(zero_copy_only=False).astype(np.int32)
+            else:
+                parts = _partition_keys(keys, n_parts, rr)
+                rr = (rr + 1) % n_parts
+            if parts.size and (parts.min() < 0 or parts.max() >= n_parts):
+                raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"partition out of range for {topic} ({n_parts} partitions)")
+            order = np.argsort(parts, kind="stable")
+            sorted_parts = parts[order]
+            payload = payload.take(pa.array(order))
+            bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+            starts = np.concatenate([[0], bounds])
+            ends = np.concatenate([bounds, [n]])
+            rows_per_batch = max(1, min(batch_rows, max_batch_bytes * n // max(1, payload.nbytes)))
+            for s, e in zip(starts.tolist(), ends.tolist()):
+                p = int(sorted_parts[s])
+                for off in range(s, e, rows_per_batch):
+                    chunk = payload.slice(off, min(rows_per_batch, e - off))
+                    batch = ProduceBatch(topic, p, chunk)
+                    if self._idempotent:
+                        with self._lock:
+                            seq = self._next_seq.get((topic, p), 0)
+                            self._next_seq[(topic, p)] = increment_sequence(seq, chunk.num_rows)
+                        batch.producer_id, batch.producer_epoch, batch.base_sequence = self._producer_id, self._epoch, seq
+                    (fut,) = self._broker.produce_async([batch])
+                    pending.append((fut, p, chunk.num_rows, chunk.nbytes))
+                    pending_bytes += chunk.nbytes
+                    total += chunk.num_rows
+                    while pending and (pending_bytes > max_pending_bytes or pending[0][0].done()):
+                        entry = pending.popleft()
+                        pending_bytes -= entry[3]
+                        settle(entry)
+        self._broker.flush()
+        while pending:
+            settle(pending.popleft())
+        return BulkResult(total, offsets)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self, timeout: float | None = None) -> int:
+        """Flush, stop, and release the storage root (txlake addition; confluent-kafka producers are GC'd).
+
+        Returns the number of records not delivered.
+        """
+        if self._closed:
+            return 0
+        left = self.flush(timeout)
+        with self._lock:
+            self._closed = True
+            self._cond.notify_all()
+        self._sender.join(timeout=5)
+        release_broker(self._broker)
+        return left
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _binary_column(rb: pa.RecordBatch, name: str) -> pa.Array:
+    col = rb.column(name)
+    if pa.types.is_binary(col.type):
+        return col
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_large_binary(col.type):
+        return col.cast(pa.binary())
+    raise TypeError(f"column {name!r} must be binary or string, not {col.type}")
+
+
+def _partition_keys(keys: pa.Array, n_parts: int, round_robin: int) -> np.ndarray:
+    """Kafka's default partitioner over an Arrow column: murmur2 of each distinct key once."""
+    n = len(keys)
+    if keys.null_count == n:
+        return np.full(n, round_robin, dtype=np.int32)
+    encoded = pc.dictionary_encode(keys)
+    parts_of_key = np.array([partition_for_key(k, n_parts) for k in encoded.dictionary.to_pylist()], dtype=np.int32)
+    idx = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)
+    parts = parts_of_key[idx] if len(parts_of_key) else np.zeros(n, dtype=np.int32)
+    if keys.null_count:
+        parts = np.where(keys.is_null().to_numpy(zero_copy_only=False), round_robin, parts)
+    return parts.astype(np.int32)

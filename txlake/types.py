@@ -1,0 +1,129 @@
+"""Value types of the client API, as confluent-kafka defines them: TopicPartition, Message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .error import KafkaError
+
+# Logical offsets (librdkafka's RD_KAFKA_OFFSET_*).
+OFFSET_BEGINNING = -2
+OFFSET_END = -1
+OFFSET_STORED = -1000
+OFFSET_INVALID = -1001
+
+# Message.timestamp() types (confluent-kafka's constants).
+TIMESTAMP_NOT_AVAILABLE = 0
+TIMESTAMP_CREATE_TIME = 1
+TIMESTAMP_LOG_APPEND_TIME = 2
+
+
+class TopicPartition:
+    """A topic partition, optionally with an offset (confluent-kafka's ``TopicPartition``).
+
+    Args:
+        topic: topic name; partition: id (-1 = unset); offset: an offset or a logical
+        offset (OFFSET_BEGINNING -2, OFFSET_END -1, OFFSET_STORED -1000, OFFSET_INVALID -1001).
+    """
+
+    __slots__ = ("topic", "partition", "offset", "metadata", "leader_epoch", "error")
+
+    def __init__(self, topic: str, partition: int = -1, offset: int = OFFSET_INVALID,
+                 metadata: str | None = None, leader_epoch: int | None = None):
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.metadata = metadata
+        self.leader_epoch = leader_epoch
+        self.error: KafkaError | None = None
+
+    def __hash__(self) -> int:
+        return hash((self.topic, self.partition))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TopicPartition):
+            return NotImplemented
+        return (self.topic, self.partition) == (other.topic, other.partition)
+
+    def __lt__(self, other: "TopicPartition") -> bool:
+        return (self.topic, self.partition) < (other.topic, other.partition)
+
+    def __repr__(self) -> str:
+        err = f",error={self.error!r}" if self.error else ""
+        return f"TopicPartition{{topic={self.topic},partition={self.partition},offset={self.offset},leader_epoch={self.leader_epoch}{err}}}"
+
+
+def _ts_type(kafka_type: int) -> int:
+    return TIMESTAMP_LOG_APPEND_TIME if kafka_type == 1 else TIMESTAMP_CREATE_TIME
+
+
+class Message:
+    """A consumed record or a delivery report (confluent-kafka's ``Message``).
+
+    ``timestamp()`` is ``(type, ms)`` with type TIMESTAMP_CREATE_TIME (1) or
+    TIMESTAMP_LOG_APPEND_TIME (2); ``headers()`` is a list of ``(str, bytes)`` or None.
+    """
+
+    __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_timestamp", "_ts_type", "_headers",
+                 "_error", "_latency", "_leader_epoch")
+
+    def __init__(self, topic: str | None = None, partition: int | None = None, offset: int | None = None,
+                 key: bytes | None = None, value: bytes | None = None, timestamp: int = -1, timestamp_type: int = 0,
+                 headers: list[tuple[str, Any]] | None = None, error: KafkaError | None = None,
+                 latency: float | None = None, leader_epoch: int | None = None):
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self._key = key
+        self._value = value
+        self._timestamp = timestamp
+        self._ts_type = timestamp_type
+        self._headers = headers
+        self._error = error
+        self._latency = latency
+        self._leader_epoch = leader_epoch
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def topic(self) -> str | None:
+        return self._topic
+
+    def partition(self) -> int | None:
+        return self._partition
+
+    def offset(self) -> int | None:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def timestamp(self) -> tuple[int, int]:
+        return (self._ts_type, self._timestamp) if self._ts_type else (TIMESTAMP_NOT_AVAILABLE, -1)
+
+    def headers(self) -> list[tuple[str, Any]] | None:
+        return self._headers
+
+    def latency(self) -> float | None:
+        return self._latency
+
+    def leader_epoch(self) -> int | None:
+        return self._leader_epoch
+
+    def set_headers(self, headers: list[tuple[str, Any]] | None) -> None:
+        self._headers = headers
+
+    def set_key(self, key: bytes | None) -> None:
+        self._key = key
+
+    def set_value(self, value: bytes | None) -> None:
+        self._value = value
+
+    def __len__(self) -> int:
+        return len(self._value) if self._value is not None else 0
+
+    def __repr__(self) -> str:
+        return f"Message(topic={self._topic!r}, partition={self._partition}, offset={self._offset}, error={self._error!r})"
