@@ -1,0 +1,104 @@
+"""Format codecs: round trips, version tags, and refusal of corrupt or newer objects."""
+
+import io
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from txlake.formats import catalog_actions, producer_state, records
+from txlake.formats.errors import CorruptObjectError, UnsupportedFormatVersionError
+from txlake.formats.versioning import VERSION_KEY
+
+
+def _record_table(n=3, topic="t", partition=0, base=0):
+    return pa.Table.from_pydict({
+        "topic": [topic] * n, "partition": [partition] * n, "offset": list(range(base, base + n)),
+        "timestamp": [1000 + i for i in range(n)], "timestamp_type": [0] * n,
+        "key": [b"k%d" % i for i in range(n)], "value": [None if i == 1 else b"v%d" % i for i in range(n)],
+        "headers": [[{"key": "h", "value": b"x"}] if i == 0 else None for i in range(n)],
+        "producer_id": [7] * n, "producer_epoch": [0] * n, "base_sequence": [0] * n, "base_offset": [base] * n,
+        "last_offset_delta": [n - 1] * n, "is_transactional": [False] * n, "is_control": [False] * n,
+        "control_type": [None] * n, "coordinator_epoch": [None] * n,
+    }, schema=records.RECORD_SCHEMA)
+
+
+def test_segment_round_trip_with_row_group_ranges():
+    a, b = _record_table(3, "a", 0), _record_table(5, "b", 2, base=10)
+    data, ranges = records.encode_segments([a, b], row_group_rows=2)
+    assert ranges == [(0, 2), (2, 3)]
+    assert records.read_segment(data, "mem://x", [0, 1]).equals(a)
+    back_b = records.read_segment(data, "mem://x", [2, 3, 4])
+    assert back_b.column("offset").to_pylist() == [10, 11, 12, 13, 14]
+    assert back_b.column("headers").to_pylist()[0] == [{"key": "h", "value": b"x"}]
+    assert back_b.column("value").to_pylist()[1] is None
+
+
+def test_segment_row_group_outside_object_is_corrupt():
+    data, _ = records.encode_segments([_record_table(3)])
+    with pytest.raises(CorruptObjectError, match="mem://seg.*1 row groups"):
+        records.read_segment(data, "mem://seg", [3])
+
+
+@pytest.mark.parametrize("cut", [0, 10, -10])
+def test_truncated_segment_is_refused_naming_it(cut):
+    data, _ = records.encode_segments([_record_table(3)])
+    broken = data[:cut] if cut > 0 else (data[:cut] if cut < 0 else b"")
+    with pytest.raises(CorruptObjectError, match="s3://b/data/x.parquet"):
+        records.read_segment(broken, "s3://b/data/x.parquet")
+
+
+def _retag(data: bytes, **meta) -> bytes:
+    table = pq.read_table(io.BytesIO(data))
+    md = dict(table.schema.metadata)
+    md.update({k.encode(): v.encode() for k, v in meta.items()})
+    sink = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata(md), sink)
+    return sink.getvalue()
+
+
+def test_newer_segment_version_is_refused():
+    data, _ = records.encode_segments([_record_table(3)])
+    newer = _retag(data, **{VERSION_KEY.decode(): "2"})
+    with pytest.raises(UnsupportedFormatVersionError, match=r"loc: record-segment format version 2 is not supported.*1\.\.1"):
+        records.read_segment(newer, "loc")
+    with pytest.raises(UnsupportedFormatVersionError, match="unreadable"):
+        records.read_segment(_retag(data, **{VERSION_KEY.decode(): "x"}), "loc")
+
+
+def test_plain_parquet_is_not_a_segment():
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"a": [1]}), sink)
+    with pytest.raises(CorruptObjectError, match="not a txlake object"):
+        records.read_segment(sink.getvalue(), "loc")
+
+
+def test_segment_with_missing_column_is_refused():
+    data, _ = records.encode_segments([_record_table(3)])
+    table = pq.read_table(io.BytesIO(data)).drop_columns(["value"])
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    with pytest.raises(CorruptObjectError, match="column 'value' is missing"):
+        records.read_segment(sink.getvalue(), "loc")
+
+
+def test_catalog_actions_round_trip_and_kind_check():
+    rows = [{"action": "create_topic", "topic": "t", "topic_id": "abc", "num_partitions": 2, "config": {"retention.ms": "1"}},
+            {"action": "add_segment", "topic": "t", "partition": 1, "path": "data/x", "base_offset": 0, "last_offset": 4}]
+    data = catalog_actions.encode_actions(rows, catalog_actions.COMMIT_KIND, 7)
+    assert catalog_actions.decode_actions(data, catalog_actions.COMMIT_KIND, "c") == rows
+    with pytest.raises(CorruptObjectError, match="is a 'catalog-commit' object, expected a 'catalog-checkpoint'"):
+        catalog_actions.decode_actions(data, catalog_actions.CHECKPOINT_KIND, "c")
+    with pytest.raises(ValueError, match="unknown fields"):
+        catalog_actions.encode_actions([{"action": "x", "bogus": 1}], catalog_actions.COMMIT_KIND, 1)
+
+
+def test_producer_snapshot_round_trip():
+    rows = [{"topic": "t", "partition": 0, "producer_id": 5, "producer_epoch": 2, "coordinator_epoch": -1,
+             "last_timestamp": 99, "txn_first_offset": None,
+             "batches": [{"first_seq": 0, "last_seq": 4, "first_offset": 10, "last_offset": 14, "timestamp": 99}]}]
+    ends = {"t": {"topic_id": "abc", "end_offsets": [15]}}
+    data = producer_state.encode_snapshot(rows, ends)
+    assert producer_state.decode_snapshot(data, "s") == (rows, ends)
+    with pytest.raises(UnsupportedFormatVersionError):
+        producer_state.decode_snapshot(_retag(data, **{VERSION_KEY.decode(): "9"}), "s")
