@@ -81,7 +81,7 @@ class BrokerConfig:
     checkpoint_interval: int = 100
     producer_snapshot_interval: int = 50
     orphan_grace_ms: int = 3_600_000
-    row_group_rows: int = 128 * 1024
+    row_group_rows: int = 1024 * 1024
     compression: str = "snappy"
 
 
@@ -571,7 +571,12 @@ class Broker:
         if offset < start or offset > hw:
             return FetchResult(Errors.OFFSET_OUT_OF_RANGE, hw, lso, start,
                                message=f"offset {offset} is out of range [{start}, {hw}] for {topic} [{partition}]")
-        records = self.reader.read(topic, partition, offset, bound, max_records) if offset < bound else RECORD_SCHEMA.empty_table()
+        try:
+            records = self.reader.read(topic, partition, offset, bound, max_records) if offset < bound else RECORD_SCHEMA.empty_table()
+        except (FormatError, FileNotFoundError) as exc:
+            # Kafka answers CORRUPT_MESSAGE for a record batch it cannot read; the message names the object.
+            return FetchResult(Errors.CORRUPT_MESSAGE, hw, lso, start,
+                               message=f"cannot read {topic} [{partition}] at offset {offset}: {exc}")
         return FetchResult(Errors.NO_ERROR, hw, lso, start, records)
 
     def list_offsets(self, topic: str, partition: int, timestamp: int,

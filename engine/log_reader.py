@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from txlake.catalog.catalog import Catalog
 from txlake.catalog.state import SegmentInfo
+from txlake.formats.errors import FormatError
 from txlake.formats.records import RECORD_SCHEMA, read_segment
 
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
@@ -83,7 +84,13 @@ class LogReader:
         """Records with ``start <= offset < end`` (at most ``max_records``), in offset order.
 
         Offsets may have gaps (control records, compaction); an empty table means no
-        committed record in the range. Raises UnknownTopicError for a missing partition.
+        committed record in the range. Reading stops before an unreadable segment if
+        records precede it.
+
+        Raises:
+            UnknownTopicError: a missing partition.
+            CorruptObjectError, UnsupportedFormatVersionError, ObjectNotFoundError: the
+                first segment to read is unreadable (the error names its object).
         """
         with self.catalog.lock:
             segments = self.catalog.state.partition(topic, partition).segments_from(start)
@@ -92,7 +99,12 @@ class LogReader:
         for seg in segments:
             if seg.base_offset >= end or (max_records is not None and count >= max_records):
                 break
-            table = self.segment_table(seg)
+            try:
+                table = self.segment_table(seg)
+            except (FormatError, FileNotFoundError):
+                if pieces:
+                    break  # return what precedes the unreadable segment; the next read reports it
+                raise
             if seg.base_offset < start or seg.last_offset >= end:
                 offsets = table.column("offset")
                 mask = pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end))

@@ -85,7 +85,7 @@ CONTROL_ABORT = 0
 CONTROL_COMMIT = 1
 
 #: Default rows per row group: large enough for efficient Spark/DuckDB scans.
-DEFAULT_ROW_GROUP_ROWS = 128 * 1024
+DEFAULT_ROW_GROUP_ROWS = 1024 * 1024
 
 
 def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
@@ -104,7 +104,12 @@ def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
     sink = io.BytesIO()
     ranges: list[tuple[int, int]] = []
     next_rg = 0
-    with pq.ParquetWriter(sink, STAMPED_SCHEMA, compression=compression) as writer:
+    # Values are mostly unique payloads: dictionary-encoding them costs time and saves nothing.
+    # Nor do min/max statistics of payloads help any reader.
+    dictionary_columns = [name for name in RECORD_SCHEMA.names if name != "value"]
+    stats_columns = [name for name in RECORD_SCHEMA.names if name not in ("value", "headers")]
+    with pq.ParquetWriter(sink, STAMPED_SCHEMA, compression=compression, use_dictionary=dictionary_columns,
+                          write_statistics=stats_columns) as writer:
         for table in tables:
             assert table.num_rows > 0, "never write an empty partition chunk"
             table = table.cast(RECORD_SCHEMA) if not table.schema.equals(RECORD_SCHEMA) else table

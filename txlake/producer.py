@@ -403,9 +403,7 @@ class Producer:
             lo, hi = offsets.get(p, (res.base_offset, res.base_offset + count - 1))
             offsets[p] = (min(lo, res.base_offset), max(hi, res.base_offset + count - 1))
 
-        for rb in batches:
-            if rb.num_rows == 0:
-                continue
+        for rb in _slices(batches, 65_536):  # small slices let splitting overlap with the flusher's writes
             cols = rb.schema.names
             n = rb.num_rows
             keys = _binary_column(rb, key) if key and key in cols else pa.nulls(n, pa.binary())
@@ -474,6 +472,12 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _slices(batches: Iterable[pa.RecordBatch], rows: int) -> Iterable[pa.RecordBatch]:
+    for rb in batches:
+        for start in range(0, rb.num_rows, rows):
+            yield rb.slice(start, rows)
 
 
 def _binary_column(rb: pa.RecordBatch, name: str) -> pa.Array:

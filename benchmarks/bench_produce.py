@@ -1,0 +1,135 @@
+"""Produce benchmarks: bulk load vs pyarrow.parquet.write_table, per-record produce() rate,
+object PUTs per flush, and peak memory of a streamed bulk load.
+
+Run:  .venv/bin/python benchmarks/bench_produce.py [--records 1000000]
+
+Ratios are "raw tool time / txlake time" on the same data in the same run (1.0 = as fast
+as the raw tool; the goals are >= 0.5 for the bulk load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import subprocess
+import sys
+import tempfile
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import fresh_root, machine, records_table, timed  # noqa: E402
+
+from txlake import AdminClient, NewTopic, Producer  # noqa: E402
+from txlake.engine.registry import close_all  # noqa: E402
+
+
+def create(url: str, topic: str, partitions: int) -> None:
+    with AdminClient({"storage.url": url}) as admin:
+        admin.create_topics([NewTopic(topic, partitions)])[topic].result()
+
+
+def bench_bulk(n: int, results: dict) -> None:
+    table = records_table(n)
+    path = os.path.join(tempfile.mkdtemp(), "raw.parquet")
+    with timed(results, "raw_write_table_s"):
+        pq.write_table(table, path)
+    url = fresh_root()
+    create(url, "bulk", 8)
+    p = Producer({"storage.url": url})
+    with timed(results, "txlake_bulk_s"):
+        r = p.produce_arrow("bulk", table)
+    assert r.records == n
+    p.close()
+    close_all()
+    results["bulk_ratio"] = results["raw_write_table_s"] / results["txlake_bulk_s"]
+
+
+def bench_per_record(n: int, results: dict) -> None:
+    url = fresh_root()
+    create(url, "rec", 8)
+    p = Producer({"storage.url": url, "queue.buffering.max.messages": 2_000_000})
+    value = b"x" * 100
+    keys = [b"key-%d" % i for i in range(1000)]
+    import time
+
+    start = time.perf_counter()
+    for i in range(n):
+        p.produce("rec", value, keys[i % 1000])
+    produce_s = time.perf_counter() - start
+    assert p.flush(120) == 0
+    total_s = time.perf_counter() - start
+    p.close()
+    close_all()
+    results["produce_calls_per_s"] = n / produce_s
+    results["produce_delivered_per_s"] = n / total_s
+
+
+def bench_puts(results: dict) -> None:
+    from txlake.catalog.storage import ObjectStore
+    from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
+    from txlake.formats.records import PAYLOAD_SCHEMA
+
+    for partitions in (1, 64):
+        store = ObjectStore(fresh_root())
+        broker = Broker(store, BrokerConfig(flush_linger_ms=100))
+        broker.create_topics([("t", partitions, {})])
+        _, pid, _ = broker.init_producer_id()
+        puts = []
+        real_put, real_pia = store.put, store.put_if_absent
+        store.put = lambda k, d: (puts.append(k), real_put(k, d))[1]
+        store.put_if_absent = lambda k, d: (puts.append(k), real_pia(k, d))[1]
+        flushes = 5
+        for f in range(flushes):
+            payload = pa.table({"timestamp": [1] * 10, "key": [b"k"] * 10, "value": [b"v"] * 10,
+                                "headers": pa.nulls(10, PAYLOAD_SCHEMA.field("headers").type)}, schema=PAYLOAD_SCHEMA)
+            futs = broker.produce_async([ProduceBatch("t", p, payload, pid, 0, f * 10) for p in range(partitions)])
+            [fu.result() for fu in futs]
+        store.put, store.put_if_absent = real_put, real_pia
+        counted = [k for k in puts if not k.startswith("_catalog/leases/")]
+        results[f"puts_per_flush_{partitions}_partitions"] = len(counted) / flushes
+        broker.close()
+
+
+def bench_memory(n: int, results: dict) -> None:
+    """Peak RSS of a streamed bulk load of ``n`` records, in a fresh process, vs the data size."""
+    code = f"""
+import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+from common import records_table, fresh_root, peak_rss_mb
+from txlake import AdminClient, NewTopic, Producer
+import pyarrow as pa
+url = fresh_root()
+AdminClient({{"storage.url": url}}).create_topics([NewTopic("m", 8)])["m"].result()
+base = peak_rss_mb()
+def chunks():
+    for i in range({n} // 100_000):
+        yield from records_table(100_000, seed=i).to_batches()
+p = Producer({{"storage.url": url}})
+p.produce_arrow("m", chunks())
+p.close()
+print(base, peak_rss_mb())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    base, peak = float(out[0]), float(out[1])
+    results["stream_load_data_mb"] = n * 100 / 2**20
+    results["stream_load_rss_growth_mb"] = peak - base
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=1_000_000)
+    args = ap.parse_args()
+    results: dict = {}
+    bench_bulk(args.records, results)
+    bench_per_record(args.records, results)
+    bench_puts(results)
+    bench_memory(args.records * 3, results)
+    print(f"# produce benchmarks ({args.records:,} records, 100-byte values; {machine()})")
+    for k, v in results.items():
+        print(f"{k:36s} {v:12.3f}" if isinstance(v, float) else f"{k:36s} {v}")
+
+
+if __name__ == "__main__":
+    main()
