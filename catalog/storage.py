@@ -14,9 +14,19 @@ The ordering primitive of the whole system is :meth:`ObjectStore.put_if_absent`
   check-and-write runs under a module-level lock;
 * ``s3://``: ``PutObject`` with ``If-None-Match: *``; a 412 PreconditionFailed
   (s3fs raises ``FileExistsError`` on AWS, ``OSError(EINVAL)`` on other servers)
-  means "already exists", a 409 ConditionalRequestConflict is retried.
+  means "already exists", a 409 ConditionalRequestConflict is retried. Each
+  PUT carries a random token in its user metadata, so a PUT that the client
+  retried after the server had applied it still answers True.
 
-Every other operation is a plain fsspec call.
+Every other operation is a plain fsspec call, with three small exceptions that
+stay inside this module: local ``put`` writes a temp file and renames it (no
+half-written object is ever visible), and on ``memory://`` ``exists`` is a dict
+lookup and readers get private copies (fsspec shares one BytesIO per object).
+fsspec's listing caches are invalidated before every read, so objects written by
+other processes or other instances are seen at once.
+
+Keys are relative, ``/``-separated, without empty, ``.`` or ``..`` components;
+a key must never also be the folder of other keys.
 """
 
 from __future__ import annotations
@@ -315,14 +325,20 @@ class ObjectStore:
         return path[len(base):]
 
     @contextmanager
-    def _errors(self, operation: str, url: str) -> Iterator[None]:
-        """Map backend exceptions to ObjectNotFoundError / StorageError."""
+    def _errors(self, operation: str, url: str, reading: bool = True) -> Iterator[None]:
+        """Map backend exceptions to ObjectNotFoundError / StorageError.
+
+        When reading, "not found" (or a folder where an object was expected)
+        becomes ObjectNotFoundError; when writing it is a StorageError.
+        """
         try:
             yield
-        except (ObjectNotFoundError, StorageError, ValueError, TypeError):
+        except (ObjectNotFoundError, StorageError):
             raise
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
-            raise ObjectNotFoundError(url) from e
+            if reading:
+                raise ObjectNotFoundError(url) from e
+            raise StorageError(url, operation, f"{type(e).__name__}: {e}") from e
         except Exception as e:  # noqa: BLE001 - every other failure names the url
             raise StorageError(url, operation, f"{type(e).__name__}: {e}") from e
 
@@ -355,6 +371,10 @@ class ObjectStore:
             True if this call created the object, False if an object already
             existed at key (its content is left unchanged).
 
+        A key must never also be the folder of other keys (``"a"`` and
+        ``"a/b"``): backends disagree on that case (local raises StorageError,
+        SeaweedFS answers False, AWS S3 and memory:// create both).
+
         Raises:
             ValueError: data is empty (an empty conditional write can truncate
                 on some backends) or the key is invalid.
@@ -370,7 +390,7 @@ class ObjectStore:
         if self.protocol == "file":
             return self._put_if_absent_local(path, data, url)
         if self.protocol == "memory":
-            with _MEMORY_LOCK, self._errors("put_if_absent", url):
+            with _MEMORY_LOCK, self._errors("put_if_absent", url, reading=False):
                 if self.fs.isfile(path):
                     return False
                 self.fs.pipe_file(path, data)
@@ -386,13 +406,19 @@ class ObjectStore:
 
     def _put_if_absent_local(self, path: str, data: bytes, url: str) -> bool:
         folder, basename = os.path.split(path)
-        with self._errors("put_if_absent", url):
+        with self._errors("put_if_absent", url, reading=False):
             os.makedirs(folder, exist_ok=True)
             tmp = _write_temp(folder, basename, data)
             try:
                 try:
                     os.link(tmp, path)
                 except FileExistsError:
+                    if os.path.isdir(path):
+                        raise StorageError(
+                            url,
+                            "put_if_absent",
+                            "the key is a folder of other objects; a key cannot be both",
+                        ) from None
                     return False
                 except OSError as e:
                     if e.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
@@ -478,7 +504,7 @@ class ObjectStore:
         url = self.uri(key)
         if self.protocol == "file":
             folder, basename = os.path.split(path)
-            with self._errors("put", url):
+            with self._errors("put", url, reading=False):
                 os.makedirs(folder, exist_ok=True)
                 tmp = _write_temp(folder, basename, data)
                 try:
@@ -488,7 +514,7 @@ class ObjectStore:
                     raise
                 _fsync_dir(folder)
             return
-        with self._mutation_lock(), self._errors("put", url):
+        with self._mutation_lock(), self._errors("put", url, reading=False):
             self.fs.pipe_file(path, data)
         self._invalidate(path)
 
@@ -540,6 +566,8 @@ class ObjectStore:
             StorageError: backend failure other than "not found".
         """
         path = self.fs_path(key)
+        if self.protocol == "memory":
+            return bool(self.fs.isfile(path))  # O(1); info() scans the store
         self._invalidate(path)
         try:
             with self._errors("exists", self.uri(key)):
@@ -574,22 +602,22 @@ class ObjectStore:
                     found = self.fs.find(folder_path, prefix=base, detail=True)
                 else:
                     found = self.fs.find(folder_path, detail=True)
+                out = []
+                for name, info in found.items():
+                    name = info.get("name", name)
+                    key = self._key_of(name)
+                    if key is None or not key.startswith(prefix) or key.endswith("/"):
+                        continue
+                    if info.get("type", "file") != "file":
+                        continue
+                    if key.rpartition("/")[2].startswith(TEMP_PREFIX):
+                        continue
+                    size = info.get("size")
+                    if size is None:
+                        size = self.fs.info(name).get("size", 0)
+                    out.append(ObjectInfo(key=key, size=int(size), mtime_ms=_mtime_ms(info)))
         except ObjectNotFoundError:
             return []
-        out = []
-        for name, info in found.items():
-            name = info.get("name", name)
-            key = self._key_of(name)
-            if key is None or not key.startswith(prefix) or key.endswith("/"):
-                continue
-            if info.get("type", "file") != "file":
-                continue
-            if key.rpartition("/")[2].startswith(TEMP_PREFIX):
-                continue
-            size = info.get("size")
-            if size is None:
-                size = self.fs.info(name).get("size", 0)
-            out.append(ObjectInfo(key=key, size=int(size), mtime_ms=_mtime_ms(info)))
         out.sort(key=lambda o: o.key)
         return out
 
@@ -645,11 +673,7 @@ def _memory_handler_class():
 
         class _MemoryHandler(pafs.FSSpecHandler):
             def open_input_file(self, path):
-                try:
-                    data = self.fs.cat_file(path)
-                except KeyError as e:  # pragma: no cover
-                    raise FileNotFoundError(path) from e
-                return pa.PythonFile(io.BytesIO(data), mode="r")
+                return pa.PythonFile(io.BytesIO(self.fs.cat_file(path)), mode="r")
 
             def open_input_stream(self, path):
                 return self.open_input_file(path)

@@ -3,8 +3,8 @@
 * ``s3_server`` (session): a real SeaweedFS S3 server on 127.0.0.1, one per
   pytest session / xdist worker, on free ports.
 * ``backend`` / ``storage``: a fresh, unique storage root per test, parametrized
-  over ``file``, ``memory`` and ``s3`` (the s3 case carries ``pytest.mark.s3``;
-  deselect it with ``-m "not s3"``).
+  over ``file``, ``memory`` and ``s3``. The s3 case, and every test using
+  ``s3_server``, carries ``pytest.mark.s3``: deselect them with ``-m "not s3"``.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ class StorageTarget:
         from txlake.catalog.storage import ObjectStore
 
         return ObjectStore(self.url, dict(self.options))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses the ``s3_server`` fixture is marked ``s3``."""
+    for item in items:
+        if "s3_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.s3)
 
 
 @pytest.fixture(scope="session")

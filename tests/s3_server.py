@@ -1,4 +1,4 @@
-"""A real S3-compatible server for the tests: SeaweedFS (`weed server -s3`).
+"""A real S3-compatible server for the tests: SeaweedFS (`weed mini` / `weed server -s3`).
 
 Usage::
 
@@ -8,13 +8,14 @@ Usage::
 
 The server runs on 127.0.0.1 only, every port chosen free and set explicitly (so
 several pytest-xdist workers can each run one), telemetry/metrics/WebDAV/SFTP/
-IAM/Iceberg/Lance off, in a private temporary data directory, with one admin S3
+Iceberg/Lance/admin UI off, in a private temporary data directory, with one admin S3
 identity and one bucket. ``python tests/s3_server.py`` starts one by hand and
 prints its endpoint and credentials.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +64,17 @@ def find_weed() -> str:
     )
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: have the kernel SIGKILL the server if the test process dies."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:
+        pass
+
+
 def _free_ports(n: int) -> list[int]:
     """n distinct TCP ports currently free on 127.0.0.1."""
     socks, ports = [], []
@@ -90,6 +103,10 @@ class SeaweedS3Server:
         stop_grace: seconds :meth:`stop` waits after SIGTERM before SIGKILL
             (SeaweedFS's graceful shutdown takes tens of seconds; the data is
             thrown away anyway).
+        mode: ``"mini"`` (default; ``weed mini``, one process with master,
+            volume, filer, S3 gateway and admin/maintenance worker, starts in
+            ~1.5 s) or ``"server"`` (``weed server -s3``, ~4-8 s). The
+            environment variable ``TXLAKE_WEED_MODE`` sets the default.
 
     Attributes (valid after :meth:`start`):
         endpoint_url: ``http://127.0.0.1:<port>``.
@@ -108,12 +125,16 @@ class SeaweedS3Server:
         start_timeout: float = 60.0,
         weed: str | None = None,
         stop_grace: float = 2.0,
+        mode: str | None = None,
     ):
         self.access_key = access_key
         self.secret_key = secret_key
         self.bucket = bucket
         self.start_timeout = start_timeout
         self.stop_grace = stop_grace
+        self.mode = mode or os.environ.get("TXLAKE_WEED_MODE", "mini")
+        if self.mode not in ("mini", "server"):
+            raise ValueError(f"mode must be 'mini' or 'server', got {self.mode!r}")
         self.weed = weed or find_weed()
         self.endpoint_url: str | None = None
         self.start_seconds: float | None = None
@@ -163,7 +184,11 @@ class SeaweedS3Server:
         raise last_error
 
     def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after ``stop_grace`` s) and delete its data."""
+        """Stop the server (SIGTERM, then SIGKILL after ``stop_grace`` s) and delete its data.
+
+        Safe to call twice; also registered with atexit by :meth:`start`.
+        """
+        atexit.unregister(self.stop)
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.poll() is None:
@@ -182,7 +207,7 @@ class SeaweedS3Server:
         # own gRPC ports; remove the ones this server created.
         tmp = tempfile.gettempdir()
         for port in self._grpc_ports:
-            for component in ("master", "volume", "filer", "s3"):
+            for component in ("master", "volume", "filer", "s3", "admin", "worker"):
                 sock = os.path.join(tmp, f"seaweedfs-{component}-grpc-{port}.sock")
                 try:
                     os.unlink(sock)
@@ -258,55 +283,78 @@ class SeaweedS3Server:
                 }
             )
         )
-        (
-            master,
-            master_grpc,
-            volume,
-            volume_grpc,
-            filer,
-            filer_grpc,
-            s3,
-            s3_grpc,
-        ) = _free_ports(8)
-        self._grpc_ports = [master_grpc, volume_grpc, filer_grpc, s3_grpc]
-        args = [
-            self.weed,
-            "-logtostderr",
-            f"-config_dir={data / 'config'}",
-            "server",
+        ports = dict(
+            zip(
+                [
+                    "master", "master_grpc", "volume", "volume_grpc", "filer",
+                    "filer_grpc", "s3", "s3_grpc", "admin", "admin_grpc",
+                ],
+                _free_ports(10),
+            )
+        )
+        self._grpc_ports = [ports[k] for k in ports if k.endswith("_grpc")]
+        common = [
             f"-dir={data / 'store'}",
             "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1",
-            f"-master.port={master}",
-            f"-master.port.grpc={master_grpc}",
+            f"-master.port={ports['master']}",
+            f"-master.port.grpc={ports['master_grpc']}",
             "-master.telemetry=false",
             "-master.volumeSizeLimitMB=64",
-            f"-volume.port={volume}",
-            f"-volume.port.grpc={volume_grpc}",
+            f"-volume.port={ports['volume']}",
+            f"-volume.port.grpc={ports['volume_grpc']}",
             "-volume.max=32",
             "-volume.preStopSeconds=0",
-            "-filer",
-            f"-filer.port={filer}",
-            f"-filer.port.grpc={filer_grpc}",
+            f"-filer.port={ports['filer']}",
+            f"-filer.port.grpc={ports['filer_grpc']}",
             f"-filer.localSocket={data / 'filer.sock'}",
-            "-s3",
-            f"-s3.port={s3}",
-            f"-s3.port.grpc={s3_grpc}",
+            f"-s3.port={ports['s3']}",
+            f"-s3.port.grpc={ports['s3_grpc']}",
             "-s3.autoCreateBucket=false",  # like AWS: a missing bucket is an error
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             f"-s3.localSocket={data / 's3.sock'}",
             f"-s3.config={s3_config}",
             "-webdav=false",
-            "-sftp=false",
-            "-iam=false",
-            "-mq.broker=false",
-            "-mq.agent=false",
+        ]
+        if self.mode == "mini":
+            # all components in one process, master leader at once (~1.5 s start)
+            specific = [
+                "-admin.ui=false",
+                f"-admin.port={ports['admin']}",
+                f"-admin.port.grpc={ports['admin_grpc']}",
+                f"-admin.dataDir={data / 'admin'}",
+            ]
+        else:
+            # classic `weed server -s3` (~4-8 s start: raft bootstrap check)
+            specific = [
+                "-filer",
+                "-s3",
+                "-sftp=false",
+                "-iam=false",
+                "-mq.broker=false",
+                "-mq.agent=false",
+            ]
+        args = [
+            self.weed,
+            "-logtostderr",
+            f"-config_dir={data / 'config'}",
+            self.mode,
+            *common,
+            *specific,
         ]
         self.log_path = str(data / "weed.log")
         self._log_file = open(self.log_path, "wb")
         env = dict(os.environ)
         env["HOME"] = str(data)  # keep it away from any ~/.seaweedfs config
+        # PDEATHSIG fires when the *thread* that forked exits: only use it from
+        # the main thread, where it means "the test process died".
+        preexec = (
+            _die_with_parent
+            if sys.platform.startswith("linux")
+            and threading.current_thread() is threading.main_thread()
+            else None
+        )
         t0 = time.monotonic()
         self._proc = subprocess.Popen(
             args,
@@ -316,8 +364,10 @@ class SeaweedS3Server:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=preexec,
         )
-        self.endpoint_url = f"http://127.0.0.1:{s3}"
+        atexit.register(self.stop)
+        self.endpoint_url = f"http://127.0.0.1:{ports['s3']}"
         self._wait_ready(t0)
         self.start_seconds = time.monotonic() - t0
 

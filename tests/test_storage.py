@@ -212,6 +212,19 @@ def test_list_prefix_semantics(storage):
     assert [o.size for o in store.list("a/")] == [3, 3, 5]
 
 
+def test_sibling_roots_are_isolated(storage):
+    store = storage.object_store()
+    sibling = ObjectStore(storage.url + "-sibling", storage.options)
+    store.put("x/1", b"mine")
+    sibling.put("x/1", b"theirs")
+    sibling.put("y", b"theirs")
+    assert [o.key for o in store.list("")] == ["x/1"]
+    assert [o.key for o in store.list("x")] == ["x/1"]
+    assert store.list("y") == []
+    assert store.get("x/1") == b"mine"
+    assert sibling.get("x/1") == b"theirs"
+
+
 def test_get_missing_raises_naming_url(storage):
     store = storage.object_store()
     with pytest.raises(ObjectNotFoundError) as info:
@@ -315,11 +328,28 @@ def test_readers_never_see_partial_objects(storage):
     t.start()
     try:
         assert store.put_if_absent("big/obj", payload) is True
+    except BaseException:
+        stop.set()
+        raise
     finally:
         t.join(timeout=60)
         stop.set()
     assert -1 not in seen
     assert store.get("big/obj") == payload
+
+
+def test_local_key_folder_clash_is_a_storage_error(tmp_path):
+    store = ObjectStore(f"file://{tmp_path}/root")
+    store.put("h/i", b"1")
+    with pytest.raises(StorageError) as info:
+        store.put_if_absent("h", b"2")
+    assert (info.value.url, info.value.operation) == (f"file://{tmp_path}/root/h", "put_if_absent")
+    store.put("f", b"file")
+    with pytest.raises(StorageError) as info2:
+        store.put("f/g", b"child")
+    assert info2.value.url == f"file://{tmp_path}/root/f/g"
+    with pytest.raises(ObjectNotFoundError):
+        store.get("h")  # a folder is not an object
 
 
 def test_local_temp_files_are_not_listed_or_left(tmp_path):
@@ -367,6 +397,53 @@ def test_s3_conditional_put_is_if_none_match(s3_server):
         client.put_object(Bucket=s3_server.bucket, Key="cond/x", Body=b"theirs", IfNoneMatch="*")
     assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
     assert store.get("x") == b"mine"
+
+
+def test_s3_retried_put_recognises_its_own_object(s3_server, monkeypatch):
+    """A PUT applied by the server whose response was lost, then retried by the
+    client, meets 412 on the retry: the put token proves the object is ours."""
+    store = ObjectStore(f"s3://{s3_server.bucket}/retry", {**s3_server.storage_options(), "skip_instance_cache": True})
+    real_call = store.fs.call_s3
+    calls = []
+
+    def call_twice(method, *args, **kwargs):
+        if method == "put_object":
+            calls.append(method)
+            real_call(method, *args, **kwargs)  # applied, "response lost"
+        return real_call(method, *args, **kwargs)  # the retry: 412
+
+    monkeypatch.setattr(store.fs, "call_s3", call_twice)
+    assert store.put_if_absent("lease", b"ours") is True
+    assert store.put_if_absent("lease", b"someone else") is False
+    assert calls == ["put_object", "put_object"]
+    assert store.get("lease") == b"ours"
+
+
+def test_s3_conditional_conflict_409_is_retried(s3_server, monkeypatch):
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    store = ObjectStore(f"s3://{s3_server.bucket}/conflict", {**s3_server.storage_options(), "skip_instance_cache": True})
+    real_call = store.fs.call_s3
+    conflicts = [1]
+
+    def conflict_once(method, *args, **kwargs):
+        if method == "put_object" and conflicts:
+            conflicts.pop()
+            err = ClientError(
+                {
+                    "Error": {"Code": "ConditionalRequestConflict", "Message": "in flight"},
+                    "ResponseMetadata": {"HTTPStatusCode": 409},
+                },
+                "PutObject",
+            )
+            raise translate_boto_error(err) from err
+        return real_call(method, *args, **kwargs)
+
+    monkeypatch.setattr(store.fs, "call_s3", conflict_once)
+    assert store.put_if_absent("k", b"v") is True
+    assert conflicts == []
+    assert store.get("k") == b"v"
 
 
 # ---------------------------------------------------------------------- arrow
