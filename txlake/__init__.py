@@ -24,6 +24,15 @@ class ConsumerGroupMetadata:
         self.group_instance_id = group_instance_id
 
 
+def __getattr__(name: str):
+    # ``txlake.duckdb`` is imported on first use (API.md: ``txlake.duckdb.connect(url)``).
+    if name == "duckdb":
+        import importlib
+
+        return importlib.import_module(".duckdb", __name__)
+    raise AttributeError(f"module 'txlake' has no attribute {name!r}")
+
+
 __all__ = [
     "AdminClient", "BulkResult", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "KafkaError",
     "KafkaException", "Message", "NewTopic", "PartitionMetadata", "Producer", "TopicMetadata", "TopicPartition",

@@ -129,6 +129,7 @@ class Producer:
         self._sticky: dict[str, int] = {}
         self._producer_id = -1
         self._epoch = -1
+        self._writer_checked = False
         self._next_seq: dict[tuple[str, int], int] = {}
         self._fatal: KafkaError | None = None
         self._closed = False
@@ -195,8 +196,8 @@ class Producer:
                 raise KafkaException(self._fatal)
             if self._queued >= self._max_queued:
                 raise BufferError("Local: Queue full")
-            if self._idempotent and self._producer_id < 0:
-                self._init_producer_id()
+            if self._producer_id < 0 and not self._writer_checked:
+                self._start_writing()
             tp = (topic, partition)
             buf = self._buffers.get(tp)
             if buf is None:
@@ -228,13 +229,21 @@ class Producer:
             p = self._sticky[topic] = random.randrange(n)
         return p
 
-    def _init_producer_id(self) -> None:
+    def _start_writing(self) -> None:
+        """First write: take the storage root's writer lease (and a producer id when idempotent).
+
+        Fails at once (not after delivery.timeout.ms) when another process holds the lease.
+        """
         try:
-            err, pid, epoch = self._broker.init_producer_id()
+            if self._idempotent:
+                err, pid, epoch = self._broker.init_producer_id()
+                assert err == Errors.NO_ERROR
+                self._producer_id, self._epoch = pid, epoch
+            else:
+                self._broker.ensure_writer()
         except ApiError as exc:
             raise from_api_error(exc) from None
-        assert err == Errors.NO_ERROR
-        self._producer_id, self._epoch = pid, epoch
+        self._writer_checked = True
 
     def _close_batch(self, tp: tuple[str, int]) -> None:
         """Turn the open batch of ``tp`` into a RecordBatch and send it (caller holds the lock)."""
@@ -386,8 +395,8 @@ class Producer:
         with self._lock:
             if self._fatal is not None:
                 raise KafkaException(self._fatal)
-            if self._idempotent and self._producer_id < 0:
-                self._init_producer_id()
+            if self._producer_id < 0 and not self._writer_checked:
+                self._start_writing()
         batches = data.to_batches() if isinstance(data, pa.Table) else data
         pending: deque = deque()
         pending_bytes = 0

