@@ -576,12 +576,14 @@ class ObjectStore:
             return False
         return info.get("type") == "file"
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def list(self, prefix: str = "", include_temporary: bool = False) -> list[ObjectInfo]:
         """Objects whose key starts with prefix, sorted by key.
 
         ``"dir/"`` lists everything below that folder (recursively); ``"dir/ab"``
         lists ``dir/ab*`` (including below ``dir/abc/``); ``""`` lists the store.
-        Folders and in-flight temporary files are never returned.
+        Folders are never returned; temporary files (local backend, basename
+        starting with :data:`TEMP_PREFIX`) only with ``include_temporary`` -- the
+        orphan cleaner uses it to delete those a crash left behind.
 
         Returns:
             A list of :class:`ObjectInfo` (``[]`` if nothing matches).
@@ -610,7 +612,7 @@ class ObjectStore:
                         continue
                     if info.get("type", "file") != "file":
                         continue
-                    if key.rpartition("/")[2].startswith(TEMP_PREFIX):
+                    if not include_temporary and key.rpartition("/")[2].startswith(TEMP_PREFIX):
                         continue
                     size = info.get("size")
                     if size is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -89,7 +90,13 @@ class WriterLease:
         Raises:
             WriterLeaseHeldError: a live writer holds the lease (names it and when it expires).
         """
-        for _ in range(10):
+        deadline = time.monotonic() + max(30.0, 2 * self.lease_ms / 1000)
+        attempt = 0
+        while time.monotonic() < deadline:
+            if attempt:
+                # lost the race for the next commit number to a busy writer: back off with jitter
+                time.sleep(random.uniform(0, min(0.5, 0.01 * 2 ** attempt)))
+            attempt += 1
             self.catalog.refresh()
             current = self.catalog.state.lease
             if current is not None and not current.released and not force:
@@ -113,7 +120,8 @@ class WriterLease:
             if current is not None and not current.released:
                 log.warning("took over the writer lease of %s from %s (epoch %d)", self.catalog.store.url, current.owner, current.epoch)
             return epoch
-        raise WriterLeaseHeldError(f"could not take the writer lease of {self.catalog.store.url}: the catalog keeps changing",
+        raise WriterLeaseHeldError(f"could not take the writer lease of {self.catalog.store.url}: another process kept winning "
+                                   f"every commit number for {attempt} attempts",
                                    "unknown", self.lease_ms)
 
     def heartbeat(self) -> None:

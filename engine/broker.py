@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txlake.catalog.catalog import Catalog
+from txlake.catalog.catalog import Catalog, commit_key
 from txlake.catalog.errors import (CatalogError, InvalidConfigError, InvalidTopicError, UnknownTopicError,
                                    WriterFencedError, WriterLeaseHeldError)
 from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, PRODUCER_ID_BLOCK, PRODUCER_SNAPSHOT, SegmentInfo,
@@ -188,8 +188,8 @@ class Broker:
     # ---------------------------------------------------------------- writer start-up
     @property
     def is_writer(self) -> bool:
-        """True once this process holds the writer lease."""
-        return self.lease is not None and self.lease.held
+        """True while this process holds the writer lease (False once it learns it was fenced)."""
+        return self.lease is not None and self.lease.held and self._fatal is None
 
     def ensure_writer(self) -> None:
         """Take the writer lease (first write), rebuild producer state, start the flusher.
@@ -198,8 +198,10 @@ class Broker:
             ApiError: NOT_LEADER_OR_FOLLOWER when another live writer holds the lease (the
                 message names it and says what to do); _FENCED after this process lost it.
         """
-        if self.is_writer and self._fatal is None:
+        if self.is_writer:
             return
+        if self._fatal is not None:  # checked before any lock: a fenced writer answers at once
+            raise ApiError(Errors._FENCED, str(self._fatal))
         with self._commit_lock:
             if self._fatal is not None:
                 raise ApiError(Errors._FENCED, str(self._fatal))
@@ -268,11 +270,23 @@ class Broker:
 
     # ---------------------------------------------------------------- metadata / admin
     def refresh(self, min_interval_ms: int = 0) -> bool:
-        """A reader's look for new commits (rate-limited to one per ``min_interval_ms``)."""
+        """Look for commits this process did not write (rate-limited to one look per ``min_interval_ms``).
+
+        A reader applies them. A writer normally finds none; if it does, another process
+        took the lease over: this writer is fenced from then on (its writes answer
+        ``_FENCED``) and it goes on as a reader, so its consumers keep tailing.
+        """
         now = time.monotonic()
-        if self.is_writer or (now - self._last_refresh) * 1000 < min_interval_ms:
+        if (now - self._last_refresh) * 1000 < min_interval_ms:
             return False
         self._last_refresh = now
+        if self.is_writer:
+            with self._commit_lock:
+                if self.store.get_or_none(commit_key(self.catalog.version + 1)) is None:
+                    return False
+                self._set_fatal(WriterFencedError(
+                    f"another process committed to {self.store.url} after catalog version {self.catalog.version}: "
+                    "this process lost the writer lease and can commit nothing more"))
         return self.catalog.refresh()
 
     def topics(self) -> dict[str, TopicState]:
@@ -480,31 +494,43 @@ class Broker:
                 or (time.monotonic() - self._first_pending_at) * 1000 >= self.config.flush_linger_ms)
 
     def _flush_once(self, force_snapshot: bool = False) -> None:
-        with self._commit_lock:
-            work = _FlushWork()
-            with self._append_lock:
-                work.pending, self._pending = self._pending, []
-                self._pending_bytes = 0
-                self._flush_requested = False
-                live = [p for p in work.pending if (p.batch.topic, p.batch.partition) in self._partitions]
-                for p in work.pending:
-                    if p not in live:
-                        p.future.set_result(ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART, message="topic was deleted"))
-                work.pending = live
-                self._flushes += 1
-                if force_snapshot or (work.pending and self._flushes % self.config.producer_snapshot_interval == 0):
-                    self._capture_snapshot(work)
-            if not work.pending and work.snapshot_rows is None:
-                return
-            try:
-                self._write_and_commit(work)
-            except Exception as exc:
-                log.error("flush of %d batches failed: %s", len(work.pending), exc)
-                self._set_fatal(exc)
-                for p in work.pending:
-                    if not p.future.done():
-                        p.future.set_result(ProduceResult(Errors._FENCED if isinstance(exc, (WriterFencedError, ApiError))
-                                                          else Errors.KAFKA_STORAGE_ERROR, message=str(exc)))
+        # Futures are completed only after every broker lock is released: their callbacks
+        # run client code (which takes client locks and may call back into the broker).
+        completions: list[tuple[Future, ProduceResult]] = []
+        try:
+            with self._commit_lock:
+                work = _FlushWork()
+                with self._append_lock:
+                    work.pending, self._pending = self._pending, []
+                    self._pending_bytes = 0
+                    self._flush_requested = False
+                    live = []
+                    for p in work.pending:
+                        if (p.batch.topic, p.batch.partition) in self._partitions:
+                            live.append(p)
+                        else:
+                            completions.append((p.future, ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART,
+                                                                         message="topic was deleted")))
+                    work.pending = live
+                    self._flushes += 1
+                    if force_snapshot or (work.pending and self._flushes % self.config.producer_snapshot_interval == 0):
+                        self._capture_snapshot(work)
+                if not work.pending and work.snapshot_rows is None:
+                    return
+                try:
+                    self._write_and_commit(work)
+                    completions.extend((p.future, ProduceResult(
+                        Errors.NO_ERROR, p.base_offset,
+                        p.append_time if p.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else -1)) for p in work.pending)
+                except Exception as exc:
+                    log.error("flush of %d batches failed: %s", len(work.pending), exc)
+                    self._set_fatal(exc)
+                    code = Errors._FENCED if isinstance(exc, (WriterFencedError, ApiError)) else Errors.KAFKA_STORAGE_ERROR
+                    completions.extend((p.future, ProduceResult(code, message=str(exc))) for p in work.pending)
+        finally:
+            for future, result in completions:
+                if not future.done():
+                    future.set_result(result)
 
     def _capture_snapshot(self, work: _FlushWork) -> None:
         rows: list = []
@@ -546,10 +572,6 @@ class Broker:
         self._commit(actions)
         for (topic, partition), table, action in zip(keys, tables, actions):
             self.reader.cache.put((path, action["row_group_start"]), table)
-        for p in work.pending:
-            p.future.set_result(ProduceResult(
-                Errors.NO_ERROR, p.base_offset,
-                p.append_time if p.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else -1))
 
     def _set_fatal(self, exc: Exception) -> None:
         if self._fatal is None:

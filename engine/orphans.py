@@ -11,18 +11,26 @@ from __future__ import annotations
 import time
 
 from txlake.catalog.catalog import Catalog
-from txlake.catalog.storage import ObjectStore
+from txlake.catalog.storage import TEMP_PREFIX, ObjectStore
+
+#: Where a crash can leave a local backend's temporary file behind (catalog commits, heartbeats).
+TEMP_ONLY_PREFIXES = ("_catalog/",)
 
 
 def find_orphans(store: ObjectStore, catalog: Catalog, prefixes: list[str], grace_ms: int) -> list[str]:
-    """Keys under ``prefixes`` that the catalog does not reference and that are older than ``grace_ms``."""
+    """Keys under ``prefixes`` that the catalog does not reference and that are older than ``grace_ms``,
+    plus temporary files a crashed local write left anywhere (same grace)."""
     with catalog.lock:
         referenced = catalog.state.referenced_paths()
     cutoff = int(time.time() * 1000) - grace_ms
     found = []
     for prefix in prefixes:
-        for info in store.list(prefix):
+        for info in store.list(prefix, include_temporary=True):
             if info.key not in referenced and info.mtime_ms < cutoff:
+                found.append(info.key)
+    for prefix in TEMP_ONLY_PREFIXES:
+        for info in store.list(prefix, include_temporary=True):
+            if info.key.rpartition("/")[2].startswith(TEMP_PREFIX) and info.mtime_ms < cutoff:
                 found.append(info.key)
     return found
 

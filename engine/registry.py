@@ -54,4 +54,9 @@ def close_all() -> None:
         broker.close()
 
 
-atexit.register(close_all)
+# Run before the interpreter shuts down its thread pools (which s3fs/aiohttp need to
+# write the final snapshot and the lease release); plain atexit runs too late for that.
+try:
+    threading._register_atexit(close_all)  # type: ignore[attr-defined]
+except (AttributeError, RuntimeError):
+    atexit.register(close_all)

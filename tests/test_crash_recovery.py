@@ -160,9 +160,6 @@ def test_orphan_grace_is_measured_by_object_age(storage, close_engines):
     producer.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a crash inside ObjectStore.put/put_if_absent on file:// leaves a "
-                                       "'.txlake-tmp-*' file; ObjectStore.list hides such files, so "
-                                       "engine/orphans.py never finds or deletes them (disk leak needing a human)")
 @pytest.mark.parametrize("backend", ["file"])
 def test_crash_leftover_temp_files_are_cleaned(storage, close_engines):
     conf = client_conf(storage, {"storage.lease.ms": 60_000, "storage.orphan.grace.ms": 0})

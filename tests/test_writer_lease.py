@@ -49,11 +49,6 @@ from txlake.formats.records import PAYLOAD_SCHEMA
 
 FENCED_FLUSH_HELPER = str(Path(__file__).resolve().parent / "helpers" / "fenced_flush_proc.py")
 
-S3_ATEXIT_BUG = ("BUG: engine/registry.py closes engines with atexit.register(close_all), which runs after "
-                 "interpreter shutdown has stopped concurrent.futures executors (threading._shutdown hooks run "
-                 "first); s3fs/aiohttp then fail every request ('cannot schedule new futures after shutdown'), "
-                 "so on s3:// the final snapshot and the lease release are never written")
-
 #: Cross-process tests: a storage root two processes can share.
 cross_process = pytest.mark.parametrize("backend", ["file", pytest.param("s3", marks=pytest.mark.s3)])
 
@@ -395,10 +390,6 @@ def test_racing_challengers_exactly_one_wins(storage):
     assert open_catalog(storage).state.lease.owner == winner.owner
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: catalog/writer_lease.py WriterLease.acquire gives up after 10 lost "
-                                       "races for the next commit number ('the catalog keeps changing'), so a "
-                                       "writer that keeps committing (seen with a live zombie on s3://) makes even "
-                                       "a forced takeover fail")
 def test_forced_takeover_is_not_starved_by_a_busy_writer(storage):
     cat_a = Catalog.open(storage.object_store())
     a_epoch = WriterLease(cat_a, 60_000).acquire()
@@ -472,10 +463,13 @@ def test_fenced_producer_gets_fatal_fenced_reports(storage, close_engines):
     try:
         taker.ensure_writer()
         version = open_catalog(storage).version
-        for i in range(3):
-            producer.produce("t", value=f"zombie-{i}".encode(), on_delivery=reports)
-            assert producer.flush(10) == 0
-        assert [e.code() for e in reports.errors] == [KafkaError._FENCED] * 3
+        producer.produce("t", value=b"zombie-0", on_delivery=reports)
+        assert producer.flush(10) == 0
+        for i in (1, 2):  # the producer is in the fatal state now: every later call fails
+            with pytest.raises(KafkaException) as fatal:
+                producer.produce("t", value=f"zombie-{i}".encode(), on_delivery=reports)
+            assert fatal.value.args[0].code() == KafkaError._FATAL and fatal.value.args[0].fatal()
+        assert [e.code() for e in reports.errors] == [KafkaError._FENCED]
         assert all(e.fatal() and not e.retriable() for e in reports.errors)
         assert "lost the writer lease" in reports.errors[0].str()
         cat = open_catalog(storage)
@@ -487,11 +481,6 @@ def test_fenced_producer_gets_fatal_fenced_reports(storage, close_engines):
         admin.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: deadlock in a fenced writer: engine/broker.py Broker._flush_once "
-                                       "resolves produce futures (running Producer._on_result, which takes the "
-                                       "Producer lock) while holding _commit_lock, and once _fatal is set "
-                                       "Broker.ensure_writer takes _commit_lock on every call, which "
-                                       "Producer._send makes while holding the Producer lock")
 def test_fenced_writer_process_can_flush_and_close():
     """A zombie's producer must fail its records and return, not hang (deterministic replay of
     the interleaving in a throw-away process: tests/helpers/fenced_flush_proc.py)."""
@@ -502,9 +491,6 @@ def test_fenced_writer_process_can_flush_and_close():
     assert result["event"] == "completed", result
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: txlake/producer.py never sets Producer._fatal, so produce() keeps "
-                                       "accepting records after a fatal (_FENCED) delivery error instead of "
-                                       "raising KafkaException(_FATAL) as its docstring and confluent-kafka do")
 def test_fenced_producer_raises_fatal_on_next_produce(storage, close_engines):
     producer = Producer(client_conf(storage, {"storage.lease.ms": 60_000}))
     admin = AdminClient(client_conf(storage))
@@ -533,8 +519,6 @@ def test_fenced_producer_raises_fatal_on_next_produce(storage, close_engines):
 @cross_process
 @pytest.mark.parametrize("how", ["close", "interpreter-exit"])
 def test_clean_exit_releases_lease_at_once(storage, writer_procs, how, request):
-    if storage.backend == "s3" and how == "interpreter-exit":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=S3_ATEXIT_BUG))
     w = writer_procs(storage, {"storage.lease.ms": 60_000})
     assert w.request("create_topic", "created", topic="t", partitions=1)["error"] is None
     w.request("produce", "produced", topic="t", n=10, prefix="old")
@@ -647,11 +631,6 @@ def _cli(args: list[str]):
     return result
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a process whose writer lease was taken over stops tailing: "
-                                       "engine/broker.py Broker.refresh returns False whenever is_writer (still "
-                                       "True after a takeover) and txlake/consumer.py Consumer.consume only "
-                                       "refreshes when not is_writer, so its consumers never see the new "
-                                       "writer's commits")
 def test_consumer_of_a_superseded_writer_process_keeps_tailing(storage, close_engines):
     conf = client_conf(storage, {"storage.lease.ms": 60_000})
     admin = AdminClient(conf)

@@ -174,11 +174,13 @@ class Consumer:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return out
-            if not self._broker.is_writer:
-                if not self._broker.refresh(REFRESH_INTERVAL_MS):
-                    time.sleep(min(REFRESH_INTERVAL_MS / 1000, remaining if remaining is not None else 1))
-            else:
+            if self._broker.is_writer:
+                # new data arrives through this process's own commits; a foreign commit
+                # (this writer was superseded) is noticed by a rate-limited probe
+                self._broker.refresh(REFRESH_INTERVAL_MS)
                 time.sleep(min(0.005, remaining if remaining is not None else 0.005))
+            elif not self._broker.refresh(REFRESH_INTERVAL_MS):
+                time.sleep(min(REFRESH_INTERVAL_MS / 1000, remaining if remaining is not None else 1))
 
     def _drain(self, out: list[Message], limit: int) -> None:
         for _ in range(len(self._order)):

@@ -279,7 +279,11 @@ class Producer:
             err = None
             if result.error != Errors.NO_ERROR:
                 code = Errors._MSG_TIMED_OUT if result.error.retriable else result.error
-                err = KafkaError(code, result.message or result.error.name, fatal=result.error == Errors._FENCED)
+                fatal = result.error == Errors._FENCED
+                err = KafkaError(code, result.message or result.error.name, fatal=fatal)
+                if fatal and self._fatal is None:
+                    # a fenced producer's every later call fails (librdkafka's fatal error state)
+                    self._fatal = KafkaError(Errors._FATAL, f"fatal error: {err.str()}", fatal=True)
             self._reports.append((flight, result, err))
             self._cond.notify_all()
 
