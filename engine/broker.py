@@ -74,7 +74,7 @@ class BrokerConfig:
     """
 
     flush_linger_ms: int = 5
-    flush_max_bytes: int = 32 * 1024 * 1024
+    flush_max_bytes: int = 64 * 1024 * 1024
     num_partitions: int = 1
     lease_ms: int = 15_000
     lease_force: bool = False

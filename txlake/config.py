@@ -91,7 +91,7 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "storage.url": (_str, None),
     "storage.options": (_any, None),
     "storage.flush.linger.ms": (_int(0, 60_000), 5),
-    "storage.flush.max.bytes": (_int(1024), 32 * 1024 * 1024),
+    "storage.flush.max.bytes": (_int(1024), 64 * 1024 * 1024),
     "storage.lease.ms": (_int(100), 15_000),
     "storage.lease.force": (_bool, False),
     "storage.checkpoint.interval": (_int(1), 100),

@@ -434,17 +434,10 @@ class Producer:
                 rr = (rr + 1) % n_parts
             if parts.size and (parts.min() < 0 or parts.max() >= n_parts):
                 raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"partition out of range for {topic} ({n_parts} partitions)")
-            order = np.argsort(parts, kind="stable")
-            sorted_parts = parts[order]
-            payload = payload.take(pa.array(order))
-            bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
-            starts = np.concatenate([[0], bounds])
-            ends = np.concatenate([bounds, [n]])
             rows_per_batch = max(1, min(batch_rows, max_batch_bytes * n // max(1, payload.nbytes)))
-            for s, e in zip(starts.tolist(), ends.tolist()):
-                p = int(sorted_parts[s])
-                for off in range(s, e, rows_per_batch):
-                    chunk = payload.slice(off, min(rows_per_batch, e - off))
+            for p, part_rows in _split_by_partition(payload, parts):
+                for off in range(0, part_rows.num_rows, rows_per_batch):
+                    chunk = part_rows.slice(off, rows_per_batch)
                     batch = ProduceBatch(topic, p, chunk)
                     if self._idempotent:
                         with self._lock:
@@ -485,6 +478,20 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _split_by_partition(payload: pa.Table, parts: np.ndarray) -> Iterable[tuple[int, pa.Table]]:
+    """``(partition, rows)`` for each partition present, rows in input order.
+
+    One boolean filter per partition present: it copies each row once, like a sort and
+    take, but filtering is about twice as fast as Arrow's take on binary columns.
+    """
+    present = np.unique(parts)
+    if len(present) == 1:
+        yield int(present[0]), payload
+        return
+    for p in present.tolist():
+        yield p, payload.filter(pa.array(parts == p))
 
 
 def _slices(batches: Iterable[pa.RecordBatch], rows: int) -> Iterable[pa.RecordBatch]:
