@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from txlake.catalog.catalog import Catalog
 from txlake.catalog.state import SegmentInfo
@@ -106,9 +106,10 @@ class LogReader:
                     break  # return what precedes the unreadable segment; the next read reports it
                 raise
             if seg.base_offset < start or seg.last_offset >= end:
-                offsets = table.column("offset")
-                mask = pc.and_(pc.greater_equal(offsets, start), pc.less(offsets, end))
-                table = table.filter(mask)
+                # offsets ascend within a segment: a zero-copy slice, found by binary search
+                offsets = table.column("offset").to_numpy()
+                lo, hi = np.searchsorted(offsets, [start, end])
+                table = table.slice(int(lo), int(hi - lo))
             if max_records is not None and count + table.num_rows > max_records:
                 table = table.slice(0, max_records - count)
             if table.num_rows:

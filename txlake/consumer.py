@@ -9,6 +9,7 @@ issue); until then :meth:`Consumer.subscribe` and :meth:`Consumer.commit` are re
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import deque
@@ -32,14 +33,43 @@ REFRESH_INTERVAL_MS = 50
 
 
 class _Fetch:
-    """Fetch state of one assigned partition: position and records fetched but not yet returned."""
+    """Fetch state of one assigned partition: position and records fetched but not yet returned.
 
-    __slots__ = ("position", "messages", "eof_sent")
+    ``messages[next:]`` are the records not yet returned (a list and an index, so a
+    consume() of many records is one slice).
+    """
+
+    __slots__ = ("position", "messages", "next", "eof_sent")
 
     def __init__(self, position: int):
         self.position = position
-        self.messages: deque[Message] = deque()
+        self.messages: list[Message] = []
+        self.next = 0
         self.eof_sent = False
+
+    def queued(self) -> Message | None:
+        """The first record not yet returned, if any."""
+        return self.messages[self.next] if self.next < len(self.messages) else None
+
+    def take(self, limit: int) -> list[Message]:
+        """Up to ``limit`` queued records, in order."""
+        out = self.messages[self.next:self.next + limit]
+        self.next += len(out)
+        if self.next >= len(self.messages):
+            self.clear()
+        return out
+
+    def push(self, messages: list[Message]) -> None:
+        """Queue records (or error events) after the ones already queued."""
+        if self.next:
+            self.messages = self.messages[self.next:]
+            self.next = 0
+        self.messages.extend(messages)
+
+    def clear(self) -> None:
+        """Drop everything queued."""
+        self.messages = []
+        self.next = 0
 
 
 class Consumer:
@@ -137,7 +167,7 @@ class Consumer:
             if state is None:
                 raise kafka_exception(KafkaError._STATE, f"Partition {partition.topic} [{partition.partition}] is not assigned")
             state.position = self._resolve(partition.topic, partition.partition, partition.offset)
-            state.messages.clear()
+            state.clear()
             state.eof_sent = False
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
@@ -148,7 +178,7 @@ class Consumer:
                 state = self._assignment.get((tp.topic, tp.partition))
                 pos = OFFSET_INVALID
                 if state is not None:
-                    queued = state.messages[0] if state.messages else None
+                    queued = state.queued()
                     pos = queued.offset() if queued is not None and queued.error() is None else state.position
                 out.append(TopicPartition(tp.topic, tp.partition, pos))
             return out
@@ -189,18 +219,17 @@ class Consumer:
             key = self._order[0]
             self._order.rotate(-1)
             state = self._assignment[key]
-            if not state.messages:
+            if state.queued() is None:
                 self._fetch(key, state)
-            while state.messages and len(out) < limit:
-                out.append(state.messages.popleft())
+            out.extend(state.take(limit - len(out)))
 
     def _fetch(self, key: tuple[str, int], state: _Fetch) -> None:
         topic, partition = key
         if state.position == OFFSET_INVALID:
             state.position = self._resolve(topic, partition, OFFSET_INVALID)
             if state.position == OFFSET_INVALID:
-                state.messages.append(Message(topic, partition, None, error=KafkaError(
-                    KafkaError._AUTO_OFFSET_RESET, f"no valid offset for {topic} [{partition}] and auto.offset.reset=error")))
+                state.push([Message(topic, partition, None, error=KafkaError(
+                    KafkaError._AUTO_OFFSET_RESET, f"no valid offset for {topic} [{partition}] and auto.offset.reset=error"))])
                 return
         result = self._broker.fetch(topic, partition, state.position, FETCH_RECORDS, self._isolation)
         if result.error == Errors.OFFSET_OUT_OF_RANGE:
@@ -208,25 +237,28 @@ class Consumer:
                 state.position = self._resolve(topic, partition, OFFSET_INVALID)
                 result = self._broker.fetch(topic, partition, state.position, FETCH_RECORDS, self._isolation)
             else:
-                state.messages.append(Message(topic, partition, state.position, error=KafkaError(
-                    KafkaError._AUTO_OFFSET_RESET, result.message)))
+                state.push([Message(topic, partition, state.position, error=KafkaError(
+                    KafkaError._AUTO_OFFSET_RESET, result.message))])
                 return
         if result.error != Errors.NO_ERROR:
-            state.messages.append(Message(topic, partition, state.position, error=KafkaError(result.error, result.message)))
+            state.push([Message(topic, partition, state.position, error=KafkaError(result.error, result.message))])
             return
         table = result.records
         if table is None or table.num_rows == 0:
             bound = result.last_stable_offset if self._isolation == "read_committed" else result.high_watermark
             if self._eof and not state.eof_sent and state.position >= bound:
                 state.eof_sent = True
-                state.messages.append(Message(topic, partition, state.position, error=KafkaError(
-                    KafkaError._PARTITION_EOF, f"Fetch from broker reached end of partition at offset {state.position}")))
+                state.push([Message(topic, partition, state.position, error=KafkaError(
+                    KafkaError._PARTITION_EOF, f"Fetch from broker reached end of partition at offset {state.position}"))])
             return
         state.eof_sent = False
         # The fetch position moves past everything fetched, control records included;
         # position() reports the first message not yet returned while some are queued.
         state.position = table.column("offset")[-1].as_py() + 1
-        state.messages.extend(_messages(topic, partition, table.filter(pc.invert(table.column("is_control")))))
+        control = table.column("is_control")
+        if pc.any(control).as_py():
+            table = table.filter(pc.invert(control))
+        state.push(_messages(topic, partition, table))
 
     # ------------------------------------------------------------------ offsets
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
@@ -295,5 +327,13 @@ def _messages(topic: str, partition: int, table) -> list[Message]:
     headers_col = table.column("headers")
     headers = ([[(h["key"], h["value"]) for h in hs] if hs else None for hs in headers_col.to_pylist()]
                if headers_col.null_count < len(headers_col) else [None] * len(offsets))
-    return [Message(topic, partition, o, k, v, t, TIMESTAMP_LOG_APPEND_TIME if tt == 1 else TIMESTAMP_CREATE_TIME, h)
-            for o, k, v, t, tt, h in zip(offsets, keys, values, timestamps, ts_types, headers)]
+    # Thousands of small objects at once: pause the cyclic GC, whose repeated passes over
+    # the new objects would otherwise cost three times the creation itself (they hold no cycles).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return [Message(topic, partition, o, k, v, t, TIMESTAMP_LOG_APPEND_TIME if tt == 1 else TIMESTAMP_CREATE_TIME, h)
+                for o, k, v, t, tt, h in zip(offsets, keys, values, timestamps, ts_types, headers)]
+    finally:
+        if gc_was_enabled:
+            gc.enable()
