@@ -30,7 +30,7 @@ from txlake.engine.registry import close_all  # noqa: E402
 PARTITIONS = 8
 
 
-def best(fn, repeat: int = 3) -> float:
+def best(fn, repeat: int = 5) -> float:
     """Best wall time (s) of ``repeat`` runs."""
     times = []
     for _ in range(repeat):

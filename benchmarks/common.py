@@ -36,10 +36,16 @@ def fresh_root() -> str:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (MiB)."""
-    import resource
+    """Peak resident memory of this process so far (MiB), from /proc/self/status VmHWM.
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    (``getrusage``'s ru_maxrss is no good here: Linux carries it across exec, so a child
+    started by a big parent reports the parent's peak.)
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def machine() -> str:
