@@ -5,10 +5,10 @@ process shares it. Its public methods are named after Kafka's APIs (CreateTopics
 DeleteTopics, Metadata, Produce, Fetch, ListOffsets, InitProducerId) and take and return
 plain data with Kafka error codes, so the future network server is a thin layer.
 
-Writes (DESIGN.md "Group commit"): a produce request is validated against the
-partition's producer state, given offsets and queued; a flusher thread writes ONE data
-object holding the queued batches of every partition, then ONE catalog commit, and only
-then completes the requests (acks=all). The high watermark moves at the commit.
+Writes: a produce request is validated against the partition's producer state, given
+offsets and queued; :mod:`.group_commit` makes the queue durable (one object and one
+catalog commit per flush) and only then answers (acks=all). The high watermark moves
+at the commit.
 
 Reads never need the writer lease; the first write takes it.
 """
@@ -16,40 +16,38 @@ Reads never need the writer lease; the first write takes it.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
-from collections import defaultdict
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from txlake.catalog.catalog import Catalog, commit_key
 from txlake.catalog.errors import (CatalogError, InvalidConfigError, InvalidTopicError, UnknownTopicError,
                                    WriterFencedError, WriterLeaseHeldError)
-from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, PRODUCER_ID_BLOCK, PRODUCER_SNAPSHOT, SegmentInfo,
-                                  TopicState)
+from txlake.catalog.state import CREATE_TOPIC, DELETE_TOPIC, PRODUCER_ID_BLOCK, TopicState
 from txlake.catalog.storage import ObjectStore
 from txlake.catalog.topic_config import effective_config, validate_topic_config
 from txlake.catalog.topic_names import unify_collision_chars, validate_topic_name
 from txlake.catalog.writer_lease import WriterLease
 from txlake.formats.errors import FormatError
-from txlake.formats.producer_state import decode_snapshot, encode_snapshot
-from txlake.formats.records import (PAYLOAD_SCHEMA, RECORD_SCHEMA, TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME,
-                                    encode_segments)
+from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
 
+from . import log_loader
 from .errors import ApiError, Errors
+from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX, GroupCommitter, PendingBatch, now_ms
 from .log_reader import LogReader
 from .orphans import delete_orphans
-from .producer_state import NO_PRODUCER_ID, ProducerStateManager, increment_sequence
+from .producer_state import ProducerStateManager, increment_sequence
+from .requests import BrokerConfig, FetchResult, ProduceBatch, ProduceResult
 
 log = logging.getLogger(__name__)
 
-DATA_PREFIX = "data/"
-SNAPSHOT_PREFIX = "producer-state/"
+__all__ = ["Broker", "BrokerConfig", "FetchResult", "ProduceBatch", "ProduceResult",
+           "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP"]
+
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdManager block size
 
 # ListOffsets special timestamps (Kafka's ListOffsetsRequest).
@@ -59,100 +57,11 @@ MAX_TIMESTAMP = -3
 
 
 @dataclass
-class BrokerConfig:
-    """Broker-side settings (the ``storage.*`` keys of a client config, with Kafka's defaults).
-
-    Attributes:
-        flush_linger_ms: how long (ms) the flusher waits to group more batches into one object.
-        flush_max_bytes: flush at once when this many payload bytes are queued.
-        num_partitions: partitions of a topic created with ``num_partitions=-1`` (Kafka's ``num.partitions``).
-        lease_ms / lease_force: writer lease duration, and whether to take it over at once.
-        checkpoint_interval: catalog checkpoint every this many commits.
-        producer_snapshot_interval: producer-state snapshot every this many flushes.
-        orphan_grace_ms: unreferenced objects younger than this are never deleted.
-        row_group_rows: rows per Parquet row group; compression: Parquet codec.
-    """
-
-    flush_linger_ms: int = 5
-    flush_max_bytes: int = 64 * 1024 * 1024
-    num_partitions: int = 1
-    lease_ms: int = 15_000
-    lease_force: bool = False
-    checkpoint_interval: int = 100
-    producer_snapshot_interval: int = 50
-    orphan_grace_ms: int = 3_600_000
-    row_group_rows: int = 1024 * 1024
-    compression: str = "snappy"
-
-
-@dataclass
-class ProduceBatch:
-    """One partition's part of a Produce request (a Kafka RecordBatch before offsets).
-
-    Attributes:
-        records: rows of :data:`~txlake.formats.records.PAYLOAD_SCHEMA` (timestamp ms, key, value, headers).
-        producer_id / producer_epoch / base_sequence: -1 for a non-idempotent producer.
-    """
-
-    topic: str
-    partition: int
-    records: pa.Table
-    producer_id: int = NO_PRODUCER_ID
-    producer_epoch: int = -1
-    base_sequence: int = -1
-    is_transactional: bool = False
-
-
-@dataclass
-class ProduceResult:
-    """A partition's Produce response: error code, base offset, log-append time (ms or -1).
-
-    ``duplicate`` is True when the batch was an exact retry whose original offsets are returned.
-    """
-
-    error: Errors
-    base_offset: int = -1
-    log_append_time: int = -1
-    message: str = ""
-    duplicate: bool = False
-
-
-@dataclass
-class FetchResult:
-    """A partition's Fetch response: records with ``offset >= fetch offset`` below the isolation bound."""
-
-    error: Errors
-    high_watermark: int = -1
-    last_stable_offset: int = -1
-    log_start_offset: int = -1
-    records: pa.Table | None = None
-    message: str = ""
-
-
-@dataclass
-class _Pending:
-    batch: ProduceBatch
-    base_offset: int
-    timestamp_type: int
-    append_time: int
-    future: Future
-
-
-@dataclass
 class _WriterPartition:
+    """The writer's view of a partition: its log end offset (queued batches included) and producer state."""
+
     log_end_offset: int
     producers: ProducerStateManager
-
-
-@dataclass
-class _FlushWork:
-    pending: list[_Pending] = field(default_factory=list)
-    snapshot_rows: list | None = None
-    snapshot_ends: dict | None = None
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Broker:
@@ -169,18 +78,15 @@ class Broker:
         self.catalog = Catalog.open(store, self.config.checkpoint_interval)
         self.reader = LogReader(self.catalog)
         self.lease: WriterLease | None = None
-        self._append_lock = threading.RLock()   # offsets, producer state, pending queue
-        self._commit_lock = threading.RLock()   # one catalog writer at a time
-        self._wake = threading.Condition(self._append_lock)
+        self._committer = GroupCommitter(store, self.catalog, self.config, self.reader.cache, self._commit,
+                                         self._snapshot_producer_state, lambda t, p: (t, p) in self._partitions,
+                                         self._set_fatal)
+        self._append_lock = self._committer.lock   # offsets, producer state and the queue change together
+        self._commit_lock = self._committer.commit_lock  # one catalog writer at a time
         self._partitions: dict[tuple[str, int], _WriterPartition] = {}
-        self._pending: list[_Pending] = []
-        self._pending_bytes = 0
-        self._first_pending_at = 0.0
-        self._flush_requested = False
-        self._flushes = 0
         self._fatal: Exception | None = None
         self._closed = False
-        self._flusher: threading.Thread | None = None
+        self._flusher_started = False
         self._next_producer_id = 0
         self._producer_id_block_end = 0
         self._last_refresh = 0.0
@@ -217,8 +123,8 @@ class Broker:
             lease.start_heartbeats()
             self.lease = lease
             self._load_writer_state()
-            self._flusher = threading.Thread(target=self._flush_loop, name="txlake-flusher", daemon=True)
-            self._flusher.start()
+            self._committer.start()
+            self._flusher_started = True
             try:
                 removed = delete_orphans(self.store, self.catalog, [DATA_PREFIX, SNAPSHOT_PREFIX],
                                          self.config.orphan_grace_ms)
@@ -228,45 +134,26 @@ class Broker:
                 log.warning("orphan cleanup failed: %s", exc)
 
     def _load_writer_state(self) -> None:
-        """Producer state = latest snapshot + replay of the log after it (Kafka's loadProducerState)."""
+        """Producer ids continue after the last block; producer state = snapshot + log replay."""
         state = self.catalog.state
         self._next_producer_id = self._producer_id_block_end = state.next_producer_id
-        rows_by_tp: dict[tuple[str, int], list] = defaultdict(list)
-        ends: dict = {}
-        if state.producer_snapshot:
-            try:
-                rows, ends = decode_snapshot(self.store.get(state.producer_snapshot), self.store.uri(state.producer_snapshot))
-                for row in rows:
-                    rows_by_tp[(row["topic"], row["partition"])].append(row)
-            except (FormatError, FileNotFoundError) as exc:
-                log.warning("producer-state snapshot unusable (%s); rebuilding from the whole log", exc)
-                rows_by_tp, ends = defaultdict(list), {}
+        managers = log_loader.load_producer_states(self.store, state, self.reader)
         for topic in state.topics.values():
-            covered = ends.get(topic.name)
             for p in topic.partitions:
-                psm = ProducerStateManager(topic.name, p.partition)
-                start = p.log_start_offset
-                if covered and covered.get("topic_id") == topic.topic_id:
-                    psm.load_rows(rows_by_tp.get((topic.name, p.partition), []))
-                    start = max(start, covered["end_offsets"][p.partition])
-                self._replay_producer_state(psm, start, p.high_watermark)
-                self._partitions[(topic.name, p.partition)] = _WriterPartition(p.high_watermark, psm)
+                self._partitions[(topic.name, p.partition)] = _WriterPartition(
+                    p.high_watermark, managers[(topic.name, p.partition)])
 
-    def _replay_producer_state(self, psm: ProducerStateManager, start: int, end: int) -> None:
-        if start >= end:
-            return
-        table = self.reader.read(psm.topic, psm.partition, start, end)
-        table = table.filter(pc.and_(pc.greater_equal(table.column("producer_id"), 0),
-                                     pc.invert(table.column("is_control"))))
-        if table.num_rows == 0:
-            return
-        batches = table.group_by(["producer_id", "base_offset"], use_threads=False).aggregate([
-            ("producer_epoch", "max"), ("base_sequence", "max"), ("last_offset_delta", "max"),
-            ("timestamp", "max"), ("is_transactional", "max")]).sort_by("base_offset")
-        for b in batches.to_pylist():
-            last_seq = increment_sequence(b["base_sequence_max"], b["last_offset_delta_max"])
-            psm.update(b["producer_id"], b["producer_epoch_max"], b["base_sequence_max"], last_seq, b["base_offset"],
-                       b["base_offset"] + b["last_offset_delta_max"], b["timestamp_max"], b["is_transactional_max"])
+    def _snapshot_producer_state(self) -> tuple[list, dict]:
+        """Rows and per-partition end offsets of all producer state (called under the append lock)."""
+        rows: list = []
+        ends: dict = {}
+        state = self.catalog.state
+        for (topic, partition), wp in self._partitions.items():
+            rows.extend(wp.producers.snapshot_rows())
+            t = state.topics[topic]
+            entry = ends.setdefault(topic, {"topic_id": t.topic_id, "end_offsets": [0] * len(t.partitions)})
+            entry["end_offsets"][partition] = wp.log_end_offset
+        return rows, ends
 
     # ---------------------------------------------------------------- metadata / admin
     def refresh(self, min_interval_ms: int = 0) -> bool:
@@ -415,13 +302,8 @@ class Broker:
             self.ensure_writer()
         except ApiError as exc:
             return [_done(ProduceResult(exc.error, message=exc.message)) for _ in batches]
-        futures = []
         with self._append_lock:
-            for batch in batches:
-                futures.append(self._append(batch))
-            if self._pending_bytes >= self.config.flush_max_bytes:
-                self._wake.notify_all()
-        return futures
+            return [self._append(batch) for batch in batches]
 
     def _append(self, batch: ProduceBatch) -> Future:
         if self._fatal is not None:
@@ -449,7 +331,7 @@ class Broker:
                 return _done(ProduceResult(exc.error, message=exc.message))
             if dup is not None:
                 return _done(ProduceResult(Errors.NO_ERROR, dup.first_offset, -1, duplicate=True))
-        now = _now_ms()
+        now = now_ms()
         ts_type = TIMESTAMP_LOG_APPEND_TIME if config["message.timestamp.type"] == "LogAppendTime" else TIMESTAMP_CREATE_TIME
         base = wp.log_end_offset
         wp.log_end_offset += n
@@ -458,120 +340,12 @@ class Broker:
             wp.producers.update(batch.producer_id, batch.producer_epoch, batch.base_sequence, last_seq, base,
                                 base + n - 1, max_ts, batch.is_transactional)
         fut: Future = Future()
-        if not self._pending:
-            self._first_pending_at = time.monotonic()
-            self._wake.notify_all()  # the flusher sleeps without a timeout while nothing is queued
-        self._pending.append(_Pending(batch, base, ts_type, now, fut))
-        self._pending_bytes += size
+        self._committer.enqueue(PendingBatch(batch, base, ts_type, now, fut), size)
         return fut
 
-    # ---------------------------------------------------------------- flushing
     def flush(self, timeout_ms: int = 60_000) -> None:
         """Wait until every batch queued so far is committed (or failed)."""
-        with self._append_lock:
-            futures = [p.future for p in self._pending]
-            self._flush_requested = True
-            self._wake.notify_all()
-        for fut in futures:
-            fut.exception(timeout=timeout_ms / 1000)
-
-    def _flush_loop(self) -> None:
-        while True:
-            with self._append_lock:
-                while not self._closed and not self._due():
-                    timeout = None
-                    if self._pending:
-                        timeout = max(0.0, self._first_pending_at + self.config.flush_linger_ms / 1000 - time.monotonic())
-                    self._wake.wait(timeout)
-                if self._closed and not self._pending:
-                    return
-            self._flush_once()
-
-    def _due(self) -> bool:
-        if not self._pending:
-            return False
-        return (self._flush_requested or self._pending_bytes >= self.config.flush_max_bytes
-                or (time.monotonic() - self._first_pending_at) * 1000 >= self.config.flush_linger_ms)
-
-    def _flush_once(self, force_snapshot: bool = False) -> None:
-        # Futures are completed only after every broker lock is released: their callbacks
-        # run client code (which takes client locks and may call back into the broker).
-        completions: list[tuple[Future, ProduceResult]] = []
-        try:
-            with self._commit_lock:
-                work = _FlushWork()
-                with self._append_lock:
-                    work.pending, self._pending = self._pending, []
-                    self._pending_bytes = 0
-                    self._flush_requested = False
-                    live = []
-                    for p in work.pending:
-                        if (p.batch.topic, p.batch.partition) in self._partitions:
-                            live.append(p)
-                        else:
-                            completions.append((p.future, ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART,
-                                                                         message="topic was deleted")))
-                    work.pending = live
-                    self._flushes += 1
-                    if force_snapshot or (work.pending and self._flushes % self.config.producer_snapshot_interval == 0):
-                        self._capture_snapshot(work)
-                if not work.pending and work.snapshot_rows is None:
-                    return
-                try:
-                    self._write_and_commit(work)
-                    completions.extend((p.future, ProduceResult(
-                        Errors.NO_ERROR, p.base_offset,
-                        p.append_time if p.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else -1)) for p in work.pending)
-                except Exception as exc:
-                    log.error("flush of %d batches failed: %s", len(work.pending), exc)
-                    self._set_fatal(exc)
-                    code = Errors._FENCED if isinstance(exc, (WriterFencedError, ApiError)) else Errors.KAFKA_STORAGE_ERROR
-                    completions.extend((p.future, ProduceResult(code, message=str(exc))) for p in work.pending)
-        finally:
-            for future, result in completions:
-                if not future.done():
-                    future.set_result(result)
-
-    def _capture_snapshot(self, work: _FlushWork) -> None:
-        rows: list = []
-        ends: dict = {}
-        state = self.catalog.state
-        for (topic, partition), wp in self._partitions.items():
-            rows.extend(wp.producers.snapshot_rows())
-            t = state.topics[topic]
-            entry = ends.setdefault(topic, {"topic_id": t.topic_id, "end_offsets": [0] * len(t.partitions)})
-            entry["end_offsets"][partition] = wp.log_end_offset
-        work.snapshot_rows, work.snapshot_ends = rows, ends
-
-    def _write_and_commit(self, work: _FlushWork) -> None:
-        by_tp: dict[tuple[str, int], list[_Pending]] = defaultdict(list)
-        for p in work.pending:
-            by_tp[(p.batch.topic, p.batch.partition)].append(p)
-        actions: list[dict] = []
-        tables: list[pa.Table] = []
-        keys = sorted(by_tp)
-        path = f"{DATA_PREFIX}{_now_ms():013d}-{uuid.uuid4().hex}.parquet"
-        if keys:
-            tables = [_record_table(topic, partition, by_tp[(topic, partition)]) for topic, partition in keys]
-            data, ranges = encode_segments(tables, self.config.compression, self.config.row_group_rows)
-            self.store.put(path, data)
-            state = self.catalog.state
-            for (topic, partition), table, (rg_start, rg_count) in zip(keys, tables, ranges):
-                offsets = table.column("offset")
-                ts = table.column("timestamp")
-                first, last = offsets[0].as_py(), offsets[-1].as_py()
-                hw = last + 1
-                seg = SegmentInfo(topic, partition, path, first, last, table.num_rows, _share(len(data), table, tables),
-                                  pc.min(ts).as_py(), pc.max(ts).as_py(), rg_start, rg_count)
-                assert first >= state.partition(topic, partition).high_watermark, "segments append in offset order"
-                actions.append(seg.to_action(hw, hw))
-        if work.snapshot_rows is not None:
-            snap_key = f"{SNAPSHOT_PREFIX}{_now_ms():013d}-{uuid.uuid4().hex}.parquet"
-            self.store.put(snap_key, encode_snapshot(work.snapshot_rows, work.snapshot_ends))
-            actions.append({"action": PRODUCER_SNAPSHOT, "path": snap_key})
-        self._commit(actions)
-        for (topic, partition), table, action in zip(keys, tables, actions):
-            self.reader.cache.put((path, action["row_group_start"]), table)
+        self._committer.flush(timeout_ms)
 
     def _set_fatal(self, exc: Exception) -> None:
         if self._fatal is None:
@@ -647,17 +421,9 @@ class Broker:
         """Clean exit: commit what is queued, snapshot producer state, release the lease at once."""
         if self._closed:
             return
-        if self.is_writer and self._fatal is None:
-            try:
-                self.flush()
-                self._flush_once(force_snapshot=True)
-            except Exception as exc:
-                log.warning("final flush of %s failed: %s", self.store.url, exc)
-        with self._append_lock:
-            self._closed = True
-            self._wake.notify_all()
-        if self._flusher is not None:
-            self._flusher.join(timeout=30)
+        if self._flusher_started:
+            self._committer.stop(final_snapshot=self.is_writer)
+        self._closed = True
         if self.lease is not None:
             if self._fatal is None:
                 self.lease.release()
@@ -669,51 +435,3 @@ def _done(result: ProduceResult) -> Future:
     fut: Future = Future()
     fut.set_result(result)
     return fut
-
-
-def _share(object_bytes: int, table: pa.Table, tables: list[pa.Table]) -> int:
-    """Bytes of an object attributed to one partition's table, by its share of the rows' memory."""
-    total = sum(t.nbytes for t in tables) or 1
-    return max(1, object_bytes * table.nbytes // total)
-
-
-def _record_table(topic: str, partition: int, pending: list[_Pending]) -> pa.Table:
-    """Build one partition's RECORD_SCHEMA rows from its queued batches (vectorised per column)."""
-    payload = pa.concat_tables([p.batch.records for p in pending]) if len(pending) > 1 else pending[0].batch.records
-    lengths = np.fromiter((p.batch.records.num_rows for p in pending), dtype=np.int64, count=len(pending))
-    total = int(lengths.sum())
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    base_offsets = np.repeat(np.fromiter((p.base_offset for p in pending), dtype=np.int64, count=len(pending)), lengths)
-    offsets = base_offsets + (np.arange(total, dtype=np.int64) - starts)
-
-    def per_batch(values, dtype):
-        return pa.array(np.repeat(np.asarray(values, dtype=dtype), lengths))
-
-    ts_types = [p.timestamp_type for p in pending]
-    timestamps = payload.column("timestamp")
-    if any(t == TIMESTAMP_LOG_APPEND_TIME for t in ts_types):
-        append = np.repeat(np.fromiter((p.append_time for p in pending), dtype=np.int64, count=len(pending)), lengths)
-        create = timestamps.to_numpy()
-        is_append = np.repeat(np.asarray(ts_types, dtype=np.int8), lengths) == TIMESTAMP_LOG_APPEND_TIME
-        timestamps = pa.array(np.where(is_append, append, create))
-    columns = {
-        "topic": pa.array(np.full(total, topic, dtype=object), pa.string()) if total < 64 else
-        pa.DictionaryArray.from_arrays(pa.array(np.zeros(total, dtype=np.int32)), pa.array([topic])).cast(pa.string()),
-        "partition": pa.array(np.full(total, partition, dtype=np.int32)),
-        "offset": pa.array(offsets),
-        "timestamp": timestamps,
-        "timestamp_type": per_batch(ts_types, np.int8),
-        "key": payload.column("key"),
-        "value": payload.column("value"),
-        "headers": payload.column("headers"),
-        "producer_id": per_batch([p.batch.producer_id for p in pending], np.int64),
-        "producer_epoch": per_batch([p.batch.producer_epoch for p in pending], np.int16),
-        "base_sequence": per_batch([p.batch.base_sequence for p in pending], np.int32),
-        "base_offset": pa.array(base_offsets),
-        "last_offset_delta": per_batch([p.batch.records.num_rows - 1 for p in pending], np.int32),
-        "is_transactional": per_batch([p.batch.is_transactional for p in pending], np.bool_),
-        "is_control": pa.array(np.zeros(total, dtype=np.bool_)),
-        "control_type": pa.nulls(total, pa.int16()),
-        "coordinator_epoch": pa.nulls(total, pa.int32()),
-    }
-    return pa.Table.from_pydict(columns, schema=RECORD_SCHEMA)

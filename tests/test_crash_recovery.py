@@ -31,6 +31,7 @@ from txlake import OFFSET_BEGINNING, AdminClient, Consumer, NewTopic, Producer, 
 from txlake.catalog.storage import TEMP_PREFIX
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.errors import Errors
+from txlake.engine import log_loader
 from txlake.engine.log_reader import LogReader
 from txlake.engine.registry import acquire_broker, release_broker
 from txlake.formats.records import PAYLOAD_SCHEMA, read_segment
@@ -352,13 +353,13 @@ BATCHES = [(["v0", "v1"], 0, 0), (["v2", "v3", "v4"], 2, 2), (["v5"], 5, 5)]  # 
 def replay_spy(monkeypatch):
     """Record every ``(topic, partition, start, end)`` a broker replays producer state from."""
     calls: list[tuple[str, int, int, int]] = []
-    original = Broker._replay_producer_state
+    original = log_loader.replay_producer_state
 
-    def spy(self, psm, start, end):
+    def spy(reader, psm, start, end):
         calls.append((psm.topic, psm.partition, start, end))
-        return original(self, psm, start, end)
+        return original(reader, psm, start, end)
 
-    monkeypatch.setattr(Broker, "_replay_producer_state", spy)
+    monkeypatch.setattr(log_loader, "replay_producer_state", spy)
     return calls
 
 

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from txlake.engine.broker import BrokerConfig
+from txlake.engine.requests import BrokerConfig
 
 from .error import KafkaError, kafka_exception
 

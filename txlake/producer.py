@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txlake.engine.broker import ProduceBatch, ProduceResult
+from txlake.engine.requests import ProduceBatch, ProduceResult
 from txlake.engine.errors import ApiError, Errors
 from txlake.engine.partitioner import partition_for_key
 from txlake.engine.producer_state import increment_sequence

@@ -1,0 +1,85 @@
+"""Plain data of the broker's request handlers: settings, Produce and Fetch requests/answers.
+
+Kept apart from the handlers so the flusher (:mod:`.group_commit`), the broker and the
+clients share the shapes without importing one another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from .errors import Errors
+from .producer_state import NO_PRODUCER_ID
+
+
+@dataclass
+class BrokerConfig:
+    """Broker-side settings (the ``storage.*`` keys of a client config, with Kafka's defaults).
+
+    Attributes:
+        flush_linger_ms: how long (ms) the flusher waits to group more batches into one object.
+        flush_max_bytes: flush at once when this many payload bytes are queued.
+        num_partitions: partitions of a topic created with ``num_partitions=-1`` (Kafka's ``num.partitions``).
+        lease_ms / lease_force: writer lease duration, and whether to take it over at once.
+        checkpoint_interval: catalog checkpoint every this many commits.
+        producer_snapshot_interval: producer-state snapshot every this many flushes.
+        orphan_grace_ms: unreferenced objects younger than this are never deleted.
+        row_group_rows: rows per Parquet row group; compression: Parquet codec.
+    """
+
+    flush_linger_ms: int = 5
+    flush_max_bytes: int = 64 * 1024 * 1024
+    num_partitions: int = 1
+    lease_ms: int = 15_000
+    lease_force: bool = False
+    checkpoint_interval: int = 100
+    producer_snapshot_interval: int = 50
+    orphan_grace_ms: int = 3_600_000
+    row_group_rows: int = 1024 * 1024
+    compression: str = "snappy"
+
+
+@dataclass
+class ProduceBatch:
+    """One partition's part of a Produce request (a Kafka RecordBatch before offsets).
+
+    Attributes:
+        records: rows of :data:`~txlake.formats.records.PAYLOAD_SCHEMA` (timestamp ms, key, value, headers).
+        producer_id / producer_epoch / base_sequence: -1 for a non-idempotent producer.
+    """
+
+    topic: str
+    partition: int
+    records: pa.Table
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = -1
+    base_sequence: int = -1
+    is_transactional: bool = False
+
+
+@dataclass
+class ProduceResult:
+    """A partition's Produce response: error code, base offset, log-append time (ms or -1).
+
+    ``duplicate`` is True when the batch was an exact retry whose original offsets are returned.
+    """
+
+    error: Errors
+    base_offset: int = -1
+    log_append_time: int = -1
+    message: str = ""
+    duplicate: bool = False
+
+
+@dataclass
+class FetchResult:
+    """A partition's Fetch response: records with ``offset >= fetch offset`` below the isolation bound."""
+
+    error: Errors
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    records: pa.Table | None = None
+    message: str = ""
