@@ -2,16 +2,18 @@
 
 Produce requests are queued after the broker has validated them and given them
 offsets. A flusher thread waits ``flush_linger_ms`` (or until ``flush_max_bytes`` are
-queued), then writes ONE data object holding the queued batches of every partition,
-then ONE catalog commit naming them, and only then completes the requests: object PUTs
-per flush do not grow with the number of partitions. A producer-state snapshot, when
-due, is written with the same commit, so it never describes batches that were not
-committed.
+queued), then encodes ONE data object holding the queued batches of every partition;
+an uploader thread PUTs it, makes ONE catalog commit naming it, and only then completes
+the requests: object PUTs per flush do not grow with the number of partitions. The two
+threads form a pipeline (flush N+1 is encoded while flush N is uploaded); commits keep
+the order of the flushes. A producer-state snapshot, when due, is written with the same
+commit, so it never describes batches that were not committed.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -59,9 +61,16 @@ class PendingBatch:
 
 @dataclass
 class _FlushWork:
-    pending: list[PendingBatch] = field(default_factory=list)
-    snapshot_rows: list | None = None
-    snapshot_ends: dict | None = None
+    """One flush, encoded by the flusher and committed by the uploader."""
+
+    pending: list[PendingBatch]
+    path: str = ""
+    data: bytes = b""
+    segments: list[SegmentInfo] = field(default_factory=list)
+    tables: list[pa.Table] = field(default_factory=list)
+    snapshot_key: str | None = None
+    snapshot_data: bytes | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class GroupCommitter:
@@ -104,12 +113,16 @@ class GroupCommitter:
         self._flush_requested = False
         self._flushes = 0
         self._stopped = False
-        self._thread: threading.Thread | None = None
+        self._failed: Exception | None = None
+        self._uploads: queue.Queue[_FlushWork | None] = queue.Queue(maxsize=1)  # bounds memory to 2 flushes
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Start the flusher thread."""
-        self._thread = threading.Thread(target=self._loop, name="txlake-flusher", daemon=True)
-        self._thread.start()
+        """Start the flusher and uploader threads."""
+        for target, name in ((self._loop, "txlake-flusher"), (self._upload_loop, "txlake-uploader")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def enqueue(self, pending: PendingBatch, nbytes: int) -> None:
         """Queue a batch for the next flush. The caller holds :attr:`lock`."""
@@ -141,8 +154,8 @@ class GroupCommitter:
         with self.lock:
             self._stopped = True
             self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
     def _loop(self) -> None:
         while True:
@@ -153,8 +166,18 @@ class GroupCommitter:
                         timeout = max(0.0, self._first_pending_at + self.config.flush_linger_ms / 1000 - time.monotonic())
                     self._wake.wait(timeout)
                 if self._stopped and not self._pending:
+                    self._uploads.put(None)  # the uploader finishes what is queued, then stops
                     return
-            self.flush_once()
+            work = self._prepare(force_snapshot=False)
+            if work is not None:
+                self._uploads.put(work)
+
+    def _upload_loop(self) -> None:
+        while True:
+            work = self._uploads.get()
+            if work is None:
+                return
+            self._execute(work)
 
     def _due(self) -> bool:
         if not self._pending:
@@ -163,72 +186,99 @@ class GroupCommitter:
                 or (time.monotonic() - self._first_pending_at) * 1000 >= self.config.flush_linger_ms)
 
     def flush_once(self, force_snapshot: bool = False) -> None:
-        """Write one object and one commit for everything queued now."""
+        """Flush everything queued now (with a producer-state snapshot if forced) and wait for its commit."""
+        work = self._prepare(force_snapshot)
+        if work is not None:
+            self._uploads.put(work)
+            work.done.wait()
+
+    def _prepare(self, force_snapshot: bool) -> _FlushWork | None:
+        """Stage 1 (flusher): take the queue, build the partition tables, encode the objects."""
+        dropped: list[PendingBatch] = []
+        with self.lock:
+            pending, self._pending = self._pending, []
+            self._pending_bytes = 0
+            self._flush_requested = False
+            live = [p for p in pending if self._is_live(p.batch.topic, p.batch.partition)]
+            dropped = [p for p in pending if p not in live] if len(live) != len(pending) else []
+            self._flushes += 1
+            snapshot = None
+            if force_snapshot or (live and self._flushes % self.config.producer_snapshot_interval == 0):
+                snapshot = self._capture_snapshot()
+        _complete([(p.future, ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART, message="topic was deleted")) for p in dropped])
+        if not live and snapshot is None:
+            return None
+        work = _FlushWork(live)
+        try:
+            by_tp: dict[tuple[str, int], list[PendingBatch]] = defaultdict(list)
+            for p in live:
+                by_tp[(p.batch.topic, p.batch.partition)].append(p)
+            keys = sorted(by_tp)
+            if keys:
+                work.path = f"{DATA_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
+                work.tables = [record_table(topic, partition, by_tp[(topic, partition)]) for topic, partition in keys]
+                work.data, ranges = encode_segments(work.tables, self.config.compression, self.config.row_group_rows)
+                for (topic, partition), table, (rg_start, rg_count) in zip(keys, work.tables, ranges):
+                    offsets, ts = table.column("offset"), table.column("timestamp")
+                    work.segments.append(SegmentInfo(
+                        topic, partition, work.path, offsets[0].as_py(), offsets[-1].as_py(), table.num_rows,
+                        _share(len(work.data), table, work.tables), pc.min(ts).as_py(), pc.max(ts).as_py(),
+                        rg_start, rg_count))
+            if snapshot is not None:
+                work.snapshot_key = f"{SNAPSHOT_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
+                work.snapshot_data = encode_snapshot(*snapshot)
+        except Exception as exc:  # encoding failed: nothing was written, but offsets were given out
+            self._fail(work, exc)
+            return None
+        return work
+
+    def _execute(self, work: _FlushWork) -> None:
+        """Stage 2 (uploader): PUT the objects, commit them, answer the requests."""
         completions: list[tuple[Future, ProduceResult]] = []
         try:
+            if self._failed is not None:
+                raise self._failed
+            if work.segments:
+                self.store.put(work.path, work.data)
+            if work.snapshot_key is not None:
+                self.store.put(work.snapshot_key, work.snapshot_data)
             with self.commit_lock:
-                work = _FlushWork()
-                with self.lock:
-                    work.pending, self._pending = self._pending, []
-                    self._pending_bytes = 0
-                    self._flush_requested = False
-                    live = []
-                    for p in work.pending:
-                        if self._is_live(p.batch.topic, p.batch.partition):
-                            live.append(p)
-                        else:
-                            completions.append((p.future, ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART,
-                                                                         message="topic was deleted")))
-                    work.pending = live
-                    self._flushes += 1
-                    if force_snapshot or (work.pending and self._flushes % self.config.producer_snapshot_interval == 0):
-                        work.snapshot_rows, work.snapshot_ends = self._capture_snapshot()
-                if not work.pending and work.snapshot_rows is None:
-                    return
-                try:
-                    self._write_and_commit(work)
-                    completions.extend((p.future, ProduceResult(
-                        Errors.NO_ERROR, p.base_offset,
-                        p.append_time if p.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else -1)) for p in work.pending)
-                except Exception as exc:
-                    log.error("flush of %d batches failed: %s", len(work.pending), exc)
-                    self._on_fatal(exc)
-                    code = Errors._FENCED if isinstance(exc, (WriterFencedError, ApiError)) else Errors.KAFKA_STORAGE_ERROR
-                    completions.extend((p.future, ProduceResult(code, message=str(exc))) for p in work.pending)
+                state = self.catalog.state
+                actions = []
+                for seg in work.segments:
+                    assert seg.base_offset >= state.partition(seg.topic, seg.partition).high_watermark, \
+                        "segments append in offset order"
+                    actions.append(seg.to_action(seg.last_offset + 1, seg.last_offset + 1))
+                if work.snapshot_key is not None:
+                    actions.append({"action": PRODUCER_SNAPSHOT, "path": work.snapshot_key})
+                self._commit(actions)
+            for seg, table in zip(work.segments, work.tables):
+                self.cache.put((work.path, seg.row_group_start), table)
+            completions = [(p.future, ProduceResult(
+                Errors.NO_ERROR, p.base_offset, p.append_time if p.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else -1))
+                for p in work.pending]
+        except Exception as exc:
+            self._fail(work, exc)
         finally:
-            for future, result in completions:
-                if not future.done():
-                    future.set_result(result)
+            _complete(completions)
+            work.done.set()
 
-    def _write_and_commit(self, work: _FlushWork) -> None:
-        by_tp: dict[tuple[str, int], list[PendingBatch]] = defaultdict(list)
-        for p in work.pending:
-            by_tp[(p.batch.topic, p.batch.partition)].append(p)
-        actions: list[dict] = []
-        tables: list[pa.Table] = []
-        keys = sorted(by_tp)
-        path = f"{DATA_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
-        if keys:
-            tables = [record_table(topic, partition, by_tp[(topic, partition)]) for topic, partition in keys]
-            data, ranges = encode_segments(tables, self.config.compression, self.config.row_group_rows)
-            self.store.put(path, data)
-            state = self.catalog.state
-            for (topic, partition), table, (rg_start, rg_count) in zip(keys, tables, ranges):
-                offsets = table.column("offset")
-                ts = table.column("timestamp")
-                first, last = offsets[0].as_py(), offsets[-1].as_py()
-                hw = last + 1
-                seg = SegmentInfo(topic, partition, path, first, last, table.num_rows, _share(len(data), table, tables),
-                                  pc.min(ts).as_py(), pc.max(ts).as_py(), rg_start, rg_count)
-                assert first >= state.partition(topic, partition).high_watermark, "segments append in offset order"
-                actions.append(seg.to_action(hw, hw))
-        if work.snapshot_rows is not None:
-            snap_key = f"{SNAPSHOT_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
-            self.store.put(snap_key, encode_snapshot(work.snapshot_rows, work.snapshot_ends))
-            actions.append({"action": PRODUCER_SNAPSHOT, "path": snap_key})
-        self._commit(actions)
-        for table, action in zip(tables, actions):
-            self.cache.put((path, action["row_group_start"]), table)
+    def _fail(self, work: _FlushWork, exc: Exception) -> None:
+        """A flush that cannot commit stops the writer: answer its requests with the error."""
+        if self._failed is None:
+            log.error("flush of %d batches failed: %s", len(work.pending), exc)
+            self._failed = exc
+            self._on_fatal(exc)
+        code = Errors._FENCED if isinstance(exc, (WriterFencedError, ApiError)) else Errors.KAFKA_STORAGE_ERROR
+        _complete([(p.future, ProduceResult(code, message=str(exc))) for p in work.pending])
+        work.done.set()
+
+
+def _complete(completions: list[tuple[Future, ProduceResult]]) -> None:
+    """Answer requests -- always outside the broker's locks: the callbacks run client code."""
+    for future, result in completions:
+        if not future.done():
+            future.set_result(result)
 
 
 def _share(object_bytes: int, table: pa.Table, tables: list[pa.Table]) -> int:

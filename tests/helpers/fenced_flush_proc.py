@@ -67,7 +67,9 @@ def main() -> None:
     producer.produce("t", value=b"x3", on_delivery=lambda err, msg: reports.append(err))  # queued behind it
     time.sleep(0.1)
     gate1.set()  # x2's commit is refused: A turns fatal; then the flush of x3 starts
-    assert at2.wait(10), "the flush of x3 never started"
+    # A writer that already knows it is fenced may skip x3's PUT altogether (nothing to
+    # hold then); when it does PUT, the PUT is held here, outside any broker lock.
+    at2.wait(2)
 
     done = threading.Event()
 
