@@ -30,6 +30,7 @@ LEASE = "lease"
 LEASE_RELEASE = "lease_release"
 PRODUCER_ID_BLOCK = "producer_id_block"
 PRODUCER_SNAPSHOT = "producer_snapshot"
+ABORTED_TXN = "aborted_txn"
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,32 @@ class SegmentInfo:
         }
 
 
+@dataclass(frozen=True)
+class AbortedTxn:
+    """An entry of a partition's aborted-transaction index (Kafka's ``AbortedTxn``).
+
+    Records of ``producer_id`` with ``first_offset <= offset <= last_offset`` belong to an
+    aborted transaction; ``last_offset`` is the offset of its ABORT marker. A
+    read_committed reader drops them without scanning control records.
+    """
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+    def to_action(self, topic: str, partition: int) -> dict[str, Any]:
+        """The ``aborted_txn`` action that records this entry."""
+        return {"action": ABORTED_TXN, "topic": topic, "partition": partition, "producer_id": self.producer_id,
+                "base_offset": self.first_offset, "last_offset": self.last_offset}
+
+
 @dataclass
 class PartitionState:
     """Offsets and segments of one partition.
 
     Invariants: segments are sorted by base_offset and do not overlap;
-    ``log_start_offset <= last_stable_offset <= high_watermark``.
+    ``last_stable_offset <= high_watermark``; ``aborted_transactions`` are sorted by
+    their marker offset (``last_offset``).
     """
 
     topic: str
@@ -83,6 +104,11 @@ class PartitionState:
     high_watermark: int = 0
     last_stable_offset: int = 0
     segments: list[SegmentInfo] = field(default_factory=list)
+    aborted_transactions: list[AbortedTxn] = field(default_factory=list)
+
+    def aborted_in(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions with records in ``[start, end)`` (Kafka's ``collectAbortedTxns``)."""
+        return [a for a in self.aborted_transactions if a.last_offset >= start and a.first_offset < end]
 
     def segments_from(self, offset: int) -> list[SegmentInfo]:
         """Segments holding offsets >= ``offset`` (in offset order)."""
@@ -197,6 +223,9 @@ class CatalogState:
             self.next_producer_id = max(self.next_producer_id, action["producer_id"])
         elif kind == PRODUCER_SNAPSHOT:
             self.producer_snapshot = action["path"]
+        elif kind == ABORTED_TXN:
+            p = self.partition(action["topic"], action["partition"])
+            p.aborted_transactions.append(AbortedTxn(action["producer_id"], action["base_offset"], action["last_offset"]))
         else:
             raise CatalogError(f"unknown catalog action {kind!r}")
 
@@ -219,6 +248,8 @@ class CatalogState:
             for p in t.partitions:
                 for s in p.segments:
                     out.append(s.to_action(p.high_watermark, p.last_stable_offset))
+                for a in p.aborted_transactions:
+                    out.append(a.to_action(t.name, p.partition))
                 out.append({"action": PARTITION_STATE, "topic": t.name, "partition": p.partition,
                             "offset": p.log_start_offset, "high_watermark": p.high_watermark,
                             "last_stable_offset": p.last_stable_offset})

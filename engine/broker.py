@@ -16,12 +16,15 @@ Reads never need the writer lease; the first write takes it.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from txlake.catalog.catalog import Catalog, commit_key
@@ -33,7 +36,8 @@ from txlake.catalog.topic_config import effective_config, validate_topic_config
 from txlake.catalog.topic_names import unify_collision_chars, validate_topic_name
 from txlake.catalog.writer_lease import WriterLease
 from txlake.formats.errors import FormatError
-from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
+from txlake.formats.records import (CONTROL_ABORT, CONTROL_COMMIT, HEADER_TYPE, PAYLOAD_SCHEMA, RECORD_SCHEMA,
+                                    TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME)
 
 from . import log_loader
 from .errors import ApiError, Errors
@@ -41,11 +45,11 @@ from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX, GroupCommitter, PendingB
 from .log_reader import LogReader
 from .orphans import delete_orphans
 from .producer_state import ProducerStateManager, increment_sequence
-from .requests import BrokerConfig, FetchResult, ProduceBatch, ProduceResult
+from .requests import BrokerConfig, FetchResult, ProduceBatch, ProduceResult, TxnMarker
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Broker", "BrokerConfig", "FetchResult", "ProduceBatch", "ProduceResult",
+__all__ = ["Broker", "BrokerConfig", "FetchResult", "ProduceBatch", "ProduceResult", "TxnMarker",
            "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP"]
 
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdManager block size
@@ -79,8 +83,12 @@ class Broker:
         self.reader = LogReader(self.catalog)
         self.lease: WriterLease | None = None
         self._committer = GroupCommitter(store, self.catalog, self.config, self.reader.cache, self._commit,
-                                         self._snapshot_producer_state, lambda t, p: (t, p) in self._partitions,
-                                         self._set_fatal)
+                                         self._snapshot_producer_state, self._first_unstable_offset,
+                                         lambda t, p: (t, p) in self._partitions, self._set_fatal)
+        #: KIP-890 partition verification: ``(producer_id, epoch, topic, partition) -> Errors``; the
+        #: transaction coordinator installs it. A transactional batch that opens a transaction on a
+        #: partition is refused unless the coordinator has added the partition to the transaction.
+        self.txn_verifier: Callable[[int, int, str, int], Errors] | None = None
         self._append_lock = self._committer.lock   # offsets, producer state and the queue change together
         self._commit_lock = self._committer.commit_lock  # one catalog writer at a time
         self._partitions: dict[tuple[str, int], _WriterPartition] = {}
@@ -142,6 +150,10 @@ class Broker:
             for p in topic.partitions:
                 self._partitions[(topic.name, p.partition)] = _WriterPartition(
                     p.high_watermark, managers[(topic.name, p.partition)])
+
+    def _first_unstable_offset(self, topic: str, partition: int) -> int | None:
+        wp = self._partitions.get((topic, partition))
+        return wp.producers.first_unstable_offset() if wp is not None else None
 
     def _snapshot_producer_state(self) -> tuple[list, dict]:
         """Rows and per-partition end offsets of all producer state (called under the append lock)."""
@@ -331,6 +343,14 @@ class Broker:
                 return _done(ProduceResult(exc.error, message=exc.message))
             if dup is not None:
                 return _done(ProduceResult(Errors.NO_ERROR, dup.first_offset, -1, duplicate=True))
+            if batch.is_transactional and self.txn_verifier is not None:
+                entry = wp.producers.last_entry(batch.producer_id)
+                if entry is None or entry.current_txn_first_offset is None:
+                    verdict = self.txn_verifier(batch.producer_id, batch.producer_epoch, batch.topic, batch.partition)
+                    if verdict != Errors.NO_ERROR:
+                        return _done(ProduceResult(verdict, message=(
+                            f"{batch.topic} [{batch.partition}] is not part of producer {batch.producer_id}'s "
+                            "transaction at the coordinator (KIP-890 verification)")))
         now = now_ms()
         ts_type = TIMESTAMP_LOG_APPEND_TIME if config["message.timestamp.type"] == "LogAppendTime" else TIMESTAMP_CREATE_TIME
         base = wp.log_end_offset
@@ -346,6 +366,67 @@ class Broker:
     def flush(self, timeout_ms: int = 60_000) -> None:
         """Wait until every batch queued so far is committed (or failed)."""
         self._committer.flush(timeout_ms)
+
+    # ---------------------------------------------------------------- transaction markers
+    def write_txn_markers(self, markers: list[TxnMarker], timeout_ms: int = 30_000) -> list[dict[tuple[str, int], Errors]]:
+        """WriteTxnMarkers: append a COMMIT or ABORT control batch to each partition of each marker.
+
+        Answers per marker, per partition: NO_ERROR once the marker is committed;
+        UNKNOWN_TOPIC_OR_PART; INVALID_PRODUCER_EPOCH (older producer epoch);
+        TRANSACTION_COORDINATOR_FENCED (older coordinator epoch). An ABORT marker adds an
+        entry to the partition's aborted-transaction index when the producer wrote to it.
+        """
+        try:
+            self.ensure_writer()
+        except ApiError as exc:
+            return [{tp: exc.error for tp in m.partitions} for m in markers]
+        answers: list[dict[tuple[str, int], Errors | Future]] = []
+        with self._append_lock:
+            for marker in markers:
+                answer: dict[tuple[str, int], Errors | Future] = {}
+                for tp in marker.partitions:
+                    answer[tp] = self._append_marker(marker, tp)
+                answers.append(answer)
+        deadline = time.monotonic() + timeout_ms / 1000
+        out = []
+        for answer in answers:
+            resolved = {}
+            for tp, value in answer.items():
+                if isinstance(value, Future):
+                    try:
+                        value = value.result(timeout=max(0.0, deadline - time.monotonic())).error
+                    except TimeoutError:
+                        value = Errors.REQUEST_TIMED_OUT
+                resolved[tp] = value
+            out.append(resolved)
+        return out
+
+    def _append_marker(self, marker: TxnMarker, tp: tuple[str, int]) -> Errors | Future:
+        if self._fatal is not None:
+            return Errors._FENCED
+        wp = self._partitions.get(tp)
+        if wp is None:
+            return Errors.UNKNOWN_TOPIC_OR_PART
+        try:
+            wp.producers.check_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch)
+        except ApiError as exc:
+            return exc.error
+        now = now_ms()
+        control_type = CONTROL_COMMIT if marker.committed else CONTROL_ABORT
+        records = pa.Table.from_arrays(
+            [pa.array([now], pa.int64()), pa.array([struct.pack(">hh", 0, control_type)], pa.binary()),
+             pa.array([struct.pack(">hi", 0, marker.coordinator_epoch)], pa.binary()), pa.nulls(1, HEADER_TYPE)],
+            schema=PAYLOAD_SCHEMA)
+        batch = ProduceBatch(tp[0], tp[1], records, marker.producer_id, marker.producer_epoch, -1,
+                             is_transactional=True, is_control=True, control_type=control_type,
+                             coordinator_epoch=marker.coordinator_epoch)
+        base = wp.log_end_offset
+        wp.log_end_offset += 1
+        first = wp.producers.complete_txn(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, now)
+        fut: Future = Future()
+        self._committer.enqueue(PendingBatch(batch, base, TIMESTAMP_CREATE_TIME, now, fut,
+                                             first if not marker.committed else None), records.nbytes)
+        return fut
 
     def _set_fatal(self, exc: Exception) -> None:
         if self._fatal is None:
@@ -363,6 +444,7 @@ class Broker:
             except UnknownTopicError as exc:
                 return FetchResult(Errors.UNKNOWN_TOPIC_OR_PART, message=str(exc))
             hw, lso, start = p.high_watermark, p.last_stable_offset, p.log_start_offset
+            aborted = p.aborted_in(offset, lso) if isolation_level == "read_committed" else []
         bound = lso if isolation_level == "read_committed" else hw
         if offset < start or offset > hw:
             return FetchResult(Errors.OFFSET_OUT_OF_RANGE, hw, lso, start,
@@ -373,7 +455,7 @@ class Broker:
             # Kafka answers CORRUPT_MESSAGE for a record batch it cannot read; the message names the object.
             return FetchResult(Errors.CORRUPT_MESSAGE, hw, lso, start,
                                message=f"cannot read {topic} [{partition}] at offset {offset}: {exc}")
-        return FetchResult(Errors.NO_ERROR, hw, lso, start, records)
+        return FetchResult(Errors.NO_ERROR, hw, lso, start, records, aborted_transactions=aborted)
 
     def list_offsets(self, topic: str, partition: int, timestamp: int,
                      isolation_level: str = "read_uncommitted") -> tuple[Errors, int, int]:

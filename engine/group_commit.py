@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from txlake.catalog.catalog import Catalog
 from txlake.catalog.errors import WriterFencedError
-from txlake.catalog.state import PRODUCER_SNAPSHOT, SegmentInfo
+from txlake.catalog.state import PRODUCER_SNAPSHOT, AbortedTxn, SegmentInfo
 from txlake.catalog.storage import ObjectStore
 from txlake.formats.producer_state import encode_snapshot
 from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, encode_segments
@@ -57,6 +57,8 @@ class PendingBatch:
     timestamp_type: int
     append_time: int
     future: Future
+    #: for an ABORT marker: the first offset of the transaction it aborts here (else None)
+    aborted_first_offset: int | None = None
 
 
 @dataclass
@@ -68,6 +70,8 @@ class _FlushWork:
     data: bytes = b""
     segments: list[SegmentInfo] = field(default_factory=list)
     tables: list[pa.Table] = field(default_factory=list)
+    unstable: dict[tuple[str, int], int | None] = field(default_factory=dict)
+    aborted: list[tuple[str, int, AbortedTxn]] = field(default_factory=list)
     snapshot_key: str | None = None
     snapshot_data: bytes | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -83,6 +87,9 @@ class GroupCommitter:
         commit: ``commit(actions) -> version`` (the broker's lease-checked catalog commit).
         capture_snapshot: ``() -> (rows, end_offsets)`` of all producer state, called under
             :attr:`lock` (so it matches exactly the batches taken for the flush).
+        first_unstable_offset: ``(topic, partition) -> offset | None``, called under
+            :attr:`lock` at the same moment: the LSO a flush publishes never passes a
+            transaction whose marker is not in that flush or an earlier one.
         is_live: ``(topic, partition) -> bool``; batches of deleted topics are answered
             UNKNOWN_TOPIC_OR_PART instead of committed.
         on_fatal: called with the exception when a flush fails (the writer stops).
@@ -95,6 +102,7 @@ class GroupCommitter:
     def __init__(self, store: ObjectStore, catalog: Catalog, config: BrokerConfig, cache: SegmentCache,
                  commit: Callable[[list[dict[str, Any]]], int],
                  capture_snapshot: Callable[[], tuple[list, dict]],
+                 first_unstable_offset: Callable[[str, int], int | None],
                  is_live: Callable[[str, int], bool], on_fatal: Callable[[Exception], None]):
         self.store = store
         self.catalog = catalog
@@ -102,6 +110,7 @@ class GroupCommitter:
         self.cache = cache
         self._commit = commit
         self._capture_snapshot = capture_snapshot
+        self._first_unstable_offset = first_unstable_offset
         self._is_live = is_live
         self._on_fatal = on_fatal
         self.lock = threading.RLock()
@@ -205,10 +214,15 @@ class GroupCommitter:
             snapshot = None
             if force_snapshot or (live and self._flushes % self.config.producer_snapshot_interval == 0):
                 snapshot = self._capture_snapshot()
+            unstable = {(p.batch.topic, p.batch.partition): None for p in live}
+            for tp in unstable:
+                unstable[tp] = self._first_unstable_offset(*tp)
         _complete([(p.future, ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART, message="topic was deleted")) for p in dropped])
         if not live and snapshot is None:
             return None
-        work = _FlushWork(live)
+        work = _FlushWork(live, unstable=unstable)
+        work.aborted = [(p.batch.topic, p.batch.partition, AbortedTxn(p.batch.producer_id, p.aborted_first_offset, p.base_offset))
+                        for p in live if p.aborted_first_offset is not None]
         try:
             by_tp: dict[tuple[str, int], list[PendingBatch]] = defaultdict(list)
             for p in live:
@@ -248,7 +262,11 @@ class GroupCommitter:
                 for seg in work.segments:
                     assert seg.base_offset >= state.partition(seg.topic, seg.partition).high_watermark, \
                         "segments append in offset order"
-                    actions.append(seg.to_action(seg.last_offset + 1, seg.last_offset + 1))
+                    hw = seg.last_offset + 1
+                    first_unstable = work.unstable.get((seg.topic, seg.partition))
+                    lso = hw if first_unstable is None else min(first_unstable, hw)
+                    actions.append(seg.to_action(hw, lso))
+                actions.extend(a.to_action(topic, partition) for topic, partition, a in work.aborted)
                 if work.snapshot_key is not None:
                     actions.append({"action": PRODUCER_SNAPSHOT, "path": work.snapshot_key})
                 self._commit(actions)
@@ -322,8 +340,15 @@ def record_table(topic: str, partition: int, pending: list[PendingBatch]) -> pa.
         "base_offset": pa.array(base_offsets),
         "last_offset_delta": per_batch([p.batch.records.num_rows - 1 for p in pending], np.int32),
         "is_transactional": per_batch([p.batch.is_transactional for p in pending], np.bool_),
-        "is_control": pa.array(np.zeros(total, dtype=np.bool_)),
-        "control_type": pa.nulls(total, pa.int16()),
-        "coordinator_epoch": pa.nulls(total, pa.int32()),
+        "is_control": per_batch([p.batch.is_control for p in pending], np.bool_),
+        "control_type": _nullable_per_batch([p.batch.control_type for p in pending], lengths, pa.int16()),
+        "coordinator_epoch": _nullable_per_batch([p.batch.coordinator_epoch for p in pending], lengths, pa.int32()),
     }
     return pa.Table.from_pydict(columns, schema=RECORD_SCHEMA)
+
+
+def _nullable_per_batch(values: list, lengths: np.ndarray, type_: pa.DataType) -> pa.Array:
+    """A batch-level nullable field repeated on each row of its batch."""
+    if all(v is None for v in values):
+        return pa.nulls(int(lengths.sum()), type_)
+    return pa.array([v for v, n in zip(values, lengths.tolist()) for _ in range(n)], type_)

@@ -56,18 +56,22 @@ def load_producer_states(store: ObjectStore, state: CatalogState, reader: LogRea
 
 
 def replay_producer_state(reader: LogReader, psm: ProducerStateManager, start: int, end: int) -> None:
-    """Apply the data batches of offsets ``[start, end)`` of ``psm``'s partition, in offset order."""
+    """Apply the batches (data and transaction markers) of offsets ``[start, end)`` of
+    ``psm``'s partition, in offset order, as Kafka's ``ProducerStateManager`` does on load."""
     if start >= end:
         return
     table = reader.read(psm.topic, psm.partition, start, end)
-    table = table.filter(pc.and_(pc.greater_equal(table.column("producer_id"), 0),
-                                 pc.invert(table.column("is_control"))))
+    table = table.filter(pc.greater_equal(table.column("producer_id"), 0))
     if table.num_rows == 0:
         return
     batches = table.group_by(["producer_id", "base_offset"], use_threads=False).aggregate([
         ("producer_epoch", "max"), ("base_sequence", "max"), ("last_offset_delta", "max"),
-        ("timestamp", "max"), ("is_transactional", "max")]).sort_by("base_offset")
+        ("timestamp", "max"), ("is_transactional", "max"), ("is_control", "max"),
+        ("coordinator_epoch", "max")]).sort_by("base_offset")
     for b in batches.to_pylist():
+        if b["is_control_max"]:
+            psm.complete_txn(b["producer_id"], b["producer_epoch_max"], b["coordinator_epoch_max"], b["timestamp_max"])
+            continue
         last_seq = increment_sequence(b["base_sequence_max"], b["last_offset_delta_max"])
         psm.update(b["producer_id"], b["producer_epoch_max"], b["base_sequence_max"], last_seq, b["base_offset"],
                    b["base_offset"] + b["last_offset_delta_max"], b["timestamp_max"], b["is_transactional_max"])

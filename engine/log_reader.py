@@ -118,3 +118,23 @@ class LogReader:
         if not pieces:
             return RECORD_SCHEMA.empty_table()
         return pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def visible_records(table: pa.Table, aborted: list) -> pa.Table:
+    """The records a consumer returns from fetched rows: control records dropped, and the
+    records of ``aborted`` transactions (entries of the aborted-transaction index with
+    ``producer_id``, ``first_offset``, ``last_offset``) dropped -- what Kafka's consumer
+    does with a read_committed fetch. With ``aborted=[]`` only control records go
+    (read_uncommitted)."""
+    control = table.column("is_control").to_numpy(zero_copy_only=False)
+    if not aborted and not control.any():
+        return table
+    keep = ~control
+    if aborted:
+        pids = table.column("producer_id").to_numpy()
+        offsets = table.column("offset").to_numpy()
+        transactional = table.column("is_transactional").to_numpy(zero_copy_only=False)
+        for txn in aborted:
+            keep &= ~(transactional & (pids == txn.producer_id)
+                      & (offsets >= txn.first_offset) & (offsets <= txn.last_offset))
+    return table.filter(pa.array(keep))

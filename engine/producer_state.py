@@ -11,7 +11,15 @@ appended:
 * the same epoch must continue at ``last_seq + 1`` (with wrap-around from 2^31-1 to 0)
   -> else OUT_OF_ORDER_SEQUENCE_NUMBER (a gap or a partial overlap);
 * a producer with no state left (e.g. its segments were deleted) may write any sequence
-  (Kafka's behaviour since KIP-360).
+  (Kafka's behaviour since KIP-360);
+* a non-transactional batch from a producer with a transaction open on the partition
+  -> INVALID_TXN_STATE.
+
+Transactions (KIP-98): a transactional batch opens the producer's transaction on the
+partition (its first offset is kept: the first unstable offset is the smallest of them);
+a COMMIT/ABORT marker closes it. A marker with an older producer epoch ->
+INVALID_PRODUCER_EPOCH; from an older coordinator epoch -> TRANSACTION_COORDINATOR_FENCED
+(Kafka's ``ProducerAppendInfo.appendEndTxnMarker``).
 """
 
 from __future__ import annotations
@@ -121,6 +129,10 @@ class ProducerStateManager:
         if duplicate is not None:
             return duplicate
         tp = f"{self.topic}-{self.partition}"
+        if not is_transactional and entry.current_txn_first_offset is not None:
+            raise ApiError(Errors.INVALID_TXN_STATE,
+                           f"Expected transactional write from producer {producer_id} at offset {entry.last_offset + 1} "
+                           f"in partition {tp}: it has a transaction open since offset {entry.current_txn_first_offset}")
         if epoch < entry.producer_epoch:
             raise ApiError(Errors.INVALID_PRODUCER_EPOCH,
                            f"Epoch of producer {producer_id} at offset {entry.last_offset + 1} in {tp} is {epoch}, "
@@ -145,6 +157,49 @@ class ProducerStateManager:
         entry.add_batch(epoch, BatchMetadata(first_seq, last_seq, first_offset, last_offset, timestamp))
         if is_transactional and entry.current_txn_first_offset is None:
             entry.current_txn_first_offset = first_offset
+
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> None:
+        """Validate a COMMIT/ABORT marker before it is appended (Kafka's ``appendEndTxnMarker``).
+
+        Raises:
+            ApiError: INVALID_PRODUCER_EPOCH for an older producer epoch,
+                TRANSACTION_COORDINATOR_FENCED for an older coordinator epoch.
+        """
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return
+        tp = f"{self.topic}-{self.partition}"
+        if epoch < entry.producer_epoch:
+            raise ApiError(Errors.INVALID_PRODUCER_EPOCH,
+                           f"Transaction marker of producer {producer_id} in {tp} has epoch {epoch}, "
+                           f"older than the current epoch {entry.producer_epoch}")
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise ApiError(Errors.TRANSACTION_COORDINATOR_FENCED,
+                           f"Invalid coordinator epoch for producer {producer_id} in {tp}: {coordinator_epoch} "
+                           f"(zombie), {entry.coordinator_epoch} (current)")
+
+    def complete_txn(self, producer_id: int, epoch: int, coordinator_epoch: int, timestamp: int) -> int | None:
+        """Apply an appended (or replayed) marker: close the producer's transaction on this partition.
+
+        Returns:
+            The first offset of the transaction it closed, or None when the producer had no
+            records in it here (an empty transaction leaves no aborted-index entry).
+        """
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerStateEntry(producer_id, epoch)
+        if epoch != entry.producer_epoch:
+            entry.batches.clear()
+            entry.producer_epoch = epoch
+        entry.coordinator_epoch = coordinator_epoch
+        entry.last_timestamp = timestamp
+        first, entry.current_txn_first_offset = entry.current_txn_first_offset, None
+        return first
+
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest open transaction on this partition, if any."""
+        open_txns = [e.current_txn_first_offset for e in self.producers.values() if e.current_txn_first_offset is not None]
+        return min(open_txns) if open_txns else None
 
     def last_entry(self, producer_id: int) -> ProducerStateEntry | None:
         """The entry of ``producer_id``, if the partition has one."""

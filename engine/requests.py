@@ -6,7 +6,7 @@ clients share the shapes without importing one another.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -57,6 +57,10 @@ class ProduceBatch:
     producer_epoch: int = -1
     base_sequence: int = -1
     is_transactional: bool = False
+    #: control batches (transaction markers) are made by the broker itself, never sent by a producer
+    is_control: bool = False
+    control_type: int | None = None
+    coordinator_epoch: int | None = None
 
 
 @dataclass
@@ -83,3 +87,22 @@ class FetchResult:
     log_start_offset: int = -1
     records: pa.Table | None = None
     message: str = ""
+    #: read_committed: the aborted transactions with records in the fetched range
+    aborted_transactions: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TxnMarker:
+    """One WriteTxnMarkers entry: end ``producer_id``'s transaction on ``partitions``.
+
+    Attributes:
+        committed: COMMIT (True) or ABORT (False) marker.
+        coordinator_epoch: epoch of the transaction coordinator writing it.
+        partitions: ``(topic, partition)`` pairs.
+    """
+
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    committed: bool
+    partitions: tuple[tuple[str, int], ...]

@@ -236,7 +236,7 @@ def test_aborted_transactions_are_filtered(storage):
     with store.open_input(seg.path) as f:
         pid = read_segment(f, seg.path, seg.row_groups).column("producer_id")[0].as_py()
     assert pid >= 0
-    state.topics["txn"].partitions[0].aborted_transactions = [(pid, 3, 5), AbortedTxn(pid + 1, 0, 9)]
+    state.topics["txn"].partitions[0].aborted_transactions = [AbortedTxn(pid, 3, 5), AbortedTxn(pid + 1, 0, 9)]
     view = topic_view(store, state, "txn")
     assert view.aborted == {0: [AbortedTxn(pid, 3, 5), AbortedTxn(pid + 1, 0, 9)]}
     con = txduck.connect(storage.url, storage.options)

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from txlake.catalog.state import CatalogState, PartitionState, SegmentInfo
+from txlake.catalog.state import AbortedTxn, CatalogState, PartitionState, SegmentInfo
 from txlake.catalog.storage import ObjectStore
 from txlake.formats.records import KIND as RECORD_KIND
 from txlake.formats.records import VERSION as RECORD_VERSION
@@ -50,19 +50,6 @@ READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
 _ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 _FOOTER_THREADS = 16
-
-
-@dataclass(frozen=True)
-class AbortedTxn:
-    """An aborted transaction of one partition (an entry of Kafka's aborted-transaction index).
-
-    Records of ``producer_id`` with ``first_offset <= offset <= last_offset`` are not
-    committed (``last_offset`` is the offset of the ABORT marker).
-    """
-
-    producer_id: int
-    first_offset: int
-    last_offset: int
 
 
 @dataclass(frozen=True)
@@ -190,26 +177,8 @@ class TopicView:
 
 
 def aborted_transactions(partition: PartitionState) -> list[AbortedTxn]:
-    """The aborted transactions the catalog records for a partition (empty before transactions exist).
-
-    Reads ``partition.aborted_transactions`` when the catalog state has it: an iterable
-    of :class:`AbortedTxn`, of objects with ``producer_id``/``first_offset``/``last_offset``
-    attributes, of dicts with those keys, or of ``(producer_id, first_offset, last_offset)``
-    tuples. This is the one place readers learn about aborted transactions.
-    """
-    raw = getattr(partition, "aborted_transactions", None) or ()
-    out = []
-    for item in raw:
-        if isinstance(item, AbortedTxn):
-            out.append(item)
-        elif isinstance(item, dict):
-            out.append(AbortedTxn(int(item["producer_id"]), int(item["first_offset"]), int(item["last_offset"])))
-        elif hasattr(item, "producer_id"):
-            out.append(AbortedTxn(int(item.producer_id), int(item.first_offset), int(item.last_offset)))
-        else:
-            pid, first, last = item
-            out.append(AbortedTxn(int(pid), int(first), int(last)))
-    return out
+    """The aborted-transaction index of a partition, as the catalog publishes it."""
+    return list(partition.aborted_transactions)
 
 
 # ------------------------------------------------------------------------ footers

@@ -15,10 +15,10 @@ import time
 from collections import deque
 from typing import Any
 
-import pyarrow.compute as pc
 
 from txlake.engine.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from txlake.engine.errors import Errors
+from txlake.engine.log_reader import visible_records
 from txlake.engine.registry import acquire_broker, release_broker
 
 from .config import parse_config
@@ -255,15 +255,14 @@ class Consumer:
         # The fetch position moves past everything fetched, control records included;
         # position() reports the first message not yet returned while some are queued.
         state.position = table.column("offset")[-1].as_py() + 1
-        control = table.column("is_control")
-        if pc.any(control).as_py():
-            table = table.filter(pc.invert(control))
-        state.push(_messages(topic, partition, table))
+        state.push(_messages(topic, partition, visible_records(table, result.aborted_transactions)))
 
     # ------------------------------------------------------------------ offsets
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
                               cached: bool = False) -> tuple[int, int]:
-        """``(low, high)``: the log start offset and the high watermark of a partition.
+        """``(low, high)``: the log start offset, and the high watermark -- or the LSO under
+        read_committed (the end a read_committed consumer can reach, as librdkafka's
+        ListOffsets with the consumer's isolation level answers).
 
         Raises:
             KafkaException: UNKNOWN_TOPIC_OR_PART.
@@ -271,7 +270,7 @@ class Consumer:
         if not cached:
             self._broker.refresh()
         err_l, low, _ = self._broker.list_offsets(partition.topic, partition.partition, EARLIEST_TIMESTAMP)
-        err_h, high, _ = self._broker.list_offsets(partition.topic, partition.partition, LATEST_TIMESTAMP, "read_uncommitted")
+        err_h, high, _ = self._broker.list_offsets(partition.topic, partition.partition, LATEST_TIMESTAMP, self._isolation)
         if err_l != Errors.NO_ERROR or err_h != Errors.NO_ERROR:
             raise kafka_exception(Errors.UNKNOWN_TOPIC_OR_PART, f"Unknown topic or partition: {partition.topic} [{partition.partition}]")
         return low, high
