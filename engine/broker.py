@@ -46,6 +46,8 @@ from .log_reader import LogReader
 from .orphans import delete_orphans
 from .producer_state import ProducerStateManager, increment_sequence
 from .requests import BrokerConfig, FetchResult, ProduceBatch, ProduceResult, TxnMarker
+from .transaction_coordinator import TransactionCoordinator
+from .transaction_state_manager import TransactionConfig
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,7 @@ class Broker:
         #: transaction coordinator installs it. A transactional batch that opens a transaction on a
         #: partition is refused unless the coordinator has added the partition to the transaction.
         self.txn_verifier: Callable[[int, int, str, int], Errors] | None = None
+        self._txn_coordinator: TransactionCoordinator | None = None
         self._append_lock = self._committer.lock   # offsets, producer state and the queue change together
         self._commit_lock = self._committer.commit_lock  # one catalog writer at a time
         self._partitions: dict[tuple[str, int], _WriterPartition] = {}
@@ -367,6 +370,26 @@ class Broker:
         """Wait until every batch queued so far is committed (or failed)."""
         self._committer.flush(timeout_ms)
 
+    # ---------------------------------------------------------------- transaction coordinator
+    def transaction_coordinator(self) -> TransactionCoordinator:
+        """The transaction coordinator of this storage root (started on first use, in the writer).
+
+        Its coordinator epoch is the writer-lease epoch. Starting it loads
+        ``__transaction_state`` and finishes transactions a previous writer left half-done.
+
+        Raises:
+            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
+        """
+        self.ensure_writer()
+        with self._commit_lock:
+            if self._txn_coordinator is None:
+                coordinator = TransactionCoordinator(self, self.lease.epoch,
+                                                     TransactionConfig.from_properties(self.config.transaction))
+                coordinator.startup()
+                self.txn_verifier = coordinator.verify_partition
+                self._txn_coordinator = coordinator
+            return self._txn_coordinator
+
     # ---------------------------------------------------------------- transaction markers
     def write_txn_markers(self, markers: list[TxnMarker], timeout_ms: int = 30_000) -> list[dict[tuple[str, int], Errors]]:
         """WriteTxnMarkers: append a COMMIT or ABORT control batch to each partition of each marker.
@@ -503,6 +526,8 @@ class Broker:
         """Clean exit: commit what is queued, snapshot producer state, release the lease at once."""
         if self._closed:
             return
+        if self._txn_coordinator is not None:
+            self._txn_coordinator.shutdown()
         if self._flusher_started:
             self._committer.stop(final_snapshot=self.is_writer)
         self._closed = True

@@ -39,6 +39,8 @@ class BrokerConfig:
     orphan_grace_ms: int = 3_600_000
     row_group_rows: int = 1024 * 1024
     compression: str = "snappy"
+    #: the transaction coordinator's Kafka configs (``transaction.max.timeout.ms``, ...), dotted keys
+    transaction: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -98,6 +98,12 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "storage.producer.snapshot.interval": (_int(1), 50),
     "storage.orphan.grace.ms": (_int(0), 3_600_000),
     "num.partitions": (_int(1), 1),
+    # the embedded transaction coordinator's broker configs (Kafka's names and defaults)
+    "transaction.max.timeout.ms": (_int(1), 900_000),
+    "transaction.state.log.num.partitions": (_int(1), 50),
+    "transactional.id.expiration.ms": (_int(1), 604_800_000),
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": (_int(1), 10_000),
+    "transaction.remove.expired.transaction.cleanup.interval.ms": (_int(1), 3_600_000),
     "bootstrap.servers": (_str, None),
     "client.id": (_str, "rdkafka"),
     "error_cb": (_callable, None),
@@ -157,6 +163,11 @@ CONSUMER: dict[str, tuple[Callable, Any]] = {
 
 ADMIN: dict[str, tuple[Callable, Any]] = {}
 
+TRANSACTION_BROKER_KEYS = ("transaction.max.timeout.ms", "transaction.state.log.num.partitions",
+                           "transactional.id.expiration.ms",
+                           "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+                           "transaction.remove.expired.transaction.cleanup.interval.ms")
+
 
 @dataclass
 class ClientConfig:
@@ -179,6 +190,7 @@ class ClientConfig:
             checkpoint_interval=v["storage.checkpoint.interval"],
             producer_snapshot_interval=v["storage.producer.snapshot.interval"],
             orphan_grace_ms=v["storage.orphan.grace.ms"],
+            transaction={k: v[k] for k in TRANSACTION_BROKER_KEYS},
         )
 
 

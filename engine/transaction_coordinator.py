@@ -1,0 +1,383 @@
+"""The transaction coordinator (Kafka's ``TransactionCoordinator``, KIP-98).
+
+Request handlers named after Kafka's APIs -- InitProducerId, AddPartitionsToTxn,
+AddOffsetsToTxn, EndTxn -- answering with Kafka's error codes in every state. Every
+state change is first written to ``__transaction_state`` (through the
+:class:`~.transaction_state_manager.TransactionStateManager`), then applied. Ending a
+transaction writes PrepareCommit/PrepareAbort, then the COMMIT/ABORT markers to every
+partition of the transaction (``Broker.write_txn_markers``), then CompleteCommit/
+CompleteAbort; a coordinator that restarts in between replays the log and finishes
+the job (markers are idempotent per producer epoch).
+
+In this process-per-storage-root design the coordinator runs inside the writer, and its
+**coordinator epoch** is the writer-lease epoch: a newer writer always has a larger one,
+so markers of a zombie coordinator are refused (TRANSACTION_COORDINATOR_FENCED).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC
+
+from .errors import ApiError, Errors
+from .requests import TxnMarker
+from .transaction_metadata import (IllegalStateError, ProducerIdAndEpoch, TransactionMetadata, TransactionResult,
+                                   TransactionState, TxnTransitMetadata)
+from .transaction_state_manager import TransactionConfig, TransactionStateManager
+from .transaction_topic import TransactionTopicLog
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger(__name__)
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+#: offsets.topic.num.partitions (Kafka's default): where AddOffsetsToTxn puts a group's partition
+OFFSETS_TOPIC_NUM_PARTITIONS = 50
+MARKER_RETRIES = 5
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def java_string_hash(value: str) -> int:
+    """Java's ``String.hashCode`` (UTF-16 code units, 32-bit overflow)."""
+    from .transaction_state_manager import java_string_hash_code
+
+    return java_string_hash_code(value)
+
+
+def offsets_partition_for(group_id: str, num_partitions: int = OFFSETS_TOPIC_NUM_PARTITIONS) -> int:
+    """The ``__consumer_offsets`` partition of a group (Kafka's ``GroupMetadataManager.partitionFor``)."""
+    from .transaction_state_manager import kafka_abs
+
+    return kafka_abs(java_string_hash(group_id)) % num_partitions
+
+
+class TransactionCoordinator:
+    """Kafka's transaction coordinator for one storage root (runs inside the writer).
+
+    Args:
+        broker: the writer's broker (markers, producer ids, the ``__transaction_state`` topic).
+        coordinator_epoch: this coordinator's epoch (the writer-lease epoch).
+        config: Kafka's transaction configs (``transaction.max.timeout.ms`` 900000, ...).
+        allocate_producer_id: hands out a new producer id (the broker's ProducerIdManager).
+    """
+
+    def __init__(self, broker: "Broker", coordinator_epoch: int, config: TransactionConfig | None = None,
+                 allocate_producer_id: Callable[[], int] | None = None):
+        self.broker = broker
+        self.coordinator_epoch = coordinator_epoch
+        self.config = config or TransactionConfig()
+        self.txn_log = TransactionTopicLog(broker, self.config.transaction_log_num_partitions)
+        self.state = TransactionStateManager(self.txn_log, self.config)
+        self._allocate = allocate_producer_id or (lambda: broker.init_producer_id()[1])
+        self._stop = threading.Event()
+        self._scheduler: threading.Thread | None = None
+        # KIP-890 verification index: producer id -> (epoch, partitions of its Ongoing transaction).
+        # Guarded by a leaf lock: the broker consults it while holding its append lock.
+        self._verified: dict[int, tuple[int, frozenset[tuple[str, int]]]] = {}
+        self._verified_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    def startup(self, schedule: bool = True) -> None:
+        """Load every ``__transaction_state`` partition and finish the transactions a previous
+        coordinator left in PrepareCommit/PrepareAbort; then start the timeout scheduler."""
+        self.txn_log.ensure_topic()
+        for partition in range(self.config.transaction_log_num_partitions):
+            for pending in self.state.load_transactions_for_partition(partition, self.coordinator_epoch):
+                self._send_markers_and_complete(pending.transactional_id, pending.coordinator_epoch,
+                                                pending.result is TransactionResult.COMMIT,
+                                                pending.transaction_metadata, pending.transit_metadata)
+        listed = self.state.list_transaction_states(filter_state_names=[TransactionState.ONGOING.state_name])
+        for txn in listed.transaction_states:
+            found = self.state.get_transaction_state(txn.transactional_id)
+            if found is not None:
+                self._remember(found.transaction_metadata)
+        if schedule:
+            self._scheduler = threading.Thread(target=self._schedule, name="txlake-txn-scheduler", daemon=True)
+            self._scheduler.start()
+            self.state.enable_transactional_id_expiration()
+
+    def shutdown(self) -> None:
+        """Stop the schedulers."""
+        self._stop.set()
+        if self._scheduler is not None:
+            self._scheduler.join(timeout=10)
+        self.state.shutdown()
+
+    def _schedule(self) -> None:
+        interval = self.config.abort_timed_out_transactions_interval_ms / 1000
+        while not self._stop.wait(interval):
+            try:
+                self.abort_timed_out_transactions()
+            except Exception as exc:  # the scheduler must survive one bad round
+                log.warning("aborting timed-out transactions failed: %s", exc)
+
+    # ------------------------------------------------------------------ InitProducerId
+    def handle_init_producer_id(self, transactional_id: str | None, transaction_timeout_ms: int,
+                                expected: ProducerIdAndEpoch | None = None) -> tuple[Errors, int, int]:
+        """InitProducerId: ``(error, producer_id, epoch)`` (Kafka's ``handleInitProducerId``).
+
+        Answers INVALID_REQUEST (empty id), INVALID_TRANSACTION_TIMEOUT (timeout <= 0 or over
+        ``transaction.max.timeout.ms``), CONCURRENT_TRANSACTIONS (a transition is in progress,
+        or an Ongoing transaction of the previous producer is being aborted -- retry),
+        PRODUCER_FENCED (a KIP-360 request naming a stale identity).
+        """
+        if transactional_id is None:
+            return Errors.NO_ERROR, self._allocate(), 0
+        if not transactional_id:
+            return Errors.INVALID_REQUEST, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        if not self.state.validate_transaction_timeout_ms(transaction_timeout_ms):
+            return Errors.INVALID_TRANSACTION_TIMEOUT, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        try:
+            found = self.state.get_transaction_state(transactional_id)
+            if found is None:
+                created = TransactionMetadata(transactional_id, self._allocate(), txn_timeout_ms=transaction_timeout_ms,
+                                              txn_last_update_timestamp=_now_ms())
+                found = self.state.put_transaction_state_if_not_exists(created)
+        except ApiError as exc:
+            return exc.error, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        coordinator_epoch, metadata = found.coordinator_epoch, found.transaction_metadata
+        with metadata.lock:
+            try:
+                transit = self._prepare_init_producer_id(metadata, transaction_timeout_ms, expected)
+            except ApiError as exc:
+                return exc.error, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        if transit.txn_state is TransactionState.PREPARE_EPOCH_FENCE:
+            # abort the previous producer's transaction under the fenced epoch; the client retries
+            error = self._end_transaction(transactional_id, transit.producer_id, transit.producer_epoch,
+                                          TransactionResult.ABORT, from_client=False, fence=transit)
+            return (Errors.CONCURRENT_TRANSACTIONS if error == Errors.NO_ERROR else error), NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        error = self.state.append_transaction_to_log(transactional_id, coordinator_epoch, transit)
+        if error != Errors.NO_ERROR:
+            return error, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        return Errors.NO_ERROR, transit.producer_id, transit.producer_epoch
+
+    def _prepare_init_producer_id(self, metadata: TransactionMetadata, timeout_ms: int,
+                                  expected: ProducerIdAndEpoch | None) -> TxnTransitMetadata:
+        """Kafka's ``prepareInitProducerIdTransit`` (caller holds the metadata lock)."""
+        if metadata.pending_transition_in_progress:
+            raise ApiError(Errors.CONCURRENT_TRANSACTIONS)
+        if expected is not None and not metadata.is_valid_expected_producer_id(expected):
+            raise ApiError(Errors.PRODUCER_FENCED)
+        state = metadata.state
+        if state in (TransactionState.PREPARE_ABORT, TransactionState.PREPARE_COMMIT):
+            raise ApiError(Errors.CONCURRENT_TRANSACTIONS)
+        if state in (TransactionState.COMPLETE_ABORT, TransactionState.COMPLETE_COMMIT, TransactionState.EMPTY):
+            if metadata.is_producer_epoch_exhausted and (expected is None or expected.epoch == metadata.producer_epoch):
+                return metadata.prepare_producer_id_rotation(self._allocate(), timeout_ms, _now_ms(), expected is not None)
+            return metadata.prepare_increment_producer_epoch(timeout_ms, expected, _now_ms())
+        if state is TransactionState.ONGOING:
+            return metadata.prepare_fence_producer_epoch()
+        raise IllegalStateError(f"Found transactionalId {metadata.transactional_id} with state {state}: "
+                                "this is illegal as we should never have transitioned to this state")
+
+    # ------------------------------------------------------------------ AddPartitionsToTxn
+    def handle_add_partitions_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                     partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Errors]:
+        """AddPartitionsToTxn: one error for all the partitions (Kafka answers them alike).
+
+        INVALID_PRODUCER_ID_MAPPING (unknown id or another producer id), PRODUCER_FENCED
+        (another epoch), CONCURRENT_TRANSACTIONS (a transition or an EndTxn in progress).
+        """
+        partitions = frozenset(partitions)
+        error = self._add_partitions(transactional_id, producer_id, producer_epoch, partitions)
+        return {tp: error for tp in partitions}
+
+    def handle_add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                  group_id: str) -> Errors:
+        """AddOffsetsToTxn: add the group's ``__consumer_offsets`` partition to the transaction."""
+        if not group_id:
+            return Errors.INVALID_GROUP_ID
+        return self._add_partitions(transactional_id, producer_id, producer_epoch,
+                                    frozenset({(CONSUMER_OFFSETS_TOPIC, offsets_partition_for(group_id))}))
+
+    def _add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                        partitions: frozenset[tuple[str, int]]) -> Errors:
+        if not transactional_id:
+            return Errors.INVALID_REQUEST
+        try:
+            found = self.state.get_transaction_state(transactional_id)
+        except ApiError as exc:
+            return exc.error
+        if found is None:
+            return Errors.INVALID_PRODUCER_ID_MAPPING
+        metadata = found.transaction_metadata
+        with metadata.lock:
+            if metadata.producer_id != producer_id:
+                return Errors.INVALID_PRODUCER_ID_MAPPING
+            if metadata.producer_epoch != producer_epoch:
+                return Errors.PRODUCER_FENCED
+            if metadata.pending_transition_in_progress:
+                return Errors.CONCURRENT_TRANSACTIONS
+            if metadata.state in (TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT):
+                return Errors.CONCURRENT_TRANSACTIONS
+            if metadata.state is TransactionState.ONGOING and partitions <= metadata.topic_partitions:
+                return Errors.NO_ERROR
+            transit = metadata.prepare_add_partitions(partitions, _now_ms())
+        error = self.state.append_transaction_to_log(transactional_id, found.coordinator_epoch, transit)
+        if error == Errors.NO_ERROR:
+            self._remember(metadata)
+        return error
+
+    def _remember(self, metadata: TransactionMetadata) -> None:
+        with metadata.lock:
+            if metadata.state is not TransactionState.ONGOING:
+                return
+            entry = (metadata.producer_epoch, frozenset(metadata.topic_partitions))
+            pid = metadata.producer_id
+        with self._verified_lock:
+            self._verified[pid] = entry
+
+    def _forget(self, producer_id: int) -> None:
+        with self._verified_lock:
+            self._verified.pop(producer_id, None)
+
+    def verify_partition(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> Errors:
+        """KIP-890 verification: NO_ERROR when ``producer_id``'s Ongoing transaction holds the partition.
+
+        Producer ids are unique to a transactional id, so the broker asks by producer id.
+        Once PrepareCommit/PrepareAbort is logged the answer is INVALID_TXN_STATE, so a late
+        write can never reopen a transaction that is ending.
+        """
+        with self._verified_lock:
+            entry = self._verified.get(producer_id)
+        if entry is not None and entry[0] == producer_epoch and (topic, partition) in entry[1]:
+            return Errors.NO_ERROR
+        return Errors.INVALID_TXN_STATE
+
+    # ------------------------------------------------------------------ EndTxn
+    def handle_end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, committed: bool) -> Errors:
+        """EndTxn: commit or abort the Ongoing transaction (Kafka's ``handleEndTransaction``).
+
+        Answers NO_ERROR once the outcome is decided and its markers are written; NO_ERROR
+        again for a retry after completion; INVALID_TXN_STATE for the opposite outcome or
+        no transaction (Empty); CONCURRENT_TRANSACTIONS while one is being completed;
+        PRODUCER_FENCED for another epoch; INVALID_PRODUCER_ID_MAPPING for an unknown id.
+        """
+        return self._end_transaction(transactional_id, producer_id, producer_epoch,
+                                     TransactionResult.COMMIT if committed else TransactionResult.ABORT, from_client=True)
+
+    def _end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         result: TransactionResult, from_client: bool, fence: TxnTransitMetadata | None = None) -> Errors:
+        if not transactional_id:
+            return Errors.INVALID_REQUEST
+        try:
+            found = self.state.get_transaction_state(transactional_id)
+        except ApiError as exc:
+            return exc.error
+        if found is None:
+            return Errors.INVALID_PRODUCER_ID_MAPPING
+        metadata, coordinator_epoch = found.transaction_metadata, found.coordinator_epoch
+        epoch_fence = False
+        with metadata.lock:
+            if metadata.producer_id != producer_id:
+                return Errors.INVALID_PRODUCER_ID_MAPPING
+            if (from_client and producer_epoch != metadata.producer_epoch) or producer_epoch < metadata.producer_epoch:
+                return Errors.PRODUCER_FENCED
+            if metadata.pending_transition_in_progress and metadata.pending_state is not TransactionState.PREPARE_EPOCH_FENCE:
+                return Errors.CONCURRENT_TRANSACTIONS
+            state = metadata.state
+            commit = result is TransactionResult.COMMIT
+            if state is TransactionState.ONGOING:
+                if not commit and fence is not None and metadata.pending_state is TransactionState.PREPARE_EPOCH_FENCE:
+                    epoch_fence = True
+                    transit = metadata.prepare_abort_after_epoch_fence(fence, _now_ms())
+                else:
+                    transit = metadata.prepare_abort_or_commit(
+                        TransactionState.PREPARE_COMMIT if commit else TransactionState.PREPARE_ABORT, _now_ms())
+            elif state is TransactionState.COMPLETE_COMMIT:
+                return Errors.NO_ERROR if commit else Errors.INVALID_TXN_STATE
+            elif state is TransactionState.COMPLETE_ABORT:
+                return Errors.NO_ERROR if not commit else Errors.INVALID_TXN_STATE
+            elif state is TransactionState.PREPARE_COMMIT:
+                return Errors.CONCURRENT_TRANSACTIONS if commit else Errors.INVALID_TXN_STATE
+            elif state is TransactionState.PREPARE_ABORT:
+                return Errors.CONCURRENT_TRANSACTIONS if not commit else Errors.INVALID_TXN_STATE
+            elif state is TransactionState.EMPTY:
+                return Errors.INVALID_TXN_STATE
+            else:
+                raise IllegalStateError(f"Found transactionalId {transactional_id} with state {state}")
+        error = self.state.append_transaction_to_log(transactional_id, coordinator_epoch, transit)
+        if error == Errors.NO_ERROR:
+            self._forget(producer_id)  # the outcome is decided: no partition can join any more
+        else:
+            if epoch_fence:
+                with metadata.lock:
+                    metadata.has_failed_epoch_fence = True
+            return error
+        with metadata.lock:
+            if metadata.producer_id != producer_id:
+                return Errors.INVALID_PRODUCER_ID_MAPPING
+            if metadata.producer_epoch != producer_epoch:
+                return Errors.PRODUCER_FENCED
+            if metadata.pending_transition_in_progress:
+                return Errors.CONCURRENT_TRANSACTIONS
+            expected = TransactionState.PREPARE_COMMIT if result is TransactionResult.COMMIT else TransactionState.PREPARE_ABORT
+            if metadata.state is not expected:
+                return Errors.INVALID_TXN_STATE
+            complete = metadata.prepare_complete(_now_ms())
+        return self._send_markers_and_complete(transactional_id, coordinator_epoch, result is TransactionResult.COMMIT,
+                                               metadata, complete)
+
+    def _send_markers_and_complete(self, transactional_id: str, coordinator_epoch: int, committed: bool,
+                                   metadata: TransactionMetadata, complete: TxnTransitMetadata) -> Errors:
+        """Write the markers to every partition of the transaction, then CompleteCommit/CompleteAbort
+        (Kafka's ``TransactionMarkerChannelManager``). Retriable marker errors are retried; a
+        partition whose topic is gone is dropped from the transaction, as Kafka does."""
+        partitions = tuple(sorted(metadata.topic_partitions))
+        marker = TxnMarker(metadata.producer_id, metadata.producer_epoch, coordinator_epoch, committed, partitions)
+        remaining = partitions
+        for attempt in range(MARKER_RETRIES):
+            if not remaining:
+                break
+            (answer,) = self.broker.write_txn_markers([TxnMarker(marker.producer_id, marker.producer_epoch,
+                                                                 coordinator_epoch, committed, remaining)])
+            retry = []
+            for tp, error in answer.items():
+                if error == Errors.NO_ERROR or error == Errors.UNKNOWN_TOPIC_OR_PART:
+                    continue
+                if error.retriable:
+                    retry.append(tp)
+                    continue
+                log.error("marker for %s of %s refused with %s", tp, transactional_id, error.name)
+                with metadata.lock:
+                    metadata.pending_state = None
+                return Errors.NOT_COORDINATOR if error in (Errors._FENCED, Errors.TRANSACTION_COORDINATOR_FENCED) else error
+            remaining = tuple(retry)
+            if remaining:
+                time.sleep(0.05 * (attempt + 1))
+        if remaining:
+            with metadata.lock:
+                metadata.pending_state = None
+            return Errors.COORDINATOR_NOT_AVAILABLE
+        return self.state.append_transaction_to_log(transactional_id, coordinator_epoch, complete)
+
+    # ------------------------------------------------------------------ timeouts
+    def abort_timed_out_transactions(self, now: int | None = None) -> list[str]:
+        """Abort, with an epoch bump, every Ongoing transaction past its timeout (Kafka's
+        ``abortTimedOutTransactions``): the old producer is fenced. Returns the ids aborted."""
+        aborted = []
+        for txn in self.state.timed_out_transactions(now):
+            found = self.state.get_transaction_state(txn.transactional_id)
+            if found is None:
+                continue
+            metadata = found.transaction_metadata
+            with metadata.lock:
+                if metadata.producer_id != txn.producer_id or metadata.pending_transition_in_progress:
+                    continue
+                fence = metadata.prepare_fence_producer_epoch()
+            error = self._end_transaction(txn.transactional_id, fence.producer_id, fence.producer_epoch,
+                                          TransactionResult.ABORT, from_client=False, fence=fence)
+            if error == Errors.NO_ERROR:
+                aborted.append(txn.transactional_id)
+            else:
+                log.info("aborting timed-out transaction %s failed: %s", txn.transactional_id, error.name)
+        return aborted

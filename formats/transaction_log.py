@@ -1,0 +1,238 @@
+"""Records of ``__transaction_state``: the key and value layout (Kafka's TransactionLog).
+
+The transaction coordinator persists every state change of a transactional id as one
+record of the compacted topic ``__transaction_state``; replaying the topic (the last
+record per key wins, a null value deletes the key) rebuilds the coordinator's cache.
+This module only knows the byte layout -- the state machine lives in
+:mod:`txlake.engine.transaction_metadata`.
+
+Both key and value are compact UTF-8 JSON objects carrying a format version ``"v"``, so
+DuckDB and Spark can read them: in DuckDB ``json_extract_string(decode(value), '$.state')``
+(``decode`` reads the BLOB as UTF-8; a plain ``CAST(value AS VARCHAR)`` escapes bytes), in
+Spark ``get_json_object(CAST(value AS STRING), '$.state')``.
+
+Key (version 1)::
+
+    {"v":1,"transactional_id":"copier-1"}
+
+The key's bytes are the compaction identity of a transactional id, so the key layout
+must never change: a new key version would stop compaction from replacing the records
+written under the old one.
+
+Value (version 1) -- the fields of Kafka's ``TransactionLogValue`` version 1, including
+its tagged ``PreviousProducerId``, ``NextProducerId`` and ``LastProducerEpoch``::
+
+    {"v":1,"producer_id":4000,"previous_producer_id":-1,"next_producer_id":-1,
+     "producer_epoch":3,"last_producer_epoch":-1,"txn_timeout_ms":60000,
+     "state":"Ongoing","topic_partitions":[["orders",0],["orders",2]],
+     "txn_start_timestamp":1700000000000,"txn_last_update_timestamp":1700000000042}
+
+=========================  =======  =====================================================
+field                      type     meaning
+=========================  =======  =====================================================
+producer_id                int64    producer id in use by the transactional id
+previous_producer_id       int64    the producer id before the last transition, -1 if none
+next_producer_id           int64    producer id handed out for the next epoch (KIP-890), -1
+producer_epoch             int16    current epoch of the producer id
+last_producer_epoch        int16    epoch before the last bump, kept so an InitProducerId
+                                    retry is recognised after a restart (KIP-360), -1
+txn_timeout_ms             int32    transaction timeout
+state                      string   Kafka's state name (``Empty``, ``Ongoing``, ...)
+topic_partitions           list     ``[topic, partition]`` pairs in the transaction, sorted
+txn_start_timestamp        int64    ms when the first partition was added, -1 if none
+txn_last_update_timestamp  int64    ms of the last state change
+=========================  =======  =====================================================
+
+Kafka before 2026 did not write the previous/next producer id (KAFKA-20310) nor the last
+epoch (KAFKA-20357), so a KIP-360 retry spanning a coordinator failover was fenced;
+txlake writes all three, and a replay reproduces the coordinator's memory exactly.
+(Kafka's ``ClientTransactionVersion`` field is not kept: txlake implements transaction
+versions 0/1 only.)
+
+Fields a reader does not know are ignored (like Kafka's tagged fields); a change that an
+older reader must not ignore bumps ``"v"``, and such records are refused with
+:class:`UnsupportedFormatVersionError`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .errors import CorruptObjectError, UnsupportedFormatVersionError
+
+KIND = "transaction-log"
+KEY_VERSION = 1
+VALUE_VERSION = 1
+
+#: Kafka's transaction state names, in the order of their ids (``TransactionState.fromId``).
+STATE_NAMES: tuple[str, ...] = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit",
+                                "CompleteAbort", "Dead", "PrepareEpochFence")
+
+INT16_MIN, INT16_MAX = -(2**15), 2**15 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_VALUE_FIELDS = ("producer_id", "previous_producer_id", "next_producer_id", "producer_epoch",
+                 "last_producer_epoch", "txn_timeout_ms", "state", "topic_partitions",
+                 "txn_start_timestamp", "txn_last_update_timestamp")
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} {value} is outside {low}..{high}")
+    return value
+
+
+def _normalise_partitions(partitions: Iterable[Any]) -> tuple[tuple[str, int], ...]:
+    out: set[tuple[str, int]] = set()
+    for item in partitions:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise ValueError(f"a topic partition must be a [topic, partition] pair, got {item!r}")
+        topic, partition = item[0], item[1]
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"a topic name must be a non-empty string, got {topic!r}")
+        _check_int(f"partition of topic {topic!r}", partition, 0, INT32_MAX)
+        out.add((topic, partition))
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class TxnLogValue:
+    """The value of a ``__transaction_state`` record (Kafka's ``TransactionLogValue``).
+
+    Plain data, validated on construction (ranges of Kafka's int16/int32/int64 fields,
+    a known state name). ``topic_partitions`` is normalised to a sorted tuple of
+    ``(topic, partition)`` pairs without duplicates.
+
+    Raises:
+        ValueError: a field is missing its type or range, or the state is unknown.
+    """
+
+    producer_id: int
+    previous_producer_id: int
+    next_producer_id: int
+    producer_epoch: int
+    last_producer_epoch: int
+    txn_timeout_ms: int
+    state: str
+    topic_partitions: tuple[tuple[str, int], ...] = field(default=())
+    txn_start_timestamp: int = -1
+    txn_last_update_timestamp: int = -1
+
+    def __post_init__(self) -> None:
+        for name in ("producer_id", "previous_producer_id", "next_producer_id"):
+            _check_int(name, getattr(self, name), -1, INT64_MAX)
+        for name in ("producer_epoch", "last_producer_epoch"):
+            _check_int(name, getattr(self, name), -1, INT16_MAX)
+        _check_int("txn_timeout_ms", self.txn_timeout_ms, INT32_MIN, INT32_MAX)
+        for name in ("txn_start_timestamp", "txn_last_update_timestamp"):
+            _check_int(name, getattr(self, name), INT64_MIN, INT64_MAX)
+        if self.state not in STATE_NAMES:
+            raise ValueError(f"unknown transaction state {self.state!r} (known: {', '.join(STATE_NAMES)})")
+        object.__setattr__(self, "topic_partitions", _normalise_partitions(self.topic_partitions))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this value, ``"v"`` first."""
+        out: dict[str, Any] = {"v": VALUE_VERSION}
+        for name in _VALUE_FIELDS:
+            value = getattr(self, name)
+            out[name] = [list(tp) for tp in value] if name == "topic_partitions" else value
+        return out
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"cannot encode {obj!r} as UTF-8 ({exc}); a lone surrogate is not a valid string") from exc
+
+
+def _loads(data: bytes, what: str, location: str) -> dict[str, Any]:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise CorruptObjectError(location, f"the {what} of a {KIND} record is {type(data).__name__}, not bytes")
+    try:
+        obj = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptObjectError(location, f"the {what} of a {KIND} record is not UTF-8 JSON ({exc}); "
+                                           "the record is corrupt or was not written by txlake") from None
+    if not isinstance(obj, dict):
+        raise CorruptObjectError(location, f"the {what} of a {KIND} record is not a JSON object: {obj!r}")
+    return obj
+
+
+def _check_version(obj: dict[str, Any], what: str, supported: int, location: str) -> int:
+    if "v" not in obj:
+        raise CorruptObjectError(location, f"the {what} of a {KIND} record has no format version \"v\"")
+    version = obj["v"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise CorruptObjectError(location, f"the {what} of a {KIND} record has an unreadable format version {version!r}")
+    if not 1 <= version <= supported:
+        raise UnsupportedFormatVersionError(
+            location,
+            f"{KIND} {what} format version {version} is not supported by this txlake "
+            f"(it reads versions 1..{supported}); upgrade txlake to read it")
+    return version
+
+
+def encode_key(transactional_id: str) -> bytes:
+    """The key of ``transactional_id``'s records (Kafka's ``TransactionLog.keyToBytes``).
+
+    Raises:
+        ValueError: ``transactional_id`` is not a string encodable as UTF-8.
+    """
+    if not isinstance(transactional_id, str):
+        raise ValueError(f"a transactional id must be a string, got {transactional_id!r}")
+    return _dumps({"v": KEY_VERSION, "transactional_id": transactional_id})
+
+
+def decode_key(data: bytes, location: str) -> str:
+    """The transactional id of a key (Kafka's ``TransactionLog.readTxnRecordKey``).
+
+    Args:
+        location: names the record in error messages (e.g. ``__transaction_state-7@42``).
+
+    Raises:
+        CorruptObjectError: not a key of this format.
+        UnsupportedFormatVersionError: a key version this txlake does not know.
+    """
+    obj = _loads(data, "key", location)
+    _check_version(obj, "key", KEY_VERSION, location)
+    tid = obj.get("transactional_id")
+    if not isinstance(tid, str):
+        raise CorruptObjectError(location, f"the key of a {KIND} record has no string \"transactional_id\": {obj!r}")
+    return tid
+
+
+def encode_value(value: TxnLogValue) -> bytes:
+    """The bytes of a value (Kafka's ``TransactionLog.valueToBytes``)."""
+    if not isinstance(value, TxnLogValue):
+        raise ValueError(f"expected a TxnLogValue, got {type(value).__name__}")
+    return _dumps(value.to_json())
+
+
+def decode_value(data: bytes | None, location: str) -> TxnLogValue | None:
+    """Decode a value; ``None`` (a tombstone) stays ``None`` (Kafka's ``readTxnRecordValue``).
+
+    Raises:
+        CorruptObjectError: not UTF-8 JSON, a field missing or out of range, an unknown state.
+        UnsupportedFormatVersionError: a value version this txlake does not know.
+    """
+    if data is None:
+        return None
+    obj = _loads(data, "value", location)
+    _check_version(obj, "value", VALUE_VERSION, location)
+    missing = [name for name in _VALUE_FIELDS if name not in obj]
+    if missing:
+        raise CorruptObjectError(location, f"the value of a {KIND} record lacks {', '.join(missing)}")
+    partitions = obj["topic_partitions"]
+    if not isinstance(partitions, list):
+        raise CorruptObjectError(location, f"topic_partitions of a {KIND} record is not a list: {partitions!r}")
+    try:
+        return TxnLogValue(**{name: obj[name] for name in _VALUE_FIELDS})
+    except (ValueError, TypeError) as exc:
+        raise CorruptObjectError(location, f"invalid {KIND} value: {exc}") from None
