@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 import time
 import uuid
 from concurrent.futures import Future
@@ -92,6 +93,7 @@ class Broker:
         #: partition is refused unless the coordinator has added the partition to the transaction.
         self.txn_verifier: Callable[[int, int, str, int], Errors] | None = None
         self._txn_coordinator: TransactionCoordinator | None = None
+        self._coordinator_lock = threading.Lock()
         self._append_lock = self._committer.lock   # offsets, producer state and the queue change together
         self._commit_lock = self._committer.commit_lock  # one catalog writer at a time
         self._partitions: dict[tuple[str, int], _WriterPartition] = {}
@@ -381,7 +383,8 @@ class Broker:
             ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
         """
         self.ensure_writer()
-        with self._commit_lock:
+        # not the commit lock: starting up writes markers, which wait for commits
+        with self._coordinator_lock:
             if self._txn_coordinator is None:
                 coordinator = TransactionCoordinator(self, self.lease.epoch,
                                                      TransactionConfig.from_properties(self.config.transaction))

@@ -34,6 +34,7 @@ class Errors(IntEnum):
     _FATAL = -150
     _INCONSISTENT = -149
     _FENCED = -144
+    _NOT_CONFIGURED = -145
     _AUTO_OFFSET_RESET = -140
     # Kafka broker codes
     UNKNOWN_SERVER_ERROR = -1

@@ -94,7 +94,7 @@ class TransactionCoordinator:
             for pending in self.state.load_transactions_for_partition(partition, self.coordinator_epoch):
                 self._send_markers_and_complete(pending.transactional_id, pending.coordinator_epoch,
                                                 pending.result is TransactionResult.COMMIT,
-                                                pending.transaction_metadata, pending.transit_metadata)
+                                                pending.txn_metadata, pending.transit_metadata)
         listed = self.state.list_transaction_states(filter_state_names=[TransactionState.ONGOING.state_name])
         for txn in listed.transaction_states:
             found = self.state.get_transaction_state(txn.transactional_id)
@@ -150,6 +150,9 @@ class TransactionCoordinator:
                 transit = self._prepare_init_producer_id(metadata, transaction_timeout_ms, expected)
             except ApiError as exc:
                 return exc.error, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+            except IllegalStateError as exc:  # Kafka answers an IllegalStateException with UNKNOWN_SERVER_ERROR
+                log.error("InitProducerId of %s: %s", transactional_id, exc)
+                return Errors.UNKNOWN_SERVER_ERROR, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
         if transit.txn_state is TransactionState.PREPARE_EPOCH_FENCE:
             # abort the previous producer's transaction under the fenced epoch; the client retries
             error = self._end_transaction(transactional_id, transit.producer_id, transit.producer_epoch,

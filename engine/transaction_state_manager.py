@@ -238,6 +238,11 @@ class TransactionalIdCoordinatorEpochAndTransitMetadata(NamedTuple):
     txn_metadata: TransactionMetadata
     transit_metadata: TxnTransitMetadata
 
+    @property
+    def transaction_metadata(self) -> TransactionMetadata:
+        """``txn_metadata`` under the name :class:`CoordinatorEpochAndTxnMetadata` uses."""
+        return self.txn_metadata
+
 
 class ListedTransaction(NamedTuple):
     """One row of ListTransactions (KIP-664)."""

@@ -427,6 +427,7 @@ def test_restart_in_every_state(tlog, clock, situation):
         assert len(pending) == 1
         p = pending[0]
         assert (p.transactional_id, p.coordinator_epoch, p.txn_metadata) == ("one", 11, loaded)
+        assert p.transaction_metadata is p.txn_metadata
         assert p.result is (TransactionResult.COMMIT if situation == "PrepareCommit" else TransactionResult.ABORT)
         done = S.COMPLETE_COMMIT if situation == "PrepareCommit" else S.COMPLETE_ABORT
         assert p.transit_metadata.txn_state is done and loaded.pending_state is done

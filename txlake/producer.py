@@ -30,6 +30,7 @@ from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
 
 from .config import parse_config
 from .error import KafkaError, KafkaException, from_api_error, kafka_exception
+from .transaction_manager import TransactionManager
 from .types import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message
 
 # librdkafka: per-record overhead counted against batch.size (v2 record framing, approx.).
@@ -130,6 +131,10 @@ class Producer:
         self._producer_id = -1
         self._epoch = -1
         self._writer_checked = False
+        self._txn: TransactionManager | None = None
+        if v["transactional.id"] is not None:
+            self._txn = TransactionManager(v["transactional.id"], v["transaction.timeout.ms"],
+                                           self._broker.transaction_coordinator)
         self._next_seq: dict[tuple[str, int], int] = {}
         self._fatal: KafkaError | None = None
         self._closed = False
@@ -196,7 +201,10 @@ class Producer:
                 raise KafkaException(self._fatal)
             if self._queued >= self._max_queued:
                 raise BufferError("Local: Queue full")
-            if self._producer_id < 0 and not self._writer_checked:
+            if self._txn is not None:
+                self._txn.check_produce()
+                self._txn.add_partition(topic, partition)
+            elif self._producer_id < 0 and not self._writer_checked:
                 self._start_writing()
             tp = (topic, partition)
             buf = self._buffers.get(tp)
@@ -255,7 +263,7 @@ class Producer:
         records = pa.Table.from_arrays(
             [pa.array(buf.timestamps, pa.int64()), pa.array(buf.keys, pa.binary()), pa.array(buf.values, pa.binary()), headers],
             schema=PAYLOAD_SCHEMA)
-        batch = ProduceBatch(tp[0], tp[1], records)
+        batch = ProduceBatch(tp[0], tp[1], records, is_transactional=self._txn is not None)
         if self._idempotent:
             seq = self._next_seq.get(tp, 0)
             batch.producer_id, batch.producer_epoch, batch.base_sequence = self._producer_id, self._epoch, seq
@@ -284,6 +292,8 @@ class Producer:
                 if fatal and self._fatal is None:
                     # a fenced producer's every later call fails (librdkafka's fatal error state)
                     self._fatal = KafkaError(Errors._FATAL, f"fatal error: {err.str()}", fatal=True)
+                if self._txn is not None:
+                    self._txn.send_failed(err)
             self._reports.append((flight, result, err))
             self._cond.notify_all()
 
@@ -302,6 +312,41 @@ class Producer:
                 waits = [b.created + self._linger - now for b in self._buffers.values()]
                 waits += [f.retry_at - now for f in self._retry]
                 self._cond.wait(max(0.001, min(waits)) if waits else 0.05)
+
+    # ------------------------------------------------------------------ transactions
+    def _transactions(self) -> TransactionManager:
+        if self._txn is None:
+            raise kafka_exception(KafkaError._NOT_CONFIGURED,
+                                  "The Transactional API requires transactional.id to be configured")
+        return self._txn
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Register ``transactional.id`` with the transaction coordinator (InitProducerId): fences
+        older producers with the same id and completes their open transaction.
+
+        Raises:
+            KafkaException: ``_STATE`` when called twice; fatal (e.g. PRODUCER_FENCED) or
+                ``_TIMED_OUT`` (retriable) errors.
+        """
+        txn = self._transactions()
+        with self._lock:
+            txn.init_transactions(timeout)
+            self._producer_id, self._epoch = txn.producer_id, txn.epoch
+            self._next_seq.clear()
+            self._writer_checked = True
+
+    def begin_transaction(self) -> None:
+        """Start a transaction (``_STATE`` unless initialized and no transaction is open)."""
+        with self._lock:
+            self._transactions().begin_transaction()
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush, then commit (EndTxn COMMIT). A failed record raises an error with ``txn_requires_abort()``."""
+        self._transactions().end_transaction(True, timeout, self.flush)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Flush, then abort (EndTxn ABORT): nothing of the transaction becomes visible to read_committed."""
+        self._transactions().end_transaction(False, timeout, self.flush)
 
     # ------------------------------------------------------------------ reports
     def poll(self, timeout: float | None = None) -> int:

@@ -1,0 +1,232 @@
+"""Transactions end to end (KIP-98): the transactional producer's state machine, the
+transaction coordinator's answers in each state, fencing, timeouts, and recovery."""
+
+import time
+
+import pyarrow as pa
+import pytest
+
+from txlake import AdminClient, Consumer, KafkaError, KafkaException, NewTopic, Producer, TopicPartition
+from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
+from txlake.engine.errors import Errors
+from txlake.engine.registry import close_all
+from txlake.engine.transaction_metadata import TransactionState
+from txlake.formats.records import PAYLOAD_SCHEMA
+
+TXN_CONF = {"transaction.state.log.num.partitions": 3}
+
+
+@pytest.fixture
+def conf(storage):
+    c = {**storage.conf(), **TXN_CONF, "storage.flush.linger.ms": 1}
+    with AdminClient(c) as admin:
+        admin.create_topics([NewTopic("out", 2)])["out"].result()
+    yield c
+    close_all()
+
+
+def read(conf, isolation="read_committed", topic="out", partitions=2):
+    c = Consumer({**conf, "isolation.level": isolation, "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, p) for p in range(partitions)])
+    out = []
+    while True:
+        msgs = c.consume(500, 0.3)
+        if not msgs:
+            break
+        out.extend((m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
+    c.close()
+    return sorted(out)
+
+
+def code(excinfo):
+    return excinfo.value.args[0].code()
+
+
+def test_client_state_machine(conf):
+    p = Producer({**conf, "transactional.id": "t1"})
+    for call in (p.begin_transaction, p.commit_transaction, p.abort_transaction, lambda: p.produce("out", b"x")):
+        with pytest.raises(KafkaException) as exc:
+            call()
+        assert code(exc) == KafkaError._STATE
+    p.init_transactions(10)
+    with pytest.raises(KafkaException) as again:
+        p.init_transactions(10)
+    assert code(again) == KafkaError._STATE
+    with pytest.raises(KafkaException) as outside:
+        p.produce("out", b"x")
+    assert code(outside) == KafkaError._STATE
+    p.begin_transaction()
+    with pytest.raises(KafkaException) as twice:
+        p.begin_transaction()
+    assert code(twice) == KafkaError._STATE
+    p.commit_transaction(10)        # an empty transaction commits
+    plain = Producer(conf)
+    with pytest.raises(KafkaException) as not_configured:
+        plain.init_transactions(1)
+    assert code(not_configured) == KafkaError._NOT_CONFIGURED
+
+
+def test_commit_abort_and_visibility(conf):
+    p = Producer({**conf, "transactional.id": "t1"})
+    p.init_transactions(10)
+    p.begin_transaction()
+    for i in range(4):
+        p.produce("out", value=f"c{i}", partition=i % 2)
+    p.commit_transaction(10)
+    p.begin_transaction()
+    for i in range(4):
+        p.produce("out", value=f"a{i}", partition=i % 2)
+    p.abort_transaction(10)
+    p.begin_transaction()
+    p.produce("out", value="open", partition=0)
+    p.flush(10)
+    # partition 0: c0 c2 COMMIT(2) a0 a2 ABORT(5) open; partition 1: c1 c3 COMMIT a1 a3 ABORT
+    assert read(conf) == [(0, 0, "c0"), (0, 1, "c2"), (1, 0, "c1"), (1, 1, "c3")]
+    assert read(conf, "read_uncommitted") == [(0, 0, "c0"), (0, 1, "c2"), (0, 3, "a0"), (0, 4, "a2"), (0, 6, "open"),
+                                              (1, 0, "c1"), (1, 1, "c3"), (1, 3, "a1"), (1, 4, "a3")]
+    c = Consumer({**conf, "auto.offset.reset": "earliest"})
+    assert c.get_watermark_offsets(TopicPartition("out", 0)) == (0, 6)       # the LSO: "open" is undecided
+    c.close()
+    p.commit_transaction(10)
+    assert (0, 6, "open") in read(conf)
+
+
+def test_second_instance_fences_the_first(conf):
+    p1 = Producer({**conf, "transactional.id": "t1"})
+    p1.init_transactions(10)
+    p1.begin_transaction()
+    p1.produce("out", value="zombie-open", partition=0)
+    p1.flush(10)
+    p2 = Producer({**conf, "transactional.id": "t1"})
+    p2.init_transactions(10)          # aborts p1's open transaction with a bumped epoch
+    assert read(conf, "read_committed") == []
+    with pytest.raises(KafkaException) as fenced:
+        p1.produce("out", value="late", partition=1)   # AddPartitionsToTxn with the old epoch
+        p1.commit_transaction(10)
+    assert fenced.value.args[0].fatal() and code(fenced) == KafkaError.PRODUCER_FENCED
+    with pytest.raises(KafkaException) as still:
+        p1.begin_transaction()
+    assert still.value.args[0].fatal()
+    p2.begin_transaction()
+    p2.produce("out", value="new", partition=0)
+    p2.commit_transaction(10)
+    assert [v for _, _, v in read(conf)] == ["new"]
+
+
+def rows(*values):
+    n = len(values)
+    return pa.Table.from_pydict({"timestamp": [1] * n, "key": [None] * n, "value": [v.encode() for v in values],
+                                 "headers": [None] * n}, schema=PAYLOAD_SCHEMA)
+
+
+@pytest.fixture
+def broker(storage):
+    b = Broker(storage.object_store(), BrokerConfig(flush_linger_ms=1, lease_ms=60_000, transaction=dict(TXN_CONF)))
+    b.create_topics([("out", 2, {})])
+    yield b
+    b.close()
+
+
+def test_coordinator_answers_in_each_state(broker):
+    c = broker.transaction_coordinator()
+    assert c.handle_init_producer_id("", 1000)[0] == Errors.INVALID_REQUEST
+    assert c.handle_init_producer_id("x", 0)[0] == Errors.INVALID_TRANSACTION_TIMEOUT
+    assert c.handle_init_producer_id("x", 900_001)[0] == Errors.INVALID_TRANSACTION_TIMEOUT
+    assert c.handle_end_txn("unknown", 1, 0, True) == Errors.INVALID_PRODUCER_ID_MAPPING
+    err, pid, epoch = c.handle_init_producer_id("x", 60_000)
+    assert (err, epoch) == (Errors.NO_ERROR, 0)
+    state = lambda: c.state.get_transaction_state("x").transaction_metadata.state  # noqa: E731
+    assert state() is TransactionState.EMPTY
+    assert c.handle_end_txn("x", pid, epoch, True) == Errors.INVALID_TXN_STATE          # nothing to end
+    assert c.handle_add_partitions_to_txn("x", pid + 1, epoch, [("out", 0)])[("out", 0)] == Errors.INVALID_PRODUCER_ID_MAPPING
+    assert c.handle_add_partitions_to_txn("x", pid, epoch + 1, [("out", 0)])[("out", 0)] == Errors.PRODUCER_FENCED
+    assert c.handle_add_partitions_to_txn("x", pid, epoch, [("out", 0)])[("out", 0)] == Errors.NO_ERROR
+    assert state() is TransactionState.ONGOING
+    assert c.handle_end_txn("x", pid, epoch + 1, True) == Errors.PRODUCER_FENCED
+    assert c.handle_end_txn("x", pid, epoch, True) == Errors.NO_ERROR
+    assert state() is TransactionState.COMPLETE_COMMIT
+    assert c.handle_end_txn("x", pid, epoch, True) == Errors.NO_ERROR                   # retry after completion
+    assert c.handle_end_txn("x", pid, epoch, False) == Errors.INVALID_TXN_STATE         # the opposite outcome
+    assert c.handle_add_partitions_to_txn("x", pid, epoch, [("out", 1)])[("out", 1)] == Errors.NO_ERROR
+    assert c.handle_end_txn("x", pid, epoch, False) == Errors.NO_ERROR
+    assert state() is TransactionState.COMPLETE_ABORT
+    assert c.handle_end_txn("x", pid, epoch, False) == Errors.NO_ERROR
+    assert c.handle_end_txn("x", pid, epoch, True) == Errors.INVALID_TXN_STATE
+    # InitProducerId while Ongoing: the old transaction is aborted under a bumped epoch
+    _, pid, epoch = c.handle_init_producer_id("x", 60_000)
+    c.handle_add_partitions_to_txn("x", pid, epoch, [("out", 0)])
+    broker.produce([ProduceBatch("out", 0, rows("pending"), pid, epoch, 0, is_transactional=True)])
+    assert c.handle_init_producer_id("x", 60_000) == (Errors.CONCURRENT_TRANSACTIONS, -1, -1)
+    assert state() is TransactionState.COMPLETE_ABORT
+    err, pid2, epoch2 = c.handle_init_producer_id("x", 60_000)
+    assert (err, pid2, epoch2) == (Errors.NO_ERROR, pid, epoch + 2)
+    p0 = broker.catalog.state.partition("out", 0)
+    assert [(a.producer_id, a.first_offset) for a in p0.aborted_transactions][-1] == (pid, p0.aborted_transactions[-1].first_offset)
+    assert p0.last_stable_offset == p0.high_watermark
+
+
+def test_kip890_late_write_to_an_unadded_partition_is_refused(broker):
+    c = broker.transaction_coordinator()
+    _, pid, epoch = c.handle_init_producer_id("x", 60_000)
+    c.handle_add_partitions_to_txn("x", pid, epoch, [("out", 0)])
+    (late,) = broker.produce([ProduceBatch("out", 1, rows("late"), pid, epoch, 0, is_transactional=True)])
+    assert late.error == Errors.INVALID_TXN_STATE
+    assert c.handle_end_txn("x", pid, epoch, True) == Errors.NO_ERROR
+    (after,) = broker.produce([ProduceBatch("out", 0, rows("after end"), pid, epoch, 0, is_transactional=True)])
+    assert after.error == Errors.INVALID_TXN_STATE
+    assert broker.catalog.state.partition("out", 1).high_watermark == 0
+
+
+def test_timed_out_transaction_is_aborted_and_its_producer_fenced(conf):
+    p = Producer({**conf, "transactional.id": "slow", "transaction.timeout.ms": 1000})
+    p.init_transactions(10)
+    p.begin_transaction()
+    p.produce("out", value="too slow", partition=0)
+    p.flush(10)
+    coordinator = p._broker.transaction_coordinator()
+    assert coordinator.abort_timed_out_transactions(now=int(time.time() * 1000) + 2_000) == ["slow"]
+    assert read(conf, "read_committed") == []
+    with pytest.raises(KafkaException) as fenced:
+        p.commit_transaction(10)
+    assert fenced.value.args[0].fatal() and code(fenced) == KafkaError.PRODUCER_FENCED
+
+
+@pytest.mark.parametrize("crash_after", ["prepare", "some_markers"])
+def test_restart_completes_a_half_done_commit(storage, crash_after, monkeypatch):
+    cfg = dict(flush_linger_ms=1, lease_ms=60_000, transaction=dict(TXN_CONF))
+    b = Broker(storage.object_store(), BrokerConfig(**cfg))
+    b.create_topics([("out", 2, {})])
+    c = b.transaction_coordinator()
+    _, pid, epoch = c.handle_init_producer_id("x", 60_000)
+    c.handle_add_partitions_to_txn("x", pid, epoch, [("out", 0), ("out", 1)])
+    b.produce([ProduceBatch("out", 0, rows("a"), pid, epoch, 0, is_transactional=True),
+               ProduceBatch("out", 1, rows("b"), pid, epoch, 0, is_transactional=True)])
+    real = b.write_txn_markers
+
+    def crash(markers, *args, **kwargs):
+        if crash_after == "some_markers":
+            m = markers[0]
+            real([type(m)(m.producer_id, m.producer_epoch, m.coordinator_epoch, m.committed, m.partitions[:1])])
+        raise RuntimeError("simulated crash after PrepareCommit")
+
+    monkeypatch.setattr(b, "write_txn_markers", crash)
+    with pytest.raises(RuntimeError):
+        c.handle_end_txn("x", pid, epoch, True)
+    b._closed = True
+    b.lease.stop_heartbeats()
+    b2 = Broker(storage.object_store(), BrokerConfig(**cfg, lease_force=True))
+    try:
+        c2 = b2.transaction_coordinator()
+        md = c2.state.get_transaction_state("x").transaction_metadata
+        assert md.state is TransactionState.COMPLETE_COMMIT
+        for partition in (0, 1):
+            p = b2.catalog.state.partition("out", partition)
+            assert p.last_stable_offset == p.high_watermark and p.aborted_transactions == []
+        values = []
+        for partition in (0, 1):
+            fetched = b2.fetch("out", partition, 0, isolation_level="read_committed").records
+            values += [v for v, ctl in zip(fetched.column("value").to_pylist(), fetched.column("is_control").to_pylist())
+                       if not ctl]
+        assert sorted(values) == [b"a", b"b"]
+    finally:
+        b2.close()
