@@ -202,16 +202,22 @@ class TransactionCoordinator:
         return self._add_partitions(transactional_id, producer_id, producer_epoch,
                                     frozenset({(CONSUMER_OFFSETS_TOPIC, offsets_partition_for(group_id))}))
 
-    def _add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                        partitions: frozenset[tuple[str, int]]) -> Errors:
+    def _find(self, transactional_id: str):
+        """``(NO_ERROR, cached state)`` of an id, or ``(error, None)``: INVALID_REQUEST for an
+        empty id, the manager's loading errors, INVALID_PRODUCER_ID_MAPPING for an unknown id."""
         if not transactional_id:
-            return Errors.INVALID_REQUEST
+            return Errors.INVALID_REQUEST, None
         try:
             found = self.state.get_transaction_state(transactional_id)
         except ApiError as exc:
-            return exc.error
+            return exc.error, None
+        return (Errors.NO_ERROR, found) if found is not None else (Errors.INVALID_PRODUCER_ID_MAPPING, None)
+
+    def _add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                        partitions: frozenset[tuple[str, int]]) -> Errors:
+        error, found = self._find(transactional_id)
         if found is None:
-            return Errors.INVALID_PRODUCER_ID_MAPPING
+            return error
         metadata = found.transaction_metadata
         with metadata.lock:
             if metadata.producer_id != producer_id:
@@ -270,14 +276,9 @@ class TransactionCoordinator:
 
     def _end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
                          result: TransactionResult, from_client: bool, fence: TxnTransitMetadata | None = None) -> Errors:
-        if not transactional_id:
-            return Errors.INVALID_REQUEST
-        try:
-            found = self.state.get_transaction_state(transactional_id)
-        except ApiError as exc:
-            return exc.error
+        error, found = self._find(transactional_id)
         if found is None:
-            return Errors.INVALID_PRODUCER_ID_MAPPING
+            return error
         metadata, coordinator_epoch = found.transaction_metadata, found.coordinator_epoch
         epoch_fence = False
         with metadata.lock:
