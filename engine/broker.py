@@ -42,6 +42,7 @@ from txlake.formats.records import (CONTROL_ABORT, CONTROL_COMMIT, HEADER_TYPE, 
 
 from . import log_loader
 from .errors import ApiError, Errors
+from .group_offsets import GroupOffsets
 from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX, GroupCommitter, PendingBatch, now_ms
 from .log_reader import LogReader
 from .orphans import delete_orphans
@@ -392,6 +393,10 @@ class Broker:
                 self.txn_verifier = coordinator.verify_partition
                 self._txn_coordinator = coordinator
             return self._txn_coordinator
+
+    def group_offsets(self) -> GroupOffsets:
+        """Consumer-group offsets in ``__consumer_offsets`` (commits take the writer lease; fetches read)."""
+        return GroupOffsets(self)
 
     # ---------------------------------------------------------------- transaction markers
     def write_txn_markers(self, markers: list[TxnMarker], timeout_ms: int = 30_000) -> list[dict[tuple[str, int], Errors]]:

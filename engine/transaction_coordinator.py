@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC
 
+from . import group_offsets
 from .errors import ApiError, Errors
 from .requests import TxnMarker
 from .transaction_metadata import (IllegalStateError, ProducerIdAndEpoch, TransactionMetadata, TransactionResult,
@@ -37,27 +38,11 @@ log = logging.getLogger(__name__)
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
-#: offsets.topic.num.partitions (Kafka's default): where AddOffsetsToTxn puts a group's partition
-OFFSETS_TOPIC_NUM_PARTITIONS = 50
 MARKER_RETRIES = 5
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def java_string_hash(value: str) -> int:
-    """Java's ``String.hashCode`` (UTF-16 code units, 32-bit overflow)."""
-    from .transaction_state_manager import java_string_hash_code
-
-    return java_string_hash_code(value)
-
-
-def offsets_partition_for(group_id: str, num_partitions: int = OFFSETS_TOPIC_NUM_PARTITIONS) -> int:
-    """The ``__consumer_offsets`` partition of a group (Kafka's ``GroupMetadataManager.partitionFor``)."""
-    from .transaction_state_manager import kafka_abs
-
-    return kafka_abs(java_string_hash(group_id)) % num_partitions
 
 
 class TransactionCoordinator:
@@ -200,7 +185,7 @@ class TransactionCoordinator:
         if not group_id:
             return Errors.INVALID_GROUP_ID
         return self._add_partitions(transactional_id, producer_id, producer_epoch,
-                                    frozenset({(CONSUMER_OFFSETS_TOPIC, offsets_partition_for(group_id))}))
+                                    frozenset({(CONSUMER_OFFSETS_TOPIC, group_offsets.partition_for(group_id))}))
 
     def _find(self, transactional_id: str):
         """``(NO_ERROR, cached state)`` of an id, or ``(error, None)``: INVALID_REQUEST for an

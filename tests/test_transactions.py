@@ -230,3 +230,49 @@ def test_restart_completes_a_half_done_commit(storage, crash_after, monkeypatch)
         assert sorted(values) == [b"a", b"b"]
     finally:
         b2.close()
+
+
+# ---- transactional offset commits (send_offsets_to_transaction) ---------------------------
+
+def test_send_offsets_to_transaction_commit_abort_unstable_and_log_order(conf):
+    with AdminClient(conf) as admin:
+        admin.create_topics([NewTopic("in", 1)])["in"].result()
+    tp = TopicPartition("in", 0)
+    reader = Consumer({**conf, "group.id": "g"})                        # read_committed: require_stable
+    peek = Consumer({**conf, "group.id": "g", "isolation.level": "read_uncommitted"})
+    plain = Consumer({**conf, "group.id": "g"})
+    t = Producer({**conf, "transactional.id": "copier"})
+    t.init_transactions(10)
+    assert reader.committed([tp])[0].offset == -1001
+    t.begin_transaction()
+    t.send_offsets_to_transaction([TopicPartition("in", 0, 5, "m5")], "g")
+    assert peek.committed([tp])[0].offset == -1001                      # pending: invisible until the marker
+    with pytest.raises(KafkaException) as unstable:
+        reader.committed([tp], timeout=0.3)                             # UNSTABLE_OFFSET_COMMIT, retried
+    assert code(unstable) == KafkaError._TIMED_OUT
+    t.commit_transaction(10)
+    (got,) = reader.committed([tp])
+    assert (got.offset, got.metadata) == (5, "m5")
+    t.begin_transaction()
+    t.send_offsets_to_transaction([TopicPartition("in", 0, 9)], "g")
+    t.abort_transaction(10)
+    assert reader.committed([tp])[0].offset == 5                        # dropped on ABORT
+    # log order wins: a plain commit written after the transactional one, before its marker
+    t.begin_transaction()
+    t.send_offsets_to_transaction([TopicPartition("in", 0, 20)], "g")
+    plain.commit(offsets=[TopicPartition("in", 0, 30)], asynchronous=False)
+    t.commit_transaction(10)
+    assert reader.committed([tp])[0].offset == 30
+    # and a consumer of the group resumes from it
+    resumed = Consumer({**conf, "group.id": "g"})
+    assert resumed.committed([tp])[0].offset == 30
+    for c in (reader, peek, plain, resumed):
+        c.close()
+
+
+def test_send_offsets_needs_a_transaction(conf):
+    t = Producer({**conf, "transactional.id": "x"})
+    t.init_transactions(10)
+    with pytest.raises(KafkaException) as exc:
+        t.send_offsets_to_transaction([TopicPartition("out", 0, 1)], "g")
+    assert code(exc) == KafkaError._STATE

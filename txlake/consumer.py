@@ -18,6 +18,7 @@ from typing import Any
 
 from txlake.engine.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from txlake.engine.errors import Errors
+from txlake.engine.group_offsets import OffsetAndMetadata
 from txlake.engine.log_reader import visible_records
 from txlake.engine.registry import acquire_broker, release_broker
 
@@ -140,7 +141,15 @@ class Consumer:
                               "subscribe() needs the group coordinator, which this txlake version does not have yet; use assign()")
 
     def _resolve(self, topic: str, partition: int, offset: int) -> int:
-        """A concrete fetch position for a logical offset (or OFFSET_INVALID when reset must fail)."""
+        """A concrete fetch position for a logical offset (or OFFSET_INVALID when reset must fail).
+
+        OFFSET_INVALID/OFFSET_STORED start from the group's committed offset when there is
+        one (group.id set), else by ``auto.offset.reset``.
+        """
+        if (offset is None or offset in (OFFSET_INVALID, OFFSET_STORED)) and self._cfg["group.id"]:
+            (stored,) = self.committed([TopicPartition(topic, partition)], timeout=30)
+            if stored.offset >= 0:
+                return stored.offset
         if offset is None or offset in (OFFSET_INVALID, OFFSET_STORED):
             offset = OFFSET_BEGINNING if self._reset in _EARLIEST else OFFSET_END if self._reset in _LATEST else OFFSET_INVALID
         if offset == OFFSET_BEGINNING:
@@ -288,13 +297,68 @@ class Consumer:
             out.append(res)
         return out
 
-    def commit(self, *args: Any, **kwargs: Any) -> None:
-        """Committing offsets needs the group coordinator (consumer-groups issue)."""
-        raise kafka_exception(KafkaError._NOT_IMPLEMENTED, "commit() needs the group coordinator, not in this txlake version yet")
+    def _group(self) -> str:
+        group = self._cfg["group.id"]
+        if not group:
+            raise kafka_exception(KafkaError._INVALID_ARG, "committing and fetching offsets needs group.id")
+        return group
+
+    def commit(self, message: Message | None = None, offsets: list[TopicPartition] | None = None,
+               asynchronous: bool = True) -> list[TopicPartition] | None:
+        """OffsetCommit for ``offsets`` (or after ``message``, or the current positions).
+
+        Without group membership (assign()), the commit carries no generation, as Kafka's
+        simple consumers do. Returns the committed partitions when ``asynchronous=False``.
+
+        Raises:
+            KafkaException: ``_INVALID_ARG`` without group.id; ``_NO_OFFSET`` when there is nothing to commit.
+        """
+        group = self._group()
+        if message is not None:
+            offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+        elif offsets is None:
+            offsets = [tp for tp in self.position(self.assignment()) if tp.offset >= 0]
+        if not offsets:
+            raise kafka_exception(KafkaError._NO_OFFSET, "Local: No offset stored")
+        answer = self._broker.group_offsets().commit(
+            group, {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in offsets})
+        out = []
+        for tp in offsets:
+            res = TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata)
+            error = answer[(tp.topic, tp.partition)]
+            if error != Errors.NO_ERROR:
+                raise kafka_exception(error, f"offset commit of {tp.topic} [{tp.partition}] failed: {error.name}")
+            out.append(res)
+        return None if asynchronous else out
 
     def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
-        """Committed offsets need the group coordinator (consumer-groups issue)."""
-        raise kafka_exception(KafkaError._NOT_IMPLEMENTED, "committed() needs the group coordinator, not in this txlake version yet")
+        """OffsetFetch: the group's committed offset of each partition (OFFSET_INVALID if none).
+
+        Under read_committed the fetch requires stable offsets: while a transaction holds a
+        pending offset commit for a partition (UNSTABLE_OFFSET_COMMIT), it backs off and
+        retries until the transaction completes or ``timeout`` passes (KIP-447).
+
+        Raises:
+            KafkaException: ``_TIMED_OUT`` while offsets stay unstable.
+        """
+        group = self._group()
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        require_stable = self._isolation == "read_committed"
+        while True:
+            answer = self._broker.group_offsets().fetch(group, [(tp.topic, tp.partition) for tp in partitions],
+                                                        require_stable)
+            if all(error != Errors.UNSTABLE_OFFSET_COMMIT for _, error in answer.values()):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise kafka_exception(KafkaError._TIMED_OUT,
+                                      "committed offsets stayed unstable (a transaction holds pending offsets)")
+            time.sleep(0.05)
+        out = []
+        for tp in partitions:
+            om, _ = answer[(tp.topic, tp.partition)]
+            out.append(TopicPartition(tp.topic, tp.partition, om.offset if om else OFFSET_INVALID,
+                                      om.metadata if om else None))
+        return out
 
     def list_topics(self, topic: str | None = None, timeout: float = -1):
         """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""

@@ -31,6 +31,7 @@ from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
 from .config import parse_config
 from .error import KafkaError, KafkaException, from_api_error, kafka_exception
 from .transaction_manager import TransactionManager
+from txlake.engine.group_offsets import OffsetAndMetadata, offset_records
 from .types import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message
 
 # librdkafka: per-record overhead counted against batch.size (v2 record framing, approx.).
@@ -339,6 +340,38 @@ class Producer:
         """Start a transaction (``_STATE`` unless initialized and no transaction is open)."""
         with self._lock:
             self._transactions().begin_transaction()
+
+    def send_offsets_to_transaction(self, positions: list, group_metadata: Any, timeout: float | None = None) -> None:
+        """Commit consumer offsets as part of the transaction (AddOffsetsToTxn + TxnOffsetCommit).
+
+        Args:
+            positions: ``TopicPartition``s whose ``offset`` is the next offset to consume.
+            group_metadata: ``consumer.consumer_group_metadata()`` or a group id string.
+
+        The offsets become visible to the group only when the transaction commits.
+
+        Raises:
+            KafkaException: ``_STATE`` outside a transaction; abortable or fatal errors.
+        """
+        txn = self._transactions()
+        group_id = group_metadata if isinstance(group_metadata, str) else getattr(group_metadata, "group_id", None)
+        if not group_id:
+            raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs a group id")
+        offsets = {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in positions}
+        if any(om.offset < 0 for om in offsets.values()):
+            raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs absolute offsets (>= 0)")
+        with self._lock:
+            topic, partition = txn.add_offsets(group_id)
+            self._broker.group_offsets().ensure_topic()
+            records = offset_records(group_id, offsets)
+            seq = self._next_seq.get((topic, partition), 0)
+            self._next_seq[(topic, partition)] = increment_sequence(seq, records.num_rows)
+            batch = ProduceBatch(topic, partition, records, self._producer_id, self._epoch, seq, is_transactional=True)
+        (result,) = self._broker.produce([batch], timeout_ms=int((timeout or 30) * 1000))
+        if result.error != Errors.NO_ERROR:
+            err = KafkaError(result.error, f"TxnOffsetCommit for group {group_id} failed: {result.message}")
+            txn.send_failed(err)
+            raise KafkaException(txn.error or err)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Flush, then commit (EndTxn COMMIT). A failed record raises an error with ``txn_requires_abort()``."""

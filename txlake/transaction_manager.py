@@ -133,6 +133,19 @@ class TransactionManager:
             raise self._fail(error, f"adding {topic} [{partition}] to the transaction failed: {error.name}")
         self.partitions.add(tp)
 
+    def add_offsets(self, group_id: str) -> tuple[str, int]:
+        """AddOffsetsToTxn: the group's ``__consumer_offsets`` partition joins the transaction."""
+        self._require(TxnState.IN_TRANSACTION, operation="send_offsets_to_transaction")
+        from txlake.engine.group_offsets import partition_for
+
+        tp = ("__consumer_offsets", partition_for(group_id))
+        error = self._call(lambda: self._coordinator().handle_add_offsets_to_txn(
+            self.transactional_id, self.producer_id, self.epoch, group_id), None, "AddOffsetsToTxn")
+        if error != Errors.NO_ERROR:
+            raise self._fail(error, f"AddOffsetsToTxn for group {group_id} failed: {error.name}")
+        self.partitions.add(tp)
+        return tp
+
     def send_failed(self, error: KafkaError) -> None:
         """A record of the transaction could not be written: the transaction must be aborted."""
         if self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING_TRANSACTION):
