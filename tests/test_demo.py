@@ -74,6 +74,7 @@ def test_demo_on_part_of_the_flights(tmp_path):
     url = f"file://{tmp_path}/demo"
     result = run_demo(url, rows=30_000, partitions=5)
     check(result, 30_000, 5)
+    assert result.copier.ok and result.copier.output_committed == 30_000
     assert result.url == url and result.local_path == f"{tmp_path}/demo"
 
 
@@ -82,7 +83,13 @@ def test_demo_on_all_flights(tmp_path):
     check(result, None, 8)
     assert result.records_produced == 336_776
     assert result.worst_routes[0]["origin"] == "EWR" and result.worst_routes[0]["dest"] == "CAE"
-    assert result.total_seconds < 60
+    assert result.total_seconds < 90
+    copier = result.copier                     # step 6: a real SIGKILL in the 4th transaction
+    batch = 336_776 // 12
+    assert (copier.killed_in_transaction, copier.committed_before_kill) == (4, 3 * batch)
+    assert (copier.output_committed, copier.missing, copier.duplicates) == (336_776, 0, 0)
+    assert copier.output_in_log == 336_776 + batch      # the killed transaction's records: aborted, in the log
+    assert copier.committed_offsets_at_end and copier.ok
 
 
 def test_demo_command(tmp_path):

@@ -92,6 +92,25 @@ class RetryCheck:
 
 
 @dataclass
+class CopierResult:
+    """What the exactly-once copier stage established (step 6)."""
+
+    killed_in_transaction: int = 0
+    committed_before_kill: int = 0
+    output_committed: int = 0
+    output_in_log: int = 0
+    missing: int = 0
+    duplicates: int = 0
+    committed_offsets_at_end: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Every input record is in the output exactly once, and the kill left aborted records behind."""
+        return (self.killed_in_transaction > 0 and self.missing == 0 and self.duplicates == 0
+                and self.output_in_log > self.output_committed and self.committed_offsets_at_end)
+
+
+@dataclass
 class DemoResult:
     """The facts the demo established (all counts are records unless named otherwise).
 
@@ -139,6 +158,7 @@ class DemoResult:
     values_identical: bool = False
     offsets_contiguous: bool = False
     worst_routes: list[dict[str, Any]] = field(default_factory=list)
+    copier: CopierResult | None = None
     timings: dict[str, float] = field(default_factory=dict)
     total_seconds: float = 0.0
 
@@ -155,7 +175,7 @@ class DemoResult:
         return (self.no_loss_no_duplicates and self.carriers_partitioned_by_murmur2
                 and bool(self.retries_before_restart) and all(r.ok for r in self.retries_before_restart)
                 and bool(self.retries_after_restart) and all(r.ok for r in self.retries_after_restart)
-                and bool(self.worst_routes))
+                and bool(self.worst_routes) and (self.copier is None or self.copier.ok))
 
 
 # ------------------------------------------------------------------ storage root
@@ -218,7 +238,7 @@ def flight_records(table: pa.Table, chunk_rows: int) -> Iterator[pa.RecordBatch]
 # ------------------------------------------------------------------ the demo
 def run_demo(url: str, console=None, *, storage_options: dict | None = None, fresh: bool = False,
              rows: int | None = None, partitions: int = 8, force_lease: bool = False,
-             chunk_rows: int = 50_000, retry_batches: int = 2) -> DemoResult:
+             chunk_rows: int = 50_000, retry_batches: int = 2, copier: bool = True) -> DemoResult:
     """Run the demo against the storage root ``url`` and return what it established.
 
     Args:
@@ -231,6 +251,7 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
         chunk_rows: source rows per chunk streamed to the producer.
         retry_batches: how many of the newest batches of each partition are re-sent
             (at most 5: Kafka keeps the metadata of the last 5 batches per producer).
+        copier: run step 6, the exactly-once copier killed with SIGKILL mid-transaction.
 
     Raises:
         KafkaException: e.g. TOPIC_ALREADY_EXISTS (the root already holds a ``flights``
@@ -333,6 +354,12 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
     result.worst_routes = _worst_routes(url, options, min_flights)
     result.timings["duckdb"] = time.perf_counter() - t
     _print_routes(console, result.worst_routes, result.timings["duckdb"])
+
+    # -- 6. exactly-once copier ------------------------------------------------------------
+    if copier:
+        t = time.perf_counter()
+        result.copier = _copier_stage(url, options, result.source_rows, partitions, console)
+        result.timings["copier"] = time.perf_counter() - t
 
     result.total_seconds = time.perf_counter() - t_start
     console.print()
@@ -587,3 +614,106 @@ def _print_routes(console, routes: list[dict[str, Any]], seconds: float) -> None
         table.add_row(str(i), f"{r['origin']} → {r['dest']}", f"{r['flights']:,}", f"{r['avg_arr_delay_min']:.2f}")
     console.print(table)
     console.print(f"   answered in {seconds:.2f} s by DuckDB reading the topic's Parquet objects directly")
+
+
+# ------------------------------------------------------------------ 6. exactly-once copier
+COPIER_TARGET = "route-delays"
+COPIER_GROUP = "route-delays-copier"
+COPIER_TXN_ID = "route-delays-copier-0"
+
+
+def _copier_stage(url: str, options: dict, source_rows: int, partitions: int, console) -> CopierResult:
+    """Copy ``flights`` to ``route-delays`` exactly once with a transactional worker process that
+    is SIGKILLed in the middle of a transaction, restarted, and checked record by record."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from txlake.catalog.catalog import Catalog
+    from txlake.catalog.storage import ObjectStore
+    from txlake.engine import registry
+
+    from . import AdminClient, Consumer, NewTopic, TopicPartition
+
+    res = CopierResult()
+    batch = max(10, source_rows // 12)  # about 12 transactions; the 4th is killed
+    console.print(f"\n[bold]6. Exactly once[/]: a transactional copier process reads '{TOPIC}' read_committed, writes one "
+                  f"route-delay record per flight to '{COPIER_TARGET}' and commits its input offsets in the same "
+                  f"transaction (send_offsets_to_transaction), {batch:,} records per transaction")
+    conf = {"storage.url": url, "storage.options": options}
+    with AdminClient(conf) as admin:
+        admin.create_topics([NewTopic(COPIER_TARGET, 4)])[COPIER_TARGET].result()
+    registry.close_all()  # the worker process becomes the writer
+
+    def run(extra: dict, pause: int | None) -> subprocess.Popen:
+        args = [sys.executable, "-m", "txlake.copier", json.dumps({**conf, **extra}), TOPIC, COPIER_TARGET,
+                COPIER_GROUP, COPIER_TXN_ID, "--batch-records", str(batch)]
+        if pause is not None:
+            args += ["--pause-in-txn", str(pause)]
+        return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+
+    pause = 4
+    worker = run({}, pause)
+    try:
+        for line in worker.stdout:
+            if line.startswith("committed"):
+                res.committed_before_kill += int(line.split()[2])
+            if line.startswith("in-transaction"):
+                res.killed_in_transaction = int(line.split()[1])
+                os.kill(worker.pid, signal.SIGKILL)
+                break
+    finally:
+        worker.kill()
+        worker.wait()
+    console.print(f"   first worker: committed {res.committed_before_kill:,} records in {pause - 1} transactions, "
+                  f"produced transaction {pause} (durable, undecided) and was [bold]killed with SIGKILL[/] (pid {worker.pid})")
+    worker = run({"storage.lease.force": True}, None)  # we know the old worker is dead: take its lease at once
+    out, _ = worker.communicate(timeout=600)
+    if worker.returncode != 0:
+        raise RuntimeError(f"the restarted copier failed (exit {worker.returncode})")
+    done = [line for line in out.splitlines() if line.startswith("done")]
+    console.print(f"   restarted worker: init_transactions aborted the dead worker's transaction; it resumed from the "
+                  f"committed offsets and copied {int(done[-1].split()[1]) if done else 0:,} records")
+
+    store = ObjectStore(url, options)
+    state = Catalog.open(store).state
+    target = state.topics[COPIER_TARGET]
+    c = Consumer({**conf, "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(COPIER_TARGET, p.partition) for p in target.partitions])
+    seen: dict[tuple[int, int], int] = {}
+    while True:
+        msgs = c.consume(50_000, 0.5)
+        if not msgs:
+            break
+        for m in msgs:
+            src = tuple(json.loads(m.value())["src"])
+            seen[src] = seen.get(src, 0) + 1
+    c.close()
+    u = Consumer({**conf, "isolation.level": "read_uncommitted", "auto.offset.reset": "earliest"})
+    u.assign([TopicPartition(COPIER_TARGET, p.partition) for p in target.partitions])
+    res.output_in_log = 0
+    while True:
+        msgs = u.consume(50_000, 0.5)
+        if not msgs:
+            break
+        res.output_in_log += len(msgs)
+    u.close()
+    res.output_committed = sum(seen.values())
+    res.duplicates = sum(n - 1 for n in seen.values() if n > 1)
+    source = state.topics[TOPIC]
+    expected = {(p.partition, o) for p in source.partitions for o in range(p.log_start_offset, p.high_watermark)}
+    res.missing = len(expected - set(seen))
+    g = Consumer({**conf, "group.id": COPIER_GROUP})
+    committed = g.committed([TopicPartition(TOPIC, p.partition) for p in source.partitions], timeout=30)
+    g.close()
+    res.committed_offsets_at_end = all(tp.offset == source.partitions[tp.partition].high_watermark for tp in committed)
+    registry.close_all()
+    console.print(f"   output read_committed: {res.output_committed:,} records for {source_rows:,} flights — "
+                  f"{res.missing} missing, {res.duplicates} duplicates; the log also holds "
+                  f"{res.output_in_log - res.output_committed:,} records of the killed transaction, aborted and "
+                  "invisible to read_committed")
+    console.print(_verdict(res.ok, "every flight is in the output exactly once after a real SIGKILL mid-transaction; "
+                                   "the group's committed offsets are at the end of every input partition"))
+    return res

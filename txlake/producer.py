@@ -197,15 +197,17 @@ class Producer:
             raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"Unknown partition {topic} [{partition}] (topic has {n})")
         ts = timestamp or int(time.time() * 1000)
         cb = on_delivery or callback or self._default_cb
+        if self._txn is not None:
+            # AddPartitionsToTxn waits for a commit: never while holding the lock that
+            # delivery callbacks (run by the committing thread) need
+            self._txn.check_produce()
+            self._txn.add_partition(topic, partition)
         with self._lock:
             if self._fatal is not None:
                 raise KafkaException(self._fatal)
             if self._queued >= self._max_queued:
                 raise BufferError("Local: Queue full")
-            if self._txn is not None:
-                self._txn.check_produce()
-                self._txn.add_partition(topic, partition)
-            elif self._producer_id < 0 and not self._writer_checked:
+            if self._txn is None and self._producer_id < 0 and not self._writer_checked:
                 self._start_writing()
             tp = (topic, partition)
             buf = self._buffers.get(tp)
@@ -330,8 +332,8 @@ class Producer:
                 ``_TIMED_OUT`` (retriable) errors.
         """
         txn = self._transactions()
+        txn.init_transactions(timeout)  # a blocking coordinator request: not under the lock
         with self._lock:
-            txn.init_transactions(timeout)
             self._producer_id, self._epoch = txn.producer_id, txn.epoch
             self._next_seq.clear()
             self._writer_checked = True
@@ -360,9 +362,9 @@ class Producer:
         offsets = {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in positions}
         if any(om.offset < 0 for om in offsets.values()):
             raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs absolute offsets (>= 0)")
+        topic, partition = txn.add_offsets(group_id)  # blocking requests: not under the lock
+        self._broker.group_offsets().ensure_topic()
         with self._lock:
-            topic, partition = txn.add_offsets(group_id)
-            self._broker.group_offsets().ensure_topic()
             records = offset_records(group_id, offsets)
             seq = self._next_seq.get((topic, partition), 0)
             self._next_seq[(topic, partition)] = increment_sequence(seq, records.num_rows)

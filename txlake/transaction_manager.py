@@ -8,6 +8,7 @@ every later call fails ``fatal()``). Calls out of order raise ``_STATE``, as lib
 
 from __future__ import annotations
 
+import threading
 import time
 from enum import Enum
 from typing import TYPE_CHECKING, Callable
@@ -59,6 +60,7 @@ class TransactionManager:
         self.epoch = -1
         self.partitions: set[tuple[str, int]] = set()
         self.error: KafkaError | None = None
+        self._add_lock = threading.Lock()  # producing threads add partitions one at a time
 
     # ------------------------------------------------------------------ state checks
     def _require(self, *states: TxnState, operation: str) -> None:
@@ -127,11 +129,14 @@ class TransactionManager:
         tp = (topic, partition)
         if tp in self.partitions:
             return
-        error = self._call(lambda: self._coordinator().handle_add_partitions_to_txn(
-            self.transactional_id, self.producer_id, self.epoch, [tp])[tp], None, "AddPartitionsToTxn")
-        if error != Errors.NO_ERROR:
-            raise self._fail(error, f"adding {topic} [{partition}] to the transaction failed: {error.name}")
-        self.partitions.add(tp)
+        with self._add_lock:
+            if tp in self.partitions:
+                return
+            error = self._call(lambda: self._coordinator().handle_add_partitions_to_txn(
+                self.transactional_id, self.producer_id, self.epoch, [tp])[tp], None, "AddPartitionsToTxn")
+            if error != Errors.NO_ERROR:
+                raise self._fail(error, f"adding {topic} [{partition}] to the transaction failed: {error.name}")
+            self.partitions.add(tp)
 
     def add_offsets(self, group_id: str) -> tuple[str, int]:
         """AddOffsetsToTxn: the group's ``__consumer_offsets`` partition joins the transaction."""
