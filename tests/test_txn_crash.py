@@ -68,6 +68,7 @@ from txlake.engine.log_reader import LogReader
 from txlake.engine.transaction_state_manager import partition_for
 from txlake.formats import transaction_log
 from txlake.formats.records import CONTROL_ABORT, CONTROL_COMMIT
+from helpers import WriterProcess  # noqa: E402
 
 HELPER = str(Path(__file__).resolve().parent / "helpers" / "txn_proc.py")
 TXN_PARTITIONS = 3
@@ -81,119 +82,31 @@ cross_process = pytest.mark.parametrize("backend", ["file", pytest.param("s3", m
 # ----------------------------------------------------------------------------------------
 # The writer processes
 # ----------------------------------------------------------------------------------------
-class TxnProcess:
+class TxnProcess(WriterProcess):
     """A ``txn_proc.py`` subprocess: JSON commands on stdin, JSON events read by a thread."""
 
-    def __init__(self, storage, conf: dict, producer_conf: dict | None = None):
-        spec = {"conf": {"storage.url": storage.url, "storage.options": dict(storage.options),
-                         "transaction.state.log.num.partitions": TXN_PARTITIONS, "storage.flush.linger.ms": 1,
-                         **conf},
-                "producer_conf": PRODUCER_CONF if producer_conf is None else producer_conf}
-        self.events: list[dict[str, Any]] = []
-        self.stderr: list[str] = []
-        self._cond = threading.Condition()
-        self.proc = subprocess.Popen([sys.executable, HELPER, json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
-        self.pid = self.proc.pid
-        self._out = threading.Thread(target=self._read_stdout, daemon=True)
-        self._err = threading.Thread(target=self._read_stderr, daemon=True)
-        self._out.start()
-        self._err.start()
+    script = HELPER
 
-    def _read_stdout(self) -> None:
-        for line in self.proc.stdout:
-            line = line.strip()
-            if line:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    event = {"event": "garbage", "line": line}
-                with self._cond:
-                    self.events.append(event)
-                    self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def _read_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr.append(line.rstrip())
-
-    def describe(self) -> str:
-        tail = "\n".join(self.stderr[-150:])
-        return f"txn process {self.pid} (exit {self.proc.poll()}); last events: {self.events[-6:]}; stderr:\n{tail}"
-
-    def send(self, cmd: str, **fields: Any) -> int:
-        """Send a command (once the process is ready); returns the index its first event will have."""
-        self.wait_event("started")
-        with self._cond:
-            index = len(self.events)
-        self.proc.stdin.write(json.dumps({"cmd": cmd, **fields}) + "\n")
-        self.proc.stdin.flush()
-        return index
+    def spec(self, storage, conf: dict | None, producer_conf: dict | None) -> dict:
+        return super().spec(storage, {"transaction.state.log.num.partitions": TXN_PARTITIONS,
+                                      "storage.flush.linger.ms": 1, **(conf or {})},
+                            PRODUCER_CONF if producer_conf is None else producer_conf)
 
     def wait_event(self, name: str, start: int = 0, timeout: float = 60.0,
                    pred: Callable[[dict], bool] | None = None) -> dict:
-        """The first event ``name`` at index >= ``start`` (matching ``pred``); fails on an ``error``
-        event, on timeout, or when the process ends without printing it."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for event in self.events[start:]:
-                    if event["event"] == "error":
-                        raise AssertionError(f"txn process command failed: {event}\n{self.describe()}")
-                    if event["event"] == name and (pred is None or pred(event)):
-                        return event
-                if not self._out.is_alive():
-                    raise AssertionError(f"txn process ended before printing {name!r}\n{self.describe()}")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(min(remaining, 0.2))
-        self.dump_stacks()
-        raise AssertionError(f"no {name!r} event within {timeout} s\n{self.describe()}")
-
-    def dump_stacks(self) -> None:
-        """Have the (hung) process print every thread's stack to its stderr (faulthandler)."""
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGUSR1)
-            time.sleep(1.0)
+        return super().wait_event(name, start, timeout, pred)
 
     def request(self, cmd: str, reply: str, timeout: float = 60.0, **fields: Any) -> dict:
         return self.wait_event(reply, self.send(cmd, **fields), timeout)
 
-    def of(self, name: str) -> list[dict]:
-        with self._cond:
-            return [e for e in self.events if e["event"] == name]
-
-    def kill(self) -> None:
-        """SIGKILL the process and read everything it printed."""
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
-        self.wait_exit(expect=-signal.SIGKILL)
-
     def wait_exit(self, timeout: float = 60.0, expect: int | None = 0) -> int:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"txn process did not exit within {timeout} s\n{self.describe()}") from None
-        self._out.join(10)
-        self._err.join(10)
-        if expect is not None:
-            assert code == expect, f"txn process exit code {code}, expected {expect}\n{self.describe()}"
-        return code
+        return super().wait_exit(timeout, expect)
 
-    def cleanup(self) -> None:
+    def on_timeout(self) -> None:
+        """Have the (hung) process print every thread's stack to its stderr (faulthandler)."""
         if self.proc.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                stream.close()
-            except Exception:  # noqa: BLE001 - teardown is best effort
-                pass
+            os.kill(self.pid, signal.SIGUSR1)
+            time.sleep(1.0)
 
 
 @pytest.fixture

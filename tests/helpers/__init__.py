@@ -32,13 +32,15 @@ class WriterProcess:
         producer_conf: extra config of its Producer only.
     """
 
+    #: the script the process runs (subclasses drive other helper scripts the same way)
+    script = HELPER
+
     def __init__(self, storage, conf: dict | None = None, producer_conf: dict | None = None):
-        spec = {"conf": {"storage.url": storage.url, "storage.options": dict(storage.options), **(conf or {})},
-                "producer_conf": producer_conf or {}}
+        spec = self.spec(storage, conf, producer_conf)
         self.events: list[dict[str, Any]] = []
         self.stderr: list[str] = []
         self._cond = threading.Condition()
-        self.proc = subprocess.Popen([sys.executable, HELPER, json.dumps(spec)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, self.script, json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         self.pid = self.proc.pid
         self._out = threading.Thread(target=self._read_stdout, daemon=True)
@@ -46,6 +48,14 @@ class WriterProcess:
         self._out.start()
         self._err.start()
         self._started: dict | None = None
+
+    def spec(self, storage, conf: dict | None, producer_conf: dict | None) -> dict:
+        """The JSON argument of the script: client config and the Producer's own config."""
+        return {"conf": {"storage.url": storage.url, "storage.options": dict(storage.options), **(conf or {})},
+                "producer_conf": producer_conf or {}}
+
+    def on_timeout(self) -> None:
+        """Called before a wait times out (a subclass may ask the process for its stacks)."""
 
     @property
     def host(self) -> str:
@@ -109,8 +119,10 @@ class WriterProcess:
                     raise AssertionError(f"writer process ended before printing {name!r}\n{self.describe()}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"no {name!r} event within {timeout} s\n{self.describe()}")
+                    break
                 self._cond.wait(min(remaining, 0.2))
+        self.on_timeout()
+        raise AssertionError(f"no {name!r} event within {timeout} s\n{self.describe()}")
 
     def request(self, cmd: str, reply: str, timeout: float = 30.0, **fields: Any) -> dict:
         """Send a command and wait for its reply event."""
