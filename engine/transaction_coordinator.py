@@ -45,6 +45,18 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _identity_error(metadata: TransactionMetadata, producer_id: int, producer_epoch: int) -> Errors | None:
+    """The answer to a request whose producer id/epoch do not match the metadata, or whose
+    transactional id has a transition in progress; None when it may proceed (caller holds the lock)."""
+    if metadata.producer_id != producer_id:
+        return Errors.INVALID_PRODUCER_ID_MAPPING
+    if metadata.producer_epoch != producer_epoch:
+        return Errors.PRODUCER_FENCED
+    if metadata.pending_transition_in_progress:
+        return Errors.CONCURRENT_TRANSACTIONS
+    return None
+
+
 class TransactionCoordinator:
     """Kafka's transaction coordinator for one storage root (runs inside the writer).
 
@@ -205,12 +217,9 @@ class TransactionCoordinator:
             return error
         metadata = found.transaction_metadata
         with metadata.lock:
-            if metadata.producer_id != producer_id:
-                return Errors.INVALID_PRODUCER_ID_MAPPING
-            if metadata.producer_epoch != producer_epoch:
-                return Errors.PRODUCER_FENCED
-            if metadata.pending_transition_in_progress:
-                return Errors.CONCURRENT_TRANSACTIONS
+            mismatch = _identity_error(metadata, producer_id, producer_epoch)
+            if mismatch is not None:
+                return mismatch
             if metadata.state in (TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT):
                 return Errors.CONCURRENT_TRANSACTIONS
             if metadata.state is TransactionState.ONGOING and partitions <= metadata.topic_partitions:
@@ -303,12 +312,9 @@ class TransactionCoordinator:
                     metadata.has_failed_epoch_fence = True
             return error
         with metadata.lock:
-            if metadata.producer_id != producer_id:
-                return Errors.INVALID_PRODUCER_ID_MAPPING
-            if metadata.producer_epoch != producer_epoch:
-                return Errors.PRODUCER_FENCED
-            if metadata.pending_transition_in_progress:
-                return Errors.CONCURRENT_TRANSACTIONS
+            mismatch = _identity_error(metadata, producer_id, producer_epoch)
+            if mismatch is not None:
+                return mismatch
             expected = TransactionState.PREPARE_COMMIT if result is TransactionResult.COMMIT else TransactionState.PREPARE_ABORT
             if metadata.state is not expected:
                 return Errors.INVALID_TXN_STATE
