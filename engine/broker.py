@@ -407,6 +407,15 @@ class Broker:
         TRANSACTION_COORDINATOR_FENCED (older coordinator epoch). An ABORT marker adds an
         entry to the partition's aborted-transaction index when the producer wrote to it.
         """
+        return self.await_txn_markers(self.append_txn_markers(markers), timeout_ms)
+
+    def append_txn_markers(self, markers: list[TxnMarker]) -> list[dict[tuple[str, int], "Errors | Future"]]:
+        """The first half of :meth:`write_txn_markers`: validate and queue the markers.
+
+        Answers per marker, per partition: an error (the marker was refused) or a Future of
+        its :class:`ProduceResult`. Queued markers commit in queue order with everything
+        appended after them: anything appended later is never durable without them.
+        """
         try:
             self.ensure_writer()
         except ApiError as exc:
@@ -418,6 +427,12 @@ class Broker:
                 for tp in marker.partitions:
                     answer[tp] = self._append_marker(marker, tp)
                 answers.append(answer)
+        return answers
+
+    @staticmethod
+    def await_txn_markers(answers: list[dict[tuple[str, int], "Errors | Future"]],
+                          timeout_ms: int = 30_000) -> list[dict[tuple[str, int], Errors]]:
+        """The second half of :meth:`write_txn_markers`: wait for the queued markers' commit."""
         deadline = time.monotonic() + timeout_ms / 1000
         out = []
         for answer in answers:
@@ -450,7 +465,7 @@ class Broker:
             schema=PAYLOAD_SCHEMA)
         batch = ProduceBatch(tp[0], tp[1], records, marker.producer_id, marker.producer_epoch, -1,
                              is_transactional=True, is_control=True, control_type=control_type,
-                             coordinator_epoch=marker.coordinator_epoch)
+                             coordinator_epoch=marker.coordinator_epoch, urgent=True)
         base = wp.log_end_offset
         wp.log_end_offset += 1
         first = wp.producers.complete_txn(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, now)

@@ -134,13 +134,17 @@ class GroupCommitter:
             self._threads.append(thread)
 
     def enqueue(self, pending: PendingBatch, nbytes: int) -> None:
-        """Queue a batch for the next flush. The caller holds :attr:`lock`."""
+        """Queue a batch for the next flush; an ``urgent`` batch ends the linger at once.
+        The caller holds :attr:`lock`."""
         if not self._pending:
             self._first_pending_at = time.monotonic()
             self._wake.notify_all()  # the flusher sleeps without a timeout while nothing is queued
         self._pending.append(pending)
         self._pending_bytes += nbytes
-        if self._pending_bytes >= self.config.flush_max_bytes:
+        if pending.batch.urgent:
+            self._flush_requested = True
+            self._wake.notify_all()
+        elif self._pending_bytes >= self.config.flush_max_bytes:
             self._wake.notify_all()
 
     def flush(self, timeout_ms: int = 60_000) -> None:

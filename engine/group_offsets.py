@@ -109,7 +109,7 @@ class GroupOffsets:
         except ApiError as exc:
             return {tp: exc.error for tp in offsets}
         (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, partition_for(group_id, self.num_partitions),
-                                                      offset_records(group_id, offsets))])
+                                                      offset_records(group_id, offsets), urgent=True)])
         return {tp: result.error for tp in offsets}
 
     def fetch(self, group_id: str, partitions: Iterable[tuple[str, int]] | None,

@@ -63,6 +63,9 @@ class ProduceBatch:
     is_control: bool = False
     control_type: int | None = None
     coordinator_epoch: int | None = None
+    #: someone waits for this batch now (a flush(), a coordinator write, a marker): the
+    #: group commit starts at once instead of waiting ``flush_linger_ms`` for more batches
+    urgent: bool = False
 
 
 @dataclass

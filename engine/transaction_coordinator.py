@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC
@@ -326,34 +327,55 @@ class TransactionCoordinator:
                                    metadata: TransactionMetadata, complete: TxnTransitMetadata) -> Errors:
         """Write the markers to every partition of the transaction, then CompleteCommit/CompleteAbort
         (Kafka's ``TransactionMarkerChannelManager``). Retriable marker errors are retried; a
-        partition whose topic is gone is dropped from the transaction, as Kafka does."""
+        partition whose topic is gone is dropped from the transaction, as Kafka does.
+
+        The markers are queued, and CompleteCommit/CompleteAbort is appended right behind them
+        without waiting for their commit: the writer commits in queue order and stops at its
+        first failed commit, so the Complete record is never durable without every marker
+        before it (one commit instead of two on the EndTxn path).
+        """
         partitions = tuple(sorted(metadata.topic_partitions))
-        marker = TxnMarker(metadata.producer_id, metadata.producer_epoch, coordinator_epoch, committed, partitions)
+        queued: list[Future] = []
         remaining = partitions
         for attempt in range(MARKER_RETRIES):
+            (answer,) = self.broker.append_txn_markers(
+                [TxnMarker(metadata.producer_id, metadata.producer_epoch, coordinator_epoch, committed, remaining)])
+            retry = []
+            for tp, value in answer.items():
+                if isinstance(value, Future):
+                    queued.append(value)
+                    continue
+                error = self._marker_error(transactional_id, metadata, tp, value)
+                if error is not None:
+                    return error
+                if value.retriable and value != Errors.UNKNOWN_TOPIC_OR_PART:
+                    retry.append(tp)
+            remaining = tuple(retry)
             if not remaining:
                 break
-            (answer,) = self.broker.write_txn_markers([TxnMarker(marker.producer_id, marker.producer_epoch,
-                                                                 coordinator_epoch, committed, remaining)])
-            retry = []
-            for tp, error in answer.items():
-                if error == Errors.NO_ERROR or error == Errors.UNKNOWN_TOPIC_OR_PART:
-                    continue
-                if error.retriable:
-                    retry.append(tp)
-                    continue
-                log.error("marker for %s of %s refused with %s", tp, transactional_id, error.name)
-                with metadata.lock:
-                    metadata.pending_state = None
-                return Errors.NOT_COORDINATOR if error in (Errors._FENCED, Errors.TRANSACTION_COORDINATOR_FENCED) else error
-            remaining = tuple(retry)
-            if remaining:
-                time.sleep(0.05 * (attempt + 1))
+            time.sleep(0.05 * (attempt + 1))
         if remaining:
             with metadata.lock:
                 metadata.pending_state = None
             return Errors.COORDINATOR_NOT_AVAILABLE
-        return self.state.append_transaction_to_log(transactional_id, coordinator_epoch, complete)
+        completed = self.state.append_transaction_to_log(transactional_id, coordinator_epoch, complete)
+        for future in queued:
+            error = self._marker_error(transactional_id, metadata, None, future.result().error)
+            if error is not None:
+                assert completed != Errors.NO_ERROR, "a Complete record was committed before a failed marker"
+                return error
+        return completed
+
+    @staticmethod
+    def _marker_error(transactional_id: str, metadata: TransactionMetadata, tp, error: Errors) -> Errors | None:
+        """None for a written marker, a gone topic (Kafka drops the partition) or a retriable
+        refusal; else the coordinator's answer, with the pending transition cleared."""
+        if error == Errors.NO_ERROR or error.retriable:
+            return None
+        log.error("marker for %s of %s refused with %s", tp, transactional_id, error.name)
+        with metadata.lock:
+            metadata.pending_state = None
+        return Errors.NOT_COORDINATOR if error in (Errors._FENCED, Errors.TRANSACTION_COORDINATOR_FENCED) else error
 
     # ------------------------------------------------------------------ timeouts
     def abort_timed_out_transactions(self, now: int | None = None) -> list[str]:

@@ -66,7 +66,7 @@ class TransactionTopicLog:
         records = pa.Table.from_arrays(
             [pa.array([now_ms()], pa.int64()), pa.array([key], pa.binary()), pa.array([value], pa.binary()),
              pa.nulls(1, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
-        (result,) = self.broker.produce([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records)])
+        (result,) = self.broker.produce([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records, urgent=True)])
         if result.error != Errors.NO_ERROR:
             raise ApiError(result.error, f"append to {TRANSACTION_STATE_TOPIC}-{partition} failed: {result.message}")
         return result.base_offset

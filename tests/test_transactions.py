@@ -201,15 +201,16 @@ def test_restart_completes_a_half_done_commit(storage, crash_after, monkeypatch)
     c.handle_add_partitions_to_txn("x", pid, epoch, [("out", 0), ("out", 1)])
     b.produce([ProduceBatch("out", 0, rows("a"), pid, epoch, 0, is_transactional=True),
                ProduceBatch("out", 1, rows("b"), pid, epoch, 0, is_transactional=True)])
-    real = b.write_txn_markers
+    real = b.append_txn_markers
 
     def crash(markers, *args, **kwargs):
         if crash_after == "some_markers":
             m = markers[0]
-            real([type(m)(m.producer_id, m.producer_epoch, m.coordinator_epoch, m.committed, m.partitions[:1])])
+            b.await_txn_markers(real([type(m)(m.producer_id, m.producer_epoch, m.coordinator_epoch, m.committed,
+                                              m.partitions[:1])]))
         raise RuntimeError("simulated crash after PrepareCommit")
 
-    monkeypatch.setattr(b, "write_txn_markers", crash)
+    monkeypatch.setattr(b, "append_txn_markers", crash)
     with pytest.raises(RuntimeError):
         c.handle_end_txn("x", pid, epoch, True)
     b._closed = True

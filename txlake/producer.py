@@ -141,6 +141,13 @@ class Producer:
         self._closed = False
         self._sender = threading.Thread(target=self._send_loop, name="txlake-producer", daemon=True)
         self._sender.start()
+        # transactions: partitions waiting for AddPartitionsToTxn, and their batches held meanwhile
+        self._txn_pending: set[tuple[str, int]] = set()
+        self._held: list[_InFlight] = []
+        self._txn_thread: threading.Thread | None = None
+        if self._txn is not None:
+            self._txn_thread = threading.Thread(target=self._txn_loop, name="txlake-producer-txn", daemon=True)
+            self._txn_thread.start()
 
     def _check_idempotence(self) -> bool:
         """Kafka's ProducerConfig rules: explicit idempotence with conflicting settings is an error;
@@ -197,19 +204,19 @@ class Producer:
             raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"Unknown partition {topic} [{partition}] (topic has {n})")
         ts = timestamp or int(time.time() * 1000)
         cb = on_delivery or callback or self._default_cb
-        if self._txn is not None:
-            # AddPartitionsToTxn waits for a commit: never while holding the lock that
-            # delivery callbacks (run by the committing thread) need
-            self._txn.check_produce()
-            self._txn.add_partition(topic, partition)
         with self._lock:
             if self._fatal is not None:
                 raise KafkaException(self._fatal)
             if self._queued >= self._max_queued:
                 raise BufferError("Local: Queue full")
-            if self._txn is None and self._producer_id < 0 and not self._writer_checked:
-                self._start_writing()
             tp = (topic, partition)
+            if self._txn is not None:
+                self._txn.check_produce()
+                if tp not in self._txn.partitions and tp not in self._txn_pending:
+                    self._txn_pending.add(tp)  # the transaction thread adds it (AddPartitionsToTxn)
+                    self._cond.notify_all()
+            elif self._producer_id < 0 and not self._writer_checked:
+                self._start_writing()
             buf = self._buffers.get(tp)
             if buf is None:
                 buf = self._buffers[tp] = _Buffer(time.monotonic())
@@ -256,8 +263,9 @@ class Producer:
             raise from_api_error(exc) from None
         self._writer_checked = True
 
-    def _close_batch(self, tp: tuple[str, int]) -> None:
-        """Turn the open batch of ``tp`` into a RecordBatch and send it (caller holds the lock)."""
+    def _close_batch(self, tp: tuple[str, int], urgent: bool = False) -> None:
+        """Turn the open batch of ``tp`` into a RecordBatch and send it (caller holds the lock);
+        ``urgent`` when a flush waits for it (the engine then commits without lingering)."""
         buf = self._buffers.pop(tp)
         if self._sticky.get(tp[0]) == tp[1]:
             del self._sticky[tp[0]]
@@ -266,7 +274,7 @@ class Producer:
         records = pa.Table.from_arrays(
             [pa.array(buf.timestamps, pa.int64()), pa.array(buf.keys, pa.binary()), pa.array(buf.values, pa.binary()), headers],
             schema=PAYLOAD_SCHEMA)
-        batch = ProduceBatch(tp[0], tp[1], records, is_transactional=self._txn is not None)
+        batch = ProduceBatch(tp[0], tp[1], records, is_transactional=self._txn is not None, urgent=urgent)
         if self._idempotent:
             seq = self._next_seq.get(tp, 0)
             batch.producer_id, batch.producer_epoch, batch.base_sequence = self._producer_id, self._epoch, seq
@@ -274,6 +282,13 @@ class Producer:
         self._send(_InFlight(batch, buf, time.monotonic() + self._delivery_timeout))
 
     def _send(self, flight: _InFlight) -> None:
+        """Send a batch (caller holds the lock); a transactional batch waits until its partition
+        is in the transaction (Kafka's Sender sends no batch before AddPartitionsToTxn)."""
+        tp = (flight.batch.topic, flight.batch.partition)
+        if self._txn is not None and flight.batch.is_transactional and (
+                tp in self._txn_pending or tp not in self._txn.partitions):
+            self._held.append(flight)
+            return
         self._inflight[id(flight)] = flight
         (future,) = self._broker.produce_async([flight.batch])
         future.add_done_callback(lambda f, fl=flight: self._on_result(fl, f.result()))
@@ -315,6 +330,31 @@ class Producer:
                 waits = [b.created + self._linger - now for b in self._buffers.values()]
                 waits += [f.retry_at - now for f in self._retry]
                 self._cond.wait(max(0.001, min(waits)) if waits else 0.05)
+
+    def _txn_loop(self) -> None:
+        """The transaction thread: adds the partitions new to the transaction, all that are waiting
+        in one AddPartitionsToTxn, then releases their batches (or fails them with its error).
+        A coordinator request waits for a commit, so it is sent without holding the lock."""
+        assert self._txn is not None
+        while True:
+            with self._lock:
+                while not self._txn_pending and not self._closed:
+                    self._cond.wait()
+                if not self._txn_pending:
+                    return
+                todo = frozenset(self._txn_pending)
+            error = self._txn.add_partitions(todo, self._delivery_timeout)
+            with self._lock:
+                self._txn_pending -= todo
+                released = [f for f in self._held if (f.batch.topic, f.batch.partition) in todo]
+                self._held = [f for f in self._held if (f.batch.topic, f.batch.partition) not in todo]
+                err = None if error == Errors.NO_ERROR else (self._txn.error or KafkaError(error, error.name))
+                for flight in released:
+                    if err is None:
+                        self._send(flight)
+                    else:  # never retried: the records were never sent
+                        self._reports.append((flight, ProduceResult(error, message=err.str()), err))
+                self._cond.notify_all()
 
     # ------------------------------------------------------------------ transactions
     def _transactions(self) -> TransactionManager:
@@ -368,7 +408,8 @@ class Producer:
             records = offset_records(group_id, offsets)
             seq = self._next_seq.get((topic, partition), 0)
             self._next_seq[(topic, partition)] = increment_sequence(seq, records.num_rows)
-            batch = ProduceBatch(topic, partition, records, self._producer_id, self._epoch, seq, is_transactional=True)
+            batch = ProduceBatch(topic, partition, records, self._producer_id, self._epoch, seq,
+                                 is_transactional=True, urgent=True)
         (result,) = self._broker.produce([batch], timeout_ms=int((timeout or 30) * 1000))
         if result.error != Errors.NO_ERROR:
             err = KafkaError(result.error, f"TxnOffsetCommit for group {group_id} failed: {result.message}")
@@ -429,7 +470,7 @@ class Producer:
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
             for tp in list(self._buffers):
-                self._close_batch(tp)
+                self._close_batch(tp, urgent=True)
         while True:
             self.poll(0)
             with self._lock:
@@ -550,6 +591,8 @@ class Producer:
             self._closed = True
             self._cond.notify_all()
         self._sender.join(timeout=5)
+        if self._txn_thread is not None:
+            self._txn_thread.join(timeout=5)
         release_broker(self._broker)
         return left
 

@@ -8,7 +8,6 @@ every later call fails ``fatal()``). Calls out of order raise ``_STATE``, as lib
 
 from __future__ import annotations
 
-import threading
 import time
 from enum import Enum
 from typing import TYPE_CHECKING, Callable
@@ -60,7 +59,6 @@ class TransactionManager:
         self.epoch = -1
         self.partitions: set[tuple[str, int]] = set()
         self.error: KafkaError | None = None
-        self._add_lock = threading.Lock()  # producing threads add partitions one at a time
 
     # ------------------------------------------------------------------ state checks
     def _require(self, *states: TxnState, operation: str) -> None:
@@ -124,19 +122,30 @@ class TransactionManager:
         """produce() is allowed only inside a transaction."""
         self._require(TxnState.IN_TRANSACTION, operation="produce")
 
-    def add_partition(self, topic: str, partition: int) -> None:
-        """AddPartitionsToTxn for a partition this transaction has not written to yet."""
-        tp = (topic, partition)
-        if tp in self.partitions:
-            return
-        with self._add_lock:
-            if tp in self.partitions:
-                return
-            error = self._call(lambda: self._coordinator().handle_add_partitions_to_txn(
-                self.transactional_id, self.producer_id, self.epoch, [tp])[tp], None, "AddPartitionsToTxn")
-            if error != Errors.NO_ERROR:
-                raise self._fail(error, f"adding {topic} [{partition}] to the transaction failed: {error.name}")
-            self.partitions.add(tp)
+    def add_partitions(self, partitions: frozenset[tuple[str, int]], timeout: float | None) -> Errors:
+        """AddPartitionsToTxn for every partition of ``partitions`` in one request (Kafka's Sender
+        batches the new partitions of a transaction the same way); retriable answers are
+        retried for up to ``timeout`` s (the producer's delivery timeout). Called by the
+        producer's transaction thread, never under the producer lock.
+
+        Returns NO_ERROR (the partitions are in the transaction), or the error after moving to
+        ABORTABLE_ERROR or FATAL_ERROR (PRODUCER_FENCED and other fencing answers).
+        """
+        def request() -> Errors:
+            answers = self._coordinator().handle_add_partitions_to_txn(
+                self.transactional_id, self.producer_id, self.epoch, partitions)
+            return next(iter(answers.values()))  # one answer for all the partitions
+
+        try:
+            error = self._call(request, timeout, "AddPartitionsToTxn")
+        except KafkaException as exc:  # retriable answers until the delivery timeout
+            error = Errors(exc.args[0].code())
+        if error == Errors.NO_ERROR:
+            self.partitions |= partitions
+        elif self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING_TRANSACTION, TxnState.ABORTING_TRANSACTION):
+            names = ", ".join(f"{t} [{p}]" for t, p in sorted(partitions))
+            self._fail(error, f"adding {names} to the transaction failed: {error.name}")
+        return error
 
     def add_offsets(self, group_id: str) -> tuple[str, int]:
         """AddOffsetsToTxn: the group's ``__consumer_offsets`` partition joins the transaction."""

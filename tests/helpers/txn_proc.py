@@ -77,40 +77,44 @@ def arm(point: str) -> None:
     """Install a crash point into this process's engine classes.
 
     * ``after_prepare``: EndTxn has written PrepareCommit/PrepareAbort durably; die when the
-      coordinator asks the broker to write the markers, before any marker is written.
+      coordinator asks the broker to queue the markers, before any marker is written.
     * ``after_first_marker``: write the markers to the first partition of the transaction
-      only (durably: ``write_txn_markers`` answers after the catalog commit), then die.
+      only (durably: it waits for their catalog commit), then die.
     * ``before_complete``: every marker is written; die when the coordinator appends
-      CompleteCommit/CompleteAbort to ``__transaction_state``, before it is written.
+      CompleteCommit/CompleteAbort to ``__transaction_state``, before it is written (the
+      coordinator queues the markers without waiting for them: the crash point lets them
+      commit first, to leave exactly "every marker, no Complete record").
     """
     from txlake.engine.broker import Broker
     from txlake.engine.transaction_metadata import TransactionState
     from txlake.engine.transaction_state_manager import TransactionStateManager
 
     if point == "after_prepare":
-        def write_txn_markers(broker, markers, *args, **kwargs):
+        def append_txn_markers(broker, markers, *args, **kwargs):
             die(point, markers=[[m.producer_id, m.producer_epoch, m.committed, [list(tp) for tp in m.partitions]]
                                 for m in markers])
 
-        Broker.write_txn_markers = write_txn_markers
+        Broker.append_txn_markers = append_txn_markers
     elif point == "after_first_marker":
-        original = Broker.write_txn_markers
+        original = Broker.append_txn_markers
 
-        def write_txn_markers(broker, markers, *args, **kwargs):
+        def append_txn_markers(broker, markers, *args, **kwargs):
             (m,) = markers
             first = m.partitions[:1]
-            answer = original(broker, [type(m)(m.producer_id, m.producer_epoch, m.coordinator_epoch, m.committed,
+            queued = original(broker, [type(m)(m.producer_id, m.producer_epoch, m.coordinator_epoch, m.committed,
                                                first)], *args, **kwargs)
+            answer = Broker.await_txn_markers(queued)
             die(point, written=[[tp[0], tp[1], e.name] for tp, e in answer[0].items()],
                 pending=[list(tp) for tp in m.partitions[1:]])
 
-        Broker.write_txn_markers = write_txn_markers
+        Broker.append_txn_markers = append_txn_markers
     elif point == "before_complete":
         original = TransactionStateManager.append_transaction_to_log
         complete = (TransactionState.COMPLETE_COMMIT, TransactionState.COMPLETE_ABORT)
 
         def append_transaction_to_log(manager, transactional_id, coordinator_epoch, transit, *args, **kwargs):
             if transit.txn_state in complete:
+                manager.txn_log.broker.flush()  # the queued markers commit; the Complete record never does
                 die(point, state=transit.txn_state.state_name)
             return original(manager, transactional_id, coordinator_epoch, transit, *args, **kwargs)
 
