@@ -91,6 +91,27 @@ def test_commit_abort_and_visibility(conf):
     assert (0, 6, "open") in read(conf)
 
 
+def test_produce_arrow_inside_a_transaction(conf):
+    import pyarrow as pa
+
+    p = Producer({**conf, "transactional.id": "bulk"})
+    table = pa.table({"value": [f"b{i}" for i in range(6)], "partition": [0, 1, 0, 1, 0, 1]})
+    p.init_transactions(10)
+    with pytest.raises(KafkaException) as outside:
+        p.produce_arrow("out", table, key=None, partition="partition")
+    assert code(outside) == KafkaError._STATE
+    p.begin_transaction()
+    assert p.produce_arrow("out", table, key=None, partition="partition").offsets == {0: (0, 2), 1: (0, 2)}
+    assert read(conf) == []                          # undecided: above the LSO
+    p.commit_transaction(10)
+    p.begin_transaction()
+    p.produce_arrow("out", table, key=None, partition="partition")   # offsets 4..6 after COMMIT at 3
+    p.abort_transaction(10)
+    assert read(conf) == [(0, 0, "b0"), (0, 1, "b2"), (0, 2, "b4"), (1, 0, "b1"), (1, 1, "b3"), (1, 2, "b5")]
+    assert len(read(conf, "read_uncommitted")) == 12
+    p.close()
+
+
 def test_second_instance_fences_the_first(conf):
     p1 = Producer({**conf, "transactional.id": "t1"})
     p1.init_transactions(10)

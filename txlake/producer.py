@@ -497,7 +497,9 @@ class Producer:
                       key: str | None = "key", value: str = "value", partition: str | int | None = None,
                       timestamp: str | None = None, headers: str | None = None, batch_rows: int = 50_000,
                       max_pending_bytes: int = 64 * 1024 * 1024, timeout: float = 120.0) -> BulkResult:
-        """Append a whole Arrow table (or a stream of record batches) as idempotent batches.
+        """Append a whole Arrow table (or a stream of record batches) as idempotent batches
+        (transactional ones inside a transaction of a transactional producer: they become
+        visible to read_committed readers when it commits).
 
         Args:
             key / value / timestamp / headers: column names (key and others may be None/absent);
@@ -533,7 +535,10 @@ class Producer:
             fut, p, count, nbytes = entry
             res = fut.result(timeout=timeout)
             if res.error != Errors.NO_ERROR:
-                raise kafka_exception(res.error, res.message or res.error.name)
+                err = KafkaError(res.error, res.message or res.error.name)
+                if self._txn is not None:
+                    self._txn.send_failed(err)  # the transaction must be aborted
+                raise KafkaException(self._txn.error if self._txn is not None and self._txn.error else err)
             lo, hi = offsets.get(p, (res.base_offset, res.base_offset + count - 1))
             offsets[p] = (min(lo, res.base_offset), max(hi, res.base_offset + count - 1))
 
@@ -556,10 +561,12 @@ class Producer:
             if parts.size and (parts.min() < 0 or parts.max() >= n_parts):
                 raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"partition out of range for {topic} ({n_parts} partitions)")
             rows_per_batch = max(1, min(batch_rows, max_batch_bytes * n // max(1, payload.nbytes)))
+            if self._txn is not None:
+                self._join_transaction({(topic, int(p)) for p in np.unique(parts)}, timeout)
             for p, part_rows in _split_by_partition(payload, parts):
                 for off in range(0, part_rows.num_rows, rows_per_batch):
                     chunk = part_rows.slice(off, rows_per_batch)
-                    batch = ProduceBatch(topic, p, chunk)
+                    batch = ProduceBatch(topic, p, chunk, is_transactional=self._txn is not None)
                     if self._idempotent:
                         with self._lock:
                             seq = self._next_seq.get((topic, p), 0)
@@ -577,6 +584,24 @@ class Producer:
         while pending:
             settle(pending.popleft())
         return BulkResult(total, offsets)
+
+    def _join_transaction(self, partitions: set[tuple[str, int]], timeout: float) -> None:
+        """produce_arrow in a transaction: wait until ``partitions`` are in it (the transaction
+        thread's AddPartitionsToTxn); raise the transaction's error if they could not be added."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._txn.check_produce()
+            new = {tp for tp in partitions if tp not in self._txn.partitions}
+            if not new:
+                return
+            self._txn_pending |= new
+            self._cond.notify_all()
+            while new & self._txn_pending:
+                if time.monotonic() >= deadline:
+                    raise kafka_exception(KafkaError._TIMED_OUT, "AddPartitionsToTxn did not complete in time")
+                self._cond.wait(0.05)
+            if not new <= self._txn.partitions:
+                raise KafkaException(self._txn.error or KafkaError(Errors._STATE, "partitions not added to the transaction"))
 
     # ------------------------------------------------------------------ lifecycle
     def close(self, timeout: float | None = None) -> int:
