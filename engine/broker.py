@@ -34,7 +34,7 @@ from txlake.catalog.errors import (CatalogError, InvalidConfigError, InvalidTopi
 from txlake.catalog.state import CREATE_TOPIC, DELETE_TOPIC, PRODUCER_ID_BLOCK, TopicState
 from txlake.catalog.storage import ObjectStore
 from txlake.catalog.topic_config import effective_config, validate_topic_config
-from txlake.catalog.topic_names import unify_collision_chars, validate_topic_name
+from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, unify_collision_chars, validate_topic_name
 from txlake.catalog.writer_lease import WriterLease
 from txlake.formats.errors import FormatError
 from txlake.formats.records import (CONTROL_ABORT, CONTROL_COMMIT, HEADER_TYPE, PAYLOAD_SCHEMA, RECORD_SCHEMA,
@@ -42,6 +42,7 @@ from txlake.formats.records import (CONTROL_ABORT, CONTROL_COMMIT, HEADER_TYPE, 
 
 from . import log_loader
 from .errors import ApiError, Errors
+from .group_coordinator import GroupConfig, GroupCoordinator
 from .group_offsets import GroupOffsets
 from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX, GroupCommitter, PendingBatch, now_ms
 from .log_reader import LogReader
@@ -94,7 +95,10 @@ class Broker:
         #: partition is refused unless the coordinator has added the partition to the transaction.
         self.txn_verifier: Callable[[int, int, str, int], Errors] | None = None
         self._txn_coordinator: TransactionCoordinator | None = None
+        self._group_coordinator: GroupCoordinator | None = None
+        self._group_config = GroupConfig.from_properties(self.config.group)
         self._coordinator_lock = threading.Lock()
+        self._group_coordinator_lock = threading.Lock()
         self._append_lock = self._committer.lock   # offsets, producer state and the queue change together
         self._commit_lock = self._committer.commit_lock  # one catalog writer at a time
         self._partitions: dict[tuple[str, int], _WriterPartition] = {}
@@ -396,7 +400,29 @@ class Broker:
 
     def group_offsets(self) -> GroupOffsets:
         """Consumer-group offsets in ``__consumer_offsets`` (commits take the writer lease; fetches read)."""
-        return GroupOffsets(self)
+        return GroupOffsets(self, self._group_config.offsets_topic_num_partitions)
+
+    def group_coordinator(self) -> GroupCoordinator:
+        """The group coordinator of this storage root (started on first use, in the writer).
+
+        Starting it replays the group records of every ``__consumer_offsets`` partition
+        (Kafka's ``GroupMetadataManager`` load): groups come back with their generation,
+        members and assignments. Its records are appended to the group's partition.
+
+        Raises:
+            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
+        """
+        self.ensure_writer()
+        with self._group_coordinator_lock:
+            if self._group_coordinator is None:
+                offsets = self.group_offsets()
+                offsets.ensure_topic()
+                coordinator = GroupCoordinator(offsets.append_group_record, self._group_config)
+                for partition in range(self._group_config.offsets_topic_num_partitions):
+                    coordinator.load(offsets.records(partition), f"{CONSUMER_OFFSETS_TOPIC}-{partition}")
+                coordinator.startup()
+                self._group_coordinator = coordinator
+            return self._group_coordinator
 
     # ---------------------------------------------------------------- transaction markers
     def write_txn_markers(self, markers: list[TxnMarker], timeout_ms: int = 30_000) -> list[dict[tuple[str, int], Errors]]:
@@ -551,6 +577,8 @@ class Broker:
             return
         if self._txn_coordinator is not None:
             self._txn_coordinator.shutdown()
+        if self._group_coordinator is not None:
+            self._group_coordinator.shutdown()
         if self._flusher_started:
             self._committer.stop(final_snapshot=self.is_writer)
         self._closed = True

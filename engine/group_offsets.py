@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -67,9 +67,13 @@ def offset_records(group_id: str, offsets: dict[tuple[str, int], OffsetAndMetada
                                  pa.array(values, pa.binary()), pa.nulls(n, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
 
 
-def _decode(key: bytes, value: bytes | None, location: str) -> tuple[str, tuple[str, int], OffsetAndMetadata | None]:
+def _decode(key: bytes, value: bytes | None, location: str) -> tuple[str, tuple[str, int], OffsetAndMetadata | None] | None:
+    """An offset-commit record as ``(group, (topic, partition), offset or None for a tombstone)``;
+    None for the other records of ``__consumer_offsets`` (group metadata, keyed with a ``type``)."""
     try:
         k = json.loads(key)
+        if "type" in k:
+            return None
         v = json.loads(value) if value is not None else None
     except ValueError as exc:
         raise CorruptObjectError(location, f"unreadable offset commit record ({exc})") from exc
@@ -100,17 +104,65 @@ class GroupOffsets:
         if error not in (Errors.NO_ERROR, Errors.TOPIC_ALREADY_EXISTS):
             raise ApiError(error, f"cannot create {CONSUMER_OFFSETS_TOPIC}: {message}")
 
-    def commit(self, group_id: str, offsets: dict[tuple[str, int], OffsetAndMetadata]) -> dict[tuple[str, int], Errors]:
-        """OffsetCommit (no generation: an assign()-based consumer's commit). One error per partition."""
+    def commit(self, group_id: str, offsets: dict[tuple[str, int], OffsetAndMetadata], generation_id: int = -1,
+               member_id: str = "", group_instance_id: str | None = None) -> dict[tuple[str, int], Errors]:
+        """OffsetCommit. One error per partition.
+
+        The group coordinator first checks the membership (Kafka's ``validateOffsetCommit``):
+        a member's commit carries its generation and member id (ILLEGAL_GENERATION,
+        UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, REBALANCE_IN_PROGRESS); an assign()-based
+        consumer's commit carries generation -1 and is accepted only while the group has no
+        members.
+        """
         if not group_id:
             return {tp: Errors.INVALID_GROUP_ID for tp in offsets}
         try:
-            self.ensure_topic()
+            error = self.broker.group_coordinator().validate_offset_commit(group_id, generation_id, member_id,
+                                                                          group_instance_id)
         except ApiError as exc:
-            return {tp: exc.error for tp in offsets}
+            error = exc.error
+        if error != Errors.NO_ERROR:
+            return {tp: error for tp in offsets}
         (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, partition_for(group_id, self.num_partitions),
                                                       offset_records(group_id, offsets), urgent=True)])
         return {tp: result.error for tp in offsets}
+
+    def append_group_record(self, group_id: str, key: bytes, value: bytes | None) -> Errors:
+        """The group coordinator's ``append``: one group record (None = tombstone) to the group's partition."""
+        try:
+            self.ensure_topic()
+        except ApiError as exc:
+            return exc.error
+        records = pa.Table.from_arrays([pa.array([int(time.time() * 1000)], pa.int64()), pa.array([key], pa.binary()),
+                                        pa.array([value], pa.binary()), pa.nulls(1, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
+        (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, partition_for(group_id, self.num_partitions),
+                                                      records, urgent=True)])
+        return result.error
+
+    def records(self, partition: int) -> Iterator[tuple[bytes, bytes | None]]:
+        """``(key, value)`` of every data record of one ``__consumer_offsets`` partition, in log order."""
+        for table in self._tables(partition):
+            for key, value, control in zip(table.column("key").to_pylist(), table.column("value").to_pylist(),
+                                           table.column("is_control").to_pylist()):
+                if not control:
+                    yield key, value
+
+    def _tables(self, partition: int) -> Iterator[pa.Table]:
+        """The record tables of one partition from its log start, in offset order (read_uncommitted)."""
+        self.broker.refresh()
+        topic = self.broker.topics().get(CONSUMER_OFFSETS_TOPIC)
+        if topic is None:
+            return
+        offset = topic.partitions[partition].log_start_offset
+        while True:
+            result = self.broker.fetch(CONSUMER_OFFSETS_TOPIC, partition, offset, 10_000, "read_uncommitted")
+            if result.error != Errors.NO_ERROR:
+                raise ApiError(result.error, f"cannot read {CONSUMER_OFFSETS_TOPIC}-{partition}: {result.message}")
+            table = result.records
+            if table is None or table.num_rows == 0:
+                return
+            yield table
+            offset = table.column("offset")[-1].as_py() + 1
 
     def fetch(self, group_id: str, partitions: Iterable[tuple[str, int]] | None,
               require_stable: bool) -> dict[tuple[str, int], tuple[OffsetAndMetadata | None, Errors]]:
@@ -133,22 +185,11 @@ class GroupOffsets:
     def _replay(self, group_id: str) -> tuple[dict, set]:
         """Replay the group's partition: ``(committed {tp: (record offset, OffsetAndMetadata)},
         tps with a transactional commit still pending)``."""
-        self.broker.refresh()
-        topic = self.broker.topics().get(CONSUMER_OFFSETS_TOPIC)
-        if topic is None:
-            return {}, set()
-        partition = partition_for(group_id, len(topic.partitions))
+        partition = partition_for(group_id, self.num_partitions)
         location = f"{CONSUMER_OFFSETS_TOPIC}-{partition}"
         committed: dict[tuple[str, int], tuple[int, OffsetAndMetadata | None]] = {}
         pending: dict[int, dict[tuple[str, int], tuple[int, OffsetAndMetadata | None]]] = {}
-        offset = topic.partitions[partition].log_start_offset
-        while True:
-            result = self.broker.fetch(CONSUMER_OFFSETS_TOPIC, partition, offset, 10_000, "read_uncommitted")
-            if result.error != Errors.NO_ERROR:
-                raise ApiError(result.error, f"cannot read {location}: {result.message}")
-            table = result.records
-            if table is None or table.num_rows == 0:
-                break
+        for table in self._tables(partition):
             columns = [table.column(c).to_pylist() for c in
                        ("offset", "key", "value", "producer_id", "is_transactional", "is_control", "control_type")]
             for rec_offset, key, value, pid, txn, control, control_type in zip(*columns):
@@ -159,13 +200,13 @@ class GroupOffsets:
                             if tp not in committed or committed[tp][0] < held_offset:
                                 committed[tp] = (held_offset, om)
                     continue
-                group, tp, om = _decode(key, value, location)
-                if group != group_id:
+                decoded = _decode(key, value, location)
+                if decoded is None or decoded[0] != group_id:
                     continue
+                _, tp, om = decoded
                 if txn:
                     pending.setdefault(pid, {})[tp] = (rec_offset, om)
                 else:
                     committed[tp] = (rec_offset, om)
-            offset = columns[0][-1] + 1
         committed = {tp: v for tp, v in committed.items() if v[1] is not None}
         return committed, {tp for held in pending.values() for tp in held}

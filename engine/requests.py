@@ -41,6 +41,8 @@ class BrokerConfig:
     compression: str = "snappy"
     #: the transaction coordinator's Kafka configs (``transaction.max.timeout.ms``, ...), dotted keys
     transaction: dict = field(default_factory=dict)
+    #: the group coordinator's Kafka configs (``group.initial.rebalance.delay.ms``, ...), dotted keys
+    group: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -104,6 +104,12 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "transactional.id.expiration.ms": (_int(1), 604_800_000),
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": (_int(1), 10_000),
     "transaction.remove.expired.transaction.cleanup.interval.ms": (_int(1), 3_600_000),
+    # the embedded group coordinator's broker configs (Kafka's names and defaults)
+    "group.initial.rebalance.delay.ms": (_int(0), 3_000),
+    "group.min.session.timeout.ms": (_int(0), 6_000),
+    "group.max.session.timeout.ms": (_int(0), 1_800_000),
+    "group.max.size": (_int(1), 2**31 - 1),
+    "offsets.topic.num.partitions": (_int(1), 50),
     "bootstrap.servers": (_str, None),
     "client.id": (_str, "rdkafka"),
     "error_cb": (_callable, None),
@@ -168,6 +174,9 @@ TRANSACTION_BROKER_KEYS = ("transaction.max.timeout.ms", "transaction.state.log.
                            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
                            "transaction.remove.expired.transaction.cleanup.interval.ms")
 
+GROUP_BROKER_KEYS = ("group.initial.rebalance.delay.ms", "group.min.session.timeout.ms",
+                     "group.max.session.timeout.ms", "group.max.size", "offsets.topic.num.partitions")
+
 
 @dataclass
 class ClientConfig:
@@ -191,6 +200,7 @@ class ClientConfig:
             producer_snapshot_interval=v["storage.producer.snapshot.interval"],
             orphan_grace_ms=v["storage.orphan.grace.ms"],
             transaction={k: v[k] for k in TRANSACTION_BROKER_KEYS},
+            group={k: v[k] for k in GROUP_BROKER_KEYS},
         )
 
 

@@ -404,6 +404,18 @@ class Producer:
             raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs absolute offsets (>= 0)")
         topic, partition = txn.add_offsets(group_id)  # blocking requests: not under the lock
         self._broker.group_offsets().ensure_topic()
+        # TxnOffsetCommit: the group coordinator checks the member as for a plain commit (KIP-447);
+        # a stale generation, an unknown member or a fenced static member make the transaction abortable
+        try:
+            error = self._broker.group_coordinator().validate_offset_commit(
+                group_id, getattr(group_metadata, "generation_id", -1), getattr(group_metadata, "member_id", ""),
+                getattr(group_metadata, "group_instance_id", None), is_transactional=True)
+        except ApiError as exc:
+            error = exc.error
+        if error != Errors.NO_ERROR:
+            err = KafkaError(error, f"TxnOffsetCommit for group {group_id} failed: {error.name}")
+            txn.send_failed(err)
+            raise KafkaException(txn.error or err)
         with self._lock:
             records = offset_records(group_id, offsets)
             seq = self._next_seq.get((topic, partition), 0)
