@@ -8,11 +8,27 @@ worker left open, and the consumer starts from the group's committed offsets.
 
 Run as a process (the demo kills it with SIGKILL mid-transaction)::
 
-    python -m txlake.copier '<json config>' SOURCE TARGET GROUP TRANSACTIONAL_ID [--pause-in-txn N]
+    python -m txlake.copier '<json config>' SOURCE TARGET GROUP TRANSACTIONAL_ID
+        [--batch-records N] [--pause-in-txn N] [--pause-before-commit N] [--abort-every N]
+        [--same-partition] [--json-events]
 
 It prints one line per event on stdout: ``started``, ``committed <txn> <records>``,
-``in-transaction <txn>`` (with --pause-in-txn: records of transaction N are produced and
-flushed -- durable but undecided -- and the worker waits to be killed), ``done <records>``.
+``aborted <txn> <records>`` (with --abort-every N: every N-th transaction of this run
+produces and flushes its records -- durable but undecided -- then aborts; the consumer
+is rewound to where that transaction started, so a later transaction copies those
+records again), ``in-transaction <txn>`` (with --pause-in-txn: records of transaction N
+are produced and flushed -- durable but undecided -- and the worker waits to be
+killed), ``offsets-sent <txn>`` (with --pause-before-commit N: transaction N has sent its
+input offsets with send_offsets_to_transaction, its commit is not requested, and the
+worker waits to be killed), ``done <records>``. ``<txn>`` counts the transactions of this
+run from 1.
+With --json-events each event is a JSON object instead, e.g.
+``{"event": "committed", "txn": 3, "records": 20000}``.
+
+--same-partition writes each derived record to the target partition with its source
+record's partition number (the target needs at least as many partitions), so the
+source order of every partition is kept in the target: under read_committed a target
+partition holds its source partition's offsets in increasing order.
 """
 
 from __future__ import annotations
@@ -36,19 +52,38 @@ def derive(value: bytes, partition: int, offset: int) -> tuple[bytes, bytes]:
 
 def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str, transactional_id: str,
                       batch_records: int = 20_000, pause_in_txn: int | None = None,
-                      emit: Callable[[str], None] = print) -> int:
-    """Copy ``source`` to ``target`` until the end of ``source``; return the records copied by this run."""
+                      emit: Callable[[str], None] = print, abort_every: int | None = None,
+                      same_partition: bool = False, pause_before_commit: int | None = None) -> int:
+    """Copy ``source`` to ``target`` until the end of ``source``; return the records copied by this run
+    (by its committed transactions).
+
+    Args:
+        abort_every: every ``abort_every``-th transaction of this run is aborted after its
+            records are flushed; the consumer is rewound to its positions at the start of
+            that transaction, so those records are copied again by the next transaction.
+        same_partition: write each derived record to the target partition numbered like its
+            source partition (else: Kafka's default partitioner on the derived key).
+        pause_in_txn / pause_before_commit: stop (sleep, to be killed) in that transaction once
+            its records are flushed / once its offsets are sent and before its commit.
+    """
+    if abort_every is not None and abort_every < 1:
+        raise ValueError("abort_every must be >= 1")
+    # init_transactions first: it fences a dead predecessor and aborts its open transaction.
+    # Only then are the group's committed offsets stable -- had the predecessor died after
+    # send_offsets_to_transaction, its pending offsets would hold the read_committed
+    # OffsetFetch (UNSTABLE_OFFSET_COMMIT) until that transaction ends.
+    producer = Producer({**conf, "transactional.id": transactional_id, "linger.ms": 5})
+    producer.init_transactions(60)
     consumer = Consumer({**conf, "group.id": group, "isolation.level": "read_committed",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     partitions = sorted(consumer.list_topics(source).topics[source].partitions)
     assigned = [TopicPartition(source, p) for p in partitions]
     consumer.assign(assigned)      # positions start from the group's committed offsets
-    producer = Producer({**conf, "transactional.id": transactional_id, "linger.ms": 5})
-    producer.init_transactions(60)  # fences a dead predecessor and aborts its open transaction
     emit("started")
     copied, txn = 0, 0
     try:
         while True:
+            start = consumer.position(assigned)  # where an aborted transaction rewinds to
             msgs = consumer.consume(batch_records, 1.0)
             if not msgs:
                 positions = consumer.position(assigned)
@@ -62,12 +97,22 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
                 if m.error() is not None:
                     continue
                 key, value = derive(m.value(), m.partition(), m.offset())
-                producer.produce(target, value=value, key=key)
+                producer.produce(target, value=value, key=key, partition=m.partition() if same_partition else -1)
             if pause_in_txn == txn:
                 producer.flush(60)
                 emit(f"in-transaction {txn}")
                 time.sleep(600)          # the demo kills the process here
+            if abort_every is not None and txn % abort_every == 0:
+                producer.flush(60)       # durable but undecided, then aborted
+                producer.abort_transaction(60)
+                for tp in start:         # copy these inputs again in a later transaction
+                    consumer.seek(tp)
+                emit(f"aborted {txn} {len(msgs)}")
+                continue
             producer.send_offsets_to_transaction(consumer.position(assigned), group, 60)
+            if pause_before_commit == txn:
+                emit(f"offsets-sent {txn}")
+                time.sleep(600)          # a test kills the process here
             producer.commit_transaction(60)
             copied += len(msgs)
             emit(f"committed {txn} {len(msgs)}")
@@ -76,6 +121,11 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
         producer.close()
     emit(f"done {copied}")
     return copied
+
+
+#: the numbers each event line carries, named (for --json-events)
+_EVENT_FIELDS = {"committed": ("txn", "records"), "aborted": ("txn", "records"), "in-transaction": ("txn",),
+                 "offsets-sent": ("txn",), "done": ("records",)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,14 +138,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("transactional_id")
     ap.add_argument("--pause-in-txn", type=int, default=None)
     ap.add_argument("--batch-records", type=int, default=20_000)
+    ap.add_argument("--pause-before-commit", type=int, default=None,
+                    help="in transaction N, wait (to be killed) after sending the offsets, before committing")
+    ap.add_argument("--abort-every", type=int, default=None,
+                    help="abort every N-th transaction (after flushing its records) and copy its inputs again")
+    ap.add_argument("--same-partition", action="store_true",
+                    help="write each derived record to the target partition numbered like its source partition")
+    ap.add_argument("--json-events", action="store_true", help="print each event as one JSON object")
     args = ap.parse_args(argv)
+    if args.abort_every is not None and args.abort_every < 1:
+        ap.error("--abort-every must be >= 1")
 
     def emit(line: str) -> None:
+        if args.json_events:
+            name, *numbers = line.split()
+            fields = dict(zip(_EVENT_FIELDS.get(name, ()), map(int, numbers)))
+            line = json.dumps({"event": name, **fields})
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
     copy_exactly_once(json.loads(args.conf), args.source, args.target, args.group, args.transactional_id,
-                      args.batch_records, args.pause_in_txn, emit)
+                      args.batch_records, args.pause_in_txn, emit, args.abort_every, args.same_partition,
+                      args.pause_before_commit)
     return 0
 
 
