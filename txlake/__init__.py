@@ -9,19 +9,10 @@ change::
 from .admin import AdminClient, ClusterMetadata, NewTopic, PartitionMetadata, TopicMetadata
 from .consumer import Consumer
 from .error import KafkaError, KafkaException
+from .group_metadata import ConsumerGroupMetadata
 from .producer import BulkResult, Producer
 from .types import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, OFFSET_STORED, TIMESTAMP_CREATE_TIME,
                     TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message, TopicPartition)
-
-
-class ConsumerGroupMetadata:
-    """Group id, generation id, member id and group instance id (KIP-447); filled in by consumer groups."""
-
-    def __init__(self, group_id: str, generation_id: int = -1, member_id: str = "", group_instance_id: str | None = None):
-        self.group_id = group_id
-        self.generation_id = generation_id
-        self.member_id = member_id
-        self.group_instance_id = group_instance_id
 
 
 def __getattr__(name: str):

@@ -3,8 +3,9 @@
 Reading never takes the writer lease: a consumer in another process tails the
 catalog (one GET per look for the next commit) and keeps working while a writer runs.
 ``position()`` after a poll is the next offset to fetch, which may skip control-record
-offsets. Group membership and committed offsets come with consumer groups (KIP-447
-issue); until then :meth:`Consumer.subscribe` and :meth:`Consumer.commit` are refused.
+offsets. :meth:`Consumer.subscribe` makes it a member of its ``group.id`` (see
+:mod:`txlake.consumer_coordinator`); the group coordinator runs in the storage root's
+writer, so subscribed consumers live in the writer process.
 """
 
 from __future__ import annotations
@@ -17,19 +18,23 @@ from typing import Any
 
 
 from txlake.engine.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
-from txlake.engine.errors import Errors
+from txlake.engine.errors import ApiError, Errors
 from txlake.engine.group_offsets import OffsetAndMetadata
 from txlake.engine.log_reader import visible_records
 from txlake.engine.registry import acquire_broker, release_broker
 
 from .config import parse_config
-from .error import KafkaError, kafka_exception
+from .consumer_coordinator import ConsumerCoordinator
+from .error import KafkaError, from_api_error, kafka_exception
+from .group_metadata import ConsumerGroupMetadata
 from .types import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, OFFSET_STORED, TIMESTAMP_CREATE_TIME,
                     TIMESTAMP_LOG_APPEND_TIME, Message, TopicPartition)
 
 _EARLIEST = {"smallest", "earliest", "beginning"}
 _LATEST = {"largest", "latest", "end"}
 FETCH_RECORDS = 10_000
+#: fetch position of a partition whose committed offset is held by a pending transaction
+_UNSTABLE = -2001
 REFRESH_INTERVAL_MS = 50
 
 
@@ -93,6 +98,8 @@ class Consumer:
         self._lock = threading.RLock()
         self._assignment: dict[tuple[str, int], _Fetch] = {}
         self._order: deque[tuple[str, int]] = deque()
+        self._assignment_version = 0    # bumped by every assignment change (rebalance callbacks)
+        self._membership: ConsumerCoordinator | None = None
         self._closed = False
 
     def _check_open(self) -> None:
@@ -104,6 +111,7 @@ class Consumer:
         """Read exactly these partitions, from each one's offset (or by auto.offset.reset)."""
         self._check_open()
         with self._lock:
+            self._assignment_version += 1
             self._assignment = {}
             for tp in partitions:
                 self._assignment[(tp.topic, tp.partition)] = _Fetch(self._resolve(tp.topic, tp.partition, tp.offset))
@@ -113,6 +121,7 @@ class Consumer:
         """Add partitions to the assignment."""
         self._check_open()
         with self._lock:
+            self._assignment_version += 1
             for tp in partitions:
                 self._assignment[(tp.topic, tp.partition)] = _Fetch(self._resolve(tp.topic, tp.partition, tp.offset))
             self._order = deque(self._assignment)
@@ -120,6 +129,7 @@ class Consumer:
     def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
         """Remove partitions from the assignment."""
         with self._lock:
+            self._assignment_version += 1
             for tp in partitions:
                 self._assignment.pop((tp.topic, tp.partition), None)
             self._order = deque(self._assignment)
@@ -127,6 +137,7 @@ class Consumer:
     def unassign(self) -> None:
         """Drop the whole assignment."""
         with self._lock:
+            self._assignment_version += 1
             self._assignment = {}
             self._order = deque()
 
@@ -136,9 +147,51 @@ class Consumer:
             return [TopicPartition(t, p) for t, p in self._assignment]
 
     def subscribe(self, topics: list[str], on_assign=None, on_revoke=None, on_lost=None) -> None:
-        """Group subscription arrives with consumer groups; use :meth:`assign` for now."""
-        raise kafka_exception(KafkaError._NOT_IMPLEMENTED,
-                              "subscribe() needs the group coordinator, which this txlake version does not have yet; use assign()")
+        """Join ``group.id`` with this subscription (topic names, or regexes starting with ``^``).
+
+        The group's partitions are shared among its members by the assignor of
+        ``partition.assignment.strategy``; the join happens in the next poll, where the
+        callbacks run: ``on_assign(consumer, partitions)``, ``on_revoke(consumer, partitions)``,
+        ``on_lost(consumer, partitions)``. Assigned partitions start at the group's committed
+        offsets (under read_committed, once no transaction holds a pending offset for them).
+
+        Raises:
+            KafkaException: ``_INVALID_ARG`` without ``group.id`` or with an invalid
+                ``partition.assignment.strategy``; NOT_LEADER_OR_FOLLOWER when another process is
+                the storage root's writer (the group coordinator runs there).
+        """
+        self._check_open()
+        if not self._cfg["group.id"]:
+            raise kafka_exception(KafkaError._INVALID_ARG, "subscribe() needs group.id")
+        if not topics:
+            raise kafka_exception(KafkaError._INVALID_ARG, "subscribe() needs at least one topic")
+        if self._membership is None:
+            try:
+                self._broker.group_coordinator()
+            except ApiError as exc:
+                raise from_api_error(exc) from None
+            self._membership = ConsumerCoordinator(self, self._broker, self._cfg)
+        self._membership.subscribe(list(topics), on_assign, on_revoke, on_lost)
+
+    def unsubscribe(self) -> None:
+        """Leave the group: revoke the assignment (``on_revoke``) and send LeaveGroup."""
+        if self._membership is not None:
+            membership, self._membership = self._membership, None
+            membership.close()
+        self.unassign()
+
+    def consumer_group_metadata(self) -> ConsumerGroupMetadata:
+        """Group id, generation id, member id and group instance id of this member, for
+        ``Producer.send_offsets_to_transaction`` (KIP-447). Without membership (assign()) the
+        generation is -1 and the member id empty.
+
+        Raises:
+            KafkaException: ``_INVALID_ARG`` without ``group.id``.
+        """
+        group = self._group()
+        if self._membership is None:
+            return ConsumerGroupMetadata(group, -1, "", self._cfg["group.instance.id"])
+        return ConsumerGroupMetadata(*self._membership.group_metadata())
 
     def _resolve(self, topic: str, partition: int, offset: int) -> int:
         """A concrete fetch position for a logical offset (or OFFSET_INVALID when reset must fail).
@@ -147,8 +200,12 @@ class Consumer:
         one (group.id set), else by ``auto.offset.reset``.
         """
         if (offset is None or offset in (OFFSET_INVALID, OFFSET_STORED)) and self._cfg["group.id"]:
-            (stored,) = self.committed([TopicPartition(topic, partition)], timeout=30)
-            if stored.offset >= 0:
+            answer = self._broker.group_offsets().fetch(self._cfg["group.id"], [(topic, partition)],
+                                                        self._isolation == "read_committed")
+            stored, error = answer[(topic, partition)]
+            if error == Errors.UNSTABLE_OFFSET_COMMIT:
+                return _UNSTABLE   # a transaction holds a pending offset: ask again at the next fetch (KIP-447)
+            if stored is not None and stored.offset >= 0:
                 return stored.offset
         if offset is None or offset in (OFFSET_INVALID, OFFSET_STORED):
             offset = OFFSET_BEGINNING if self._reset in _EARLIEST else OFFSET_END if self._reset in _LATEST else OFFSET_INVALID
@@ -189,6 +246,7 @@ class Consumer:
                 if state is not None:
                     queued = state.queued()
                     pos = queued.offset() if queued is not None and queued.error() is None else state.position
+                    pos = OFFSET_INVALID if pos == _UNSTABLE else pos
                 out.append(TopicPartition(tp.topic, tp.partition, pos))
             return out
 
@@ -206,6 +264,8 @@ class Consumer:
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         out: list[Message] = []
         while True:
+            if self._membership is not None:
+                self._membership.poll()      # rejoin / rebalance callbacks / auto-commit, in this thread
             with self._lock:
                 self._drain(out, num_messages)
             if out:
@@ -234,8 +294,10 @@ class Consumer:
 
     def _fetch(self, key: tuple[str, int], state: _Fetch) -> None:
         topic, partition = key
-        if state.position == OFFSET_INVALID:
+        if state.position in (OFFSET_INVALID, _UNSTABLE):
             state.position = self._resolve(topic, partition, OFFSET_INVALID)
+            if state.position == _UNSTABLE:
+                return
             if state.position == OFFSET_INVALID:
                 state.push([Message(topic, partition, None, error=KafkaError(
                     KafkaError._AUTO_OFFSET_RESET, f"no valid offset for {topic} [{partition}] and auto.offset.reset=error"))])
@@ -320,8 +382,11 @@ class Consumer:
             offsets = [tp for tp in self.position(self.assignment()) if tp.offset >= 0]
         if not offsets:
             raise kafka_exception(KafkaError._NO_OFFSET, "Local: No offset stored")
+        generation, member, instance = (self._membership.commit_identity() if self._membership is not None
+                                        else (-1, "", self._cfg["group.instance.id"]))
         answer = self._broker.group_offsets().commit(
-            group, {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in offsets})
+            group, {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in offsets},
+            generation, member, instance)
         out = []
         for tp in offsets:
             res = TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata)
@@ -371,8 +436,12 @@ class Consumer:
         """Leave and release the storage root. Idempotent."""
         if self._closed:
             return
-        self._closed = True
-        release_broker(self._broker)
+        try:
+            if self._membership is not None:
+                self._membership.close()
+        finally:
+            self._closed = True
+            release_broker(self._broker)
 
     def __enter__(self) -> "Consumer":
         return self
