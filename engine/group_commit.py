@@ -75,6 +75,8 @@ class _FlushWork:
     snapshot_key: str | None = None
     snapshot_data: bytes | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    #: key of the batches this flush took from the queue in :attr:`GroupCommitter._taken`
+    taken: int = 0
 
 
 class GroupCommitter:
@@ -117,6 +119,8 @@ class GroupCommitter:
         self.commit_lock = threading.RLock()
         self._wake = threading.Condition(self.lock)
         self._pending: list[PendingBatch] = []
+        #: batches taken from the queue by a flush that has not finished (flush() waits for them too)
+        self._taken: dict[int, list[PendingBatch]] = {}
         self._pending_bytes = 0
         self._first_pending_at = 0.0
         self._flush_requested = False
@@ -148,9 +152,10 @@ class GroupCommitter:
             self._wake.notify_all()
 
     def flush(self, timeout_ms: int = 60_000) -> None:
-        """Wait until every batch queued so far is committed (or failed)."""
+        """Wait until every batch queued so far is committed (or failed), including the batches
+        of flushes already under way."""
         with self.lock:
-            futures = [p.future for p in self._pending]
+            futures = [p.future for p in self._pending] + [p.future for taken in self._taken.values() for p in taken]
             self._flush_requested = True
             self._wake.notify_all()
         for fut in futures:
@@ -210,6 +215,7 @@ class GroupCommitter:
         dropped: list[PendingBatch] = []
         with self.lock:
             pending, self._pending = self._pending, []
+            self._taken[id(pending)] = pending
             self._pending_bytes = 0
             self._flush_requested = False
             live = [p for p in pending if self._is_live(p.batch.topic, p.batch.partition)]
@@ -223,8 +229,9 @@ class GroupCommitter:
                 unstable[tp] = self._first_unstable_offset(*tp)
         _complete([(p.future, ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART, message="topic was deleted")) for p in dropped])
         if not live and snapshot is None:
+            self._untake(id(pending))
             return None
-        work = _FlushWork(live, unstable=unstable)
+        work = _FlushWork(live, unstable=unstable, taken=id(pending))
         work.aborted = [(p.batch.topic, p.batch.partition, AbortedTxn(p.batch.producer_id, p.aborted_first_offset, p.base_offset))
                         for p in live if p.aborted_first_offset is not None]
         try:
@@ -283,7 +290,12 @@ class GroupCommitter:
             self._fail(work, exc)
         finally:
             _complete(completions)
+            self._untake(work.taken)
             work.done.set()
+
+    def _untake(self, key: int) -> None:
+        with self.lock:
+            self._taken.pop(key, None)
 
     def _fail(self, work: _FlushWork, exc: Exception) -> None:
         """A flush that cannot commit stops the writer: answer its requests with the error."""
@@ -293,6 +305,7 @@ class GroupCommitter:
             self._on_fatal(exc)
         code = Errors._FENCED if isinstance(exc, (WriterFencedError, ApiError)) else Errors.KAFKA_STORAGE_ERROR
         _complete([(p.future, ProduceResult(code, message=str(exc))) for p in work.pending])
+        self._untake(work.taken)
         work.done.set()
 
 
