@@ -144,6 +144,7 @@ class ConsumerCoordinator:
             self._lose_partitions()
         if rejoin:
             self._rebalance()
+            self._last_poll = time.monotonic()   # time spent rebalancing inside poll is not "not polling"
         elif self.auto_commit and time.monotonic() - self._last_auto_commit >= self.auto_commit_interval_s:
             self._auto_commit()
 

@@ -1,0 +1,232 @@
+"""Exactly-once copying by a consumer group of transactional workers (KIP-447), used by the
+demo and the group copy test.
+
+Every worker is a thread with one subscribed :class:`~txlake.Consumer` and one
+transactional :class:`~txlake.Producer` (its own ``transactional.id``) that serves every
+partition the worker owns, across rebalances -- no producer per partition, no re-init after
+a rebalance. A transaction copies one ``consume()`` batch: the derived records, then the
+input positions with ``send_offsets_to_transaction(positions, consumer_group_metadata())``,
+then the commit. A worker that lost its partitions in a rebalance it has not seen yet is
+refused by the group coordinator (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID, abortable): it
+aborts and rewinds to the committed offsets. A new owner of a partition starts only once
+the previous owner's transaction is decided (its committed offsets are stable).
+
+Workers run inside the process that holds the storage root's writer lease (the group
+coordinator is there). Run as a process::
+
+    python -m txlake.group_copier '<json config>' SOURCE TARGET GROUP --workers N
+        [--join-later K] [--join-after-commits C] [--crash-worker W --crash-after-commits C]
+        [--batch-records N]
+
+Every event is one JSON line on stdout: ``started`` (worker), ``assigned``/``revoked``/``lost``
+(worker, partitions), ``committed`` (worker, txn, records), ``aborted`` (worker, error),
+``crashed`` (worker: its transaction is left open, its thread stops polling and it never
+cleans up; the group notices after ``max.poll.interval.ms``), ``done`` (records per worker).
+The derived record of source record (p, o) goes to target partition p, so each target
+partition holds its source partition's records in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from . import Consumer, KafkaException, Producer, TopicPartition
+from .copier import derive
+from .types import OFFSET_STORED
+
+#: the workers' consumer settings (small timeouts so that a crashed worker is noticed fast)
+WORKER_CONSUMER_CONF = {"isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                        "enable.auto.commit": False, "partition.assignment.strategy": "cooperative-sticky",
+                        "session.timeout.ms": 6000, "heartbeat.interval.ms": 200, "max.poll.interval.ms": 4000}
+
+
+class Worker:
+    """One member of the copying group: a consumer and a transactional producer.
+
+    Args:
+        conf: client config (``storage.url`` ...).
+        index: the worker number; its ``transactional.id`` is ``<group>-worker-<index>``, so a
+            restarted worker fences its predecessor and aborts its open transaction.
+        crash_after_commits: after this many commits, open one more transaction, write its
+            records and stop without any cleanup (a crash).
+    """
+
+    def __init__(self, conf: dict[str, Any], source: str, target: str, group: str, index: int,
+                 emit: Callable[..., None], batch_records: int = 5_000, crash_after_commits: int | None = None):
+        self.conf, self.source, self.target, self.group, self.index = conf, source, target, group, index
+        self.emit, self.batch_records, self.crash_after_commits = emit, batch_records, crash_after_commits
+        self.copied = 0
+        self.commits = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"copier-worker-{index}", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _event(self, event: str, **fields: Any) -> None:
+        self.emit(event, worker=self.index, **fields)
+
+    def _run(self) -> None:
+        try:
+            self._copy()
+        except BaseException as exc:  # reported to the driver, which fails the run
+            self.error = exc
+            self._event("failed", error=repr(exc))
+
+    def _copy(self) -> None:
+        producer = Producer({**self.conf, "transactional.id": f"{self.group}-worker-{self.index}", "linger.ms": 5,
+                             "transaction.timeout.ms": 10_000})
+        producer.init_transactions(60)
+        consumer = Consumer({**self.conf, **WORKER_CONSUMER_CONF, "group.id": self.group})
+
+        def changed(kind: str):
+            return lambda c, parts: self._event(kind, partitions=sorted(tp.partition for tp in parts))
+
+        consumer.subscribe([self.source], on_assign=changed("assigned"), on_revoke=changed("revoked"),
+                           on_lost=changed("lost"))
+        self._event("started")
+        crashed = False
+        try:
+            while not self.stop.is_set():
+                msgs = [m for m in consumer.consume(self.batch_records, 0.2) if m.error() is None]
+                if not msgs:
+                    continue
+                producer.begin_transaction()
+                for m in msgs:
+                    key, value = derive(m.value(), m.partition(), m.offset())
+                    producer.produce(self.target, value=value, key=key, partition=m.partition())
+                if self.crash_after_commits is not None and self.commits >= self.crash_after_commits:
+                    producer.flush(60)
+                    self._event("crashed", records=len(msgs))
+                    crashed = True
+                    return               # no abort, no close: the transaction stays open
+                positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
+                try:
+                    producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), 60)
+                    producer.commit_transaction(60)
+                except KafkaException as exc:
+                    if not exc.args[0].txn_requires_abort():
+                        raise
+                    producer.abort_transaction(60)
+                    self._event("aborted", error=exc.args[0].name())
+                    for tp in consumer.assignment():      # copy those records again from the committed offsets
+                        consumer.seek(TopicPartition(tp.topic, tp.partition, OFFSET_STORED))
+                    continue
+                self.commits += 1
+                self.copied += len(msgs)
+                self._event("committed", txn=self.commits, records=len(msgs))
+        finally:
+            if not crashed:
+                consumer.close()
+                producer.close()
+
+
+def committed_offsets(conf: dict[str, Any], source: str, group: str) -> dict[int, int]:
+    """The group's committed (stable) offset of every source partition (-1001 when none)."""
+    with Consumer({**conf, "group.id": group}) as c:
+        parts = sorted(c.list_topics(source).topics[source].partitions)
+        return {tp.partition: tp.offset for tp in c.committed([TopicPartition(source, p) for p in parts], timeout=120)}
+
+
+def end_offsets(conf: dict[str, Any], source: str) -> dict[int, int]:
+    """The read_committed end (LSO) of every source partition."""
+    with Consumer(conf) as c:
+        parts = sorted(c.list_topics(source).topics[source].partitions)
+        return {p: c.get_watermark_offsets(TopicPartition(source, p))[1] for p in parts}
+
+
+def wait_until_decided(conf: dict[str, Any], topic: str, timeout_s: float = 120) -> None:
+    """Wait until no transaction is open on ``topic`` (LSO == high watermark on every partition):
+    a crashed worker's transaction stays open until the coordinator aborts it at its timeout.
+
+    Raises:
+        RuntimeError: still undecided after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    with Consumer(conf) as committed, Consumer({**conf, "isolation.level": "read_uncommitted"}) as uncommitted:
+        parts = [TopicPartition(topic, p) for p in sorted(committed.list_topics(topic).topics[topic].partitions)]
+        while any(committed.get_watermark_offsets(tp)[1] != uncommitted.get_watermark_offsets(tp)[1] for tp in parts):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"transactions on {topic} still undecided after {timeout_s} s")
+            time.sleep(0.2)
+
+
+def run_group(conf: dict[str, Any], source: str, target: str, group: str, workers: int,
+              emit: Callable[..., None], batch_records: int = 5_000, join_later: int = 0,
+              join_after_commits: int = 0, crash_worker: int | None = None,
+              crash_after_commits: int | None = None, timeout_s: float = 600) -> dict[int, int]:
+    """Copy ``source`` to ``target`` with a group of ``workers`` threads until the group's
+    committed offsets reach the end of ``source``; return the records each worker copied.
+
+    ``join_later`` of the workers start once ``join_after_commits`` transactions have been
+    committed (a member joins: a rebalance); ``crash_worker`` crashes after
+    ``crash_after_commits`` of its own commits (its partitions go to the others).
+
+    Raises:
+        RuntimeError: a worker failed, or the copy did not finish within ``timeout_s``.
+    """
+    ends = end_offsets(conf, source)
+    crew = [Worker(conf, source, target, group, i, emit, batch_records,
+                   crash_after_commits if i == crash_worker else None) for i in range(workers)]
+    for w in crew[:workers - join_later]:
+        w.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            if any(w.error is not None for w in crew):
+                raise RuntimeError(f"a worker failed: {[repr(w.error) for w in crew if w.error]}")
+            if join_later and not crew[-1].thread.is_alive() and sum(w.commits for w in crew) >= join_after_commits:
+                for w in crew[workers - join_later:]:
+                    w.start()
+            done = committed_offsets(conf, source, group)
+            if all(done.get(p, -1) >= end for p, end in ends.items()):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the group did not finish copying {source} in {timeout_s} s")
+            time.sleep(0.5)
+    finally:
+        for w in crew:
+            w.stop.set()
+        for w in crew:
+            if w.thread.ident and w.crash_after_commits is None:
+                w.thread.join(timeout=60)
+    copied = {w.index: w.copied for w in crew}
+    emit("done", copied=copied)
+    return copied
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry of the group process."""
+    ap = argparse.ArgumentParser(prog="python -m txlake.group_copier")
+    ap.add_argument("conf")
+    ap.add_argument("source")
+    ap.add_argument("target")
+    ap.add_argument("group")
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--join-later", type=int, default=0)
+    ap.add_argument("--join-after-commits", type=int, default=0)
+    ap.add_argument("--crash-worker", type=int, default=None)
+    ap.add_argument("--crash-after-commits", type=int, default=None)
+    ap.add_argument("--batch-records", type=int, default=5_000)
+    args = ap.parse_args(argv)
+    lock = threading.Lock()
+
+    def emit(event: str, **fields: Any) -> None:
+        with lock:
+            sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+            sys.stdout.flush()
+
+    run_group(json.loads(args.conf), args.source, args.target, args.group, args.workers, emit,
+              args.batch_records, args.join_later, args.join_after_commits, args.crash_worker,
+              args.crash_after_commits)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
