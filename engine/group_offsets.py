@@ -95,6 +95,10 @@ class GroupOffsets:
         self.broker = broker
         self.num_partitions = num_partitions
 
+    def partition_for(self, group_id: str) -> int:
+        """The group's ``__consumer_offsets`` partition under ``offsets.topic.num.partitions``."""
+        return partition_for(group_id, self.num_partitions)
+
     def ensure_topic(self) -> None:
         """Create ``__consumer_offsets`` (compacted) if missing."""
         if CONSUMER_OFFSETS_TOPIC in self.broker.topics():

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC
 
-from . import group_offsets
 from .errors import ApiError, Errors
 from .requests import TxnMarker
 from .transaction_metadata import (IllegalStateError, ProducerIdAndEpoch, TransactionMetadata, TransactionResult,
@@ -198,7 +197,7 @@ class TransactionCoordinator:
         if not group_id:
             return Errors.INVALID_GROUP_ID
         return self._add_partitions(transactional_id, producer_id, producer_epoch,
-                                    frozenset({(CONSUMER_OFFSETS_TOPIC, group_offsets.partition_for(group_id))}))
+                                    frozenset({(CONSUMER_OFFSETS_TOPIC, self.broker.group_offsets().partition_for(group_id))}))
 
     def _find(self, transactional_id: str):
         """``(NO_ERROR, cached state)`` of an id, or ``(error, None)``: INVALID_REQUEST for an

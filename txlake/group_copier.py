@@ -162,7 +162,8 @@ def run_group(conf: dict[str, Any], source: str, target: str, group: str, worker
               join_after_commits: int = 0, crash_worker: int | None = None,
               crash_after_commits: int | None = None, timeout_s: float = 600) -> dict[int, int]:
     """Copy ``source`` to ``target`` with a group of ``workers`` threads until the group's
-    committed offsets reach the end of ``source``; return the records each worker copied.
+    committed offsets reach the end of ``source`` and every transaction on ``target`` is
+    decided; return the records each worker copied.
 
     ``join_later`` of the workers start once ``join_after_commits`` transactions have been
     committed (a member joins: a rebalance); ``crash_worker`` crashes after
@@ -196,6 +197,8 @@ def run_group(conf: dict[str, Any], source: str, target: str, group: str, worker
         for w in crew:
             if w.thread.ident and w.crash_after_commits is None:
                 w.thread.join(timeout=60)
+    # a crashed worker's transaction stays open until this process's coordinator aborts it at its timeout
+    wait_until_decided(conf, target, timeout_s)
     copied = {w.index: w.copied for w in crew}
     emit("done", copied=copied)
     return copied

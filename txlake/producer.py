@@ -402,7 +402,7 @@ class Producer:
         offsets = {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in positions}
         if any(om.offset < 0 for om in offsets.values()):
             raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs absolute offsets (>= 0)")
-        topic, partition = txn.add_offsets(group_id)  # blocking requests: not under the lock
+        topic, partition = txn.add_offsets(group_id, self._broker.group_offsets().partition_for(group_id))  # blocking
         self._broker.group_offsets().ensure_topic()
         # TxnOffsetCommit: the group coordinator checks the member as for a plain commit (KIP-447);
         # a stale generation, an unknown member or a fenced static member make the transaction abortable

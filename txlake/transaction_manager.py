@@ -147,12 +147,10 @@ class TransactionManager:
             self._fail(error, f"adding {names} to the transaction failed: {error.name}")
         return error
 
-    def add_offsets(self, group_id: str) -> tuple[str, int]:
-        """AddOffsetsToTxn: the group's ``__consumer_offsets`` partition joins the transaction."""
+    def add_offsets(self, group_id: str, partition: int) -> tuple[str, int]:
+        """AddOffsetsToTxn: the group's ``__consumer_offsets`` partition (``partition``) joins the transaction."""
         self._require(TxnState.IN_TRANSACTION, operation="send_offsets_to_transaction")
-        from txlake.engine.group_offsets import partition_for
-
-        tp = ("__consumer_offsets", partition_for(group_id))
+        tp = ("__consumer_offsets", partition)
         error = self._call(lambda: self._coordinator().handle_add_offsets_to_txn(
             self.transactional_id, self.producer_id, self.epoch, group_id), None, "AddOffsetsToTxn")
         if error != Errors.NO_ERROR:

@@ -22,8 +22,10 @@ if __name__ == "__main__":
     import signal
 
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack to stderr
-    sys.argv = ["txlake.copier", *json.loads(sys.argv[1])["argv"]]
-    runpy.run_module("txlake.copier", run_name="__main__", alter_sys=True)  # exits with the copier's code
+    spec = json.loads(sys.argv[1])
+    module = spec.get("module", "txlake.copier")
+    sys.argv = [module, *spec["argv"]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)  # exits with the copier's code
     sys.exit(0)
 
 import os  # noqa: E402
@@ -54,7 +56,24 @@ class CopierProcess(WriterProcess):
 
     def spec(self, storage, conf: dict | None, producer_conf: dict | None) -> dict:
         client_conf = super().spec(storage, conf, producer_conf)["conf"]
-        return {"argv": [json.dumps(client_conf), *self.copier_args]}
+        return {"module": "txlake.copier", "argv": [json.dumps(client_conf), *self.copier_args]}
+
+
+class GroupCopierProcess(CopierProcess):
+    """One ``txlake.group_copier`` process (a consumer group of worker threads; JSON events).
+
+    Args:
+        options: e.g. ``["--workers", "3", "--join-later", "1", ...]``.
+    """
+
+    def __init__(self, storage, source: str, target: str, group: str, options: list[str] | None = None,
+                 conf: dict | None = None):
+        self.copier_args = [source, target, group, *(options or [])]
+        WriterProcess.__init__(self, storage, conf)
+
+    def spec(self, storage, conf: dict | None, producer_conf: dict | None) -> dict:
+        client_conf = WriterProcess.spec(self, storage, conf, producer_conf)["conf"]
+        return {"module": "txlake.group_copier", "argv": [json.dumps(client_conf), *self.copier_args]}
 
     def on_timeout(self) -> None:
         """Have the (hung) copier print every thread's stack to its stderr (faulthandler)."""
