@@ -90,6 +90,12 @@ class ConsumerCoordinator:
         self.protocol: RebalanceProtocol = protocols.pop()
         self.member_id = ""
         self.generation_id = _NO_GENERATION
+        # (generation, member id) of the last completed join: what consumer_group_metadata() and
+        # commits carry (Kafka's ``groupMetadata``, set only in ``onJoinComplete``). The live pair
+        # above is reset as soon as the membership is lost; a paused member must still present
+        # its old identity, so that the coordinator fences it instead of taking a -1/"" commit
+        # as a standalone one (accepted while the group is Empty, and always for TxnOffsetCommit).
+        self._joined_identity: tuple[int, str] = (_NO_GENERATION, "")
         self.owned: set[tuple[str, int]] = set()
         self.topics: list[str] = []
         self._joined_topics: list[str] | None = None   # what the last JoinGroup subscribed to
@@ -123,9 +129,10 @@ class ConsumerCoordinator:
             self._heartbeat.start()
 
     def group_metadata(self) -> tuple[str, int, str, str | None]:
-        """``(group id, generation id, member id, group instance id)`` for send_offsets_to_transaction."""
+        """``(group id, generation id, member id, group instance id)`` of the last completed join,
+        for send_offsets_to_transaction (kept after the membership is lost, so a zombie is fenced)."""
         with self._lock:
-            return self.group_id, self.generation_id, self.member_id, self.group_instance_id
+            return self.group_id, *self._joined_identity, self.group_instance_id
 
     def poll(self) -> None:
         """Called at every consumer poll: report lost partitions, rejoin if needed, auto-commit.
@@ -149,9 +156,9 @@ class ConsumerCoordinator:
             self._auto_commit()
 
     def commit_identity(self) -> tuple[int, str, str | None]:
-        """``(generation, member id, group instance id)`` to put on an OffsetCommit."""
+        """``(generation, member id, group instance id)`` of the last completed join, for an OffsetCommit."""
         with self._lock:
-            return self.generation_id, self.member_id, self.group_instance_id
+            return *self._joined_identity, self.group_instance_id
 
     def close(self) -> None:
         """Leave the group (Kafka's ``maybeLeaveGroup``): auto-commit, revoke the partitions,
@@ -244,6 +251,7 @@ class ConsumerCoordinator:
         self.assignors[joined.protocol_name].on_assignment(assignment, joined.generation_id)
         with self._lock:
             self._stable = True
+            self._joined_identity = (joined.generation_id, joined.member_id)
         return assignment
 
     def _join_error(self, error: Errors, member_id: str) -> None:
