@@ -429,12 +429,33 @@ class Producer:
             raise KafkaException(txn.error or err)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
-        """Flush, then commit (EndTxn COMMIT). A failed record raises an error with ``txn_requires_abort()``."""
-        self._transactions().end_transaction(True, timeout, self.flush)
+        """Hand every record to the engine, then commit (EndTxn COMMIT), then serve the reports.
+        A failed record raises an error with ``txn_requires_abort()``."""
+        self._transactions().end_transaction(True, timeout, self.flush, self._hand_over)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Flush, then abort (EndTxn ABORT): nothing of the transaction becomes visible to read_committed."""
         self._transactions().end_transaction(False, timeout, self.flush)
+
+    def _hand_over(self, timeout: float | None) -> int:
+        """Send every buffered record to the engine now and wait until each batch is queued
+        there (validated, offsets given) -- not yet committed. Returns the records still held
+        here when ``timeout`` (s) passed.
+
+        EndTxn may follow at once: the engine commits in queue order and stops at its first
+        failed commit, so the PrepareCommit record queued after these batches is never
+        durable without them (the transaction commits exactly the records handed over).
+        """
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        with self._lock:
+            for tp in list(self._buffers):
+                self._close_batch(tp, urgent=True)
+            while self._buffers or self._held or self._txn_pending or self._retry:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return sum(len(f.buffer.values) for f in self._held + self._retry)
+                self._cond.wait(min(remaining, 0.05) if remaining is not None else 0.05)
+            return 0
 
     # ------------------------------------------------------------------ reports
     def poll(self, timeout: float | None = None) -> int:

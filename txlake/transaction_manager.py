@@ -164,14 +164,18 @@ class TransactionManager:
             self._fail(Errors(error.code()) if error.code() in Errors._value2member_map_ else Errors._FAIL,
                        f"a record of the transaction failed: {error.str()}")
 
-    def end_transaction(self, committed: bool, timeout: float | None, flush: Callable[[float | None], int]) -> None:
-        """commit_transaction / abort_transaction: flush, then EndTxn; -> READY."""
+    def end_transaction(self, committed: bool, timeout: float | None, flush: Callable[[float | None], int],
+                        hand_over: Callable[[float | None], int] | None = None) -> None:
+        """commit_transaction / abort_transaction: flush (or, for a commit, ``hand_over`` every
+        record to the engine without waiting for its commit), then EndTxn; -> READY.
+
+        Both return the records not delivered / not handed over in time."""
         if committed:
             self._require(TxnState.IN_TRANSACTION, operation="commit_transaction")
         else:
             self._require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, operation="abort_transaction")
         self.state = TxnState.COMMITTING_TRANSACTION if committed else TxnState.ABORTING_TRANSACTION
-        left = flush(timeout)
+        left = (hand_over or flush)(timeout) if committed else flush(timeout)
         if left:
             raise KafkaException(KafkaError(Errors._TIMED_OUT, f"{left} records not delivered in time", retriable=True))
         if committed and self.state is TxnState.ABORTABLE_ERROR:
@@ -183,6 +187,12 @@ class TransactionManager:
                 self.transactional_id, self.producer_id, self.epoch, committed), timeout, "EndTxn")
             if error != Errors.NO_ERROR:
                 raise self._fail(error, f"{'commit' if committed else 'abort'}_transaction failed: {error.name}")
+        if committed and hand_over is not None:
+            # the records were committed before the Complete record: serve their reports
+            left = flush(timeout)
+            if left:
+                raise KafkaException(KafkaError(Errors._TIMED_OUT, f"{left} delivery reports not served in time",
+                                                retriable=True))
         self.partitions.clear()
         self.error = None
         self.state = TxnState.READY
