@@ -35,6 +35,8 @@ _LATEST = {"largest", "latest", "end"}
 FETCH_RECORDS = 10_000
 #: fetch position of a partition whose committed offset is held by a pending transaction
 _UNSTABLE = -2001
+#: how long a partition waits before asking again for an unstable committed offset (Kafka's retry.backoff.ms)
+UNSTABLE_RETRY_BACKOFF_S = 0.1
 REFRESH_INTERVAL_MS = 50
 
 
@@ -45,13 +47,14 @@ class _Fetch:
     consume() of many records is one slice).
     """
 
-    __slots__ = ("position", "messages", "next", "eof_sent")
+    __slots__ = ("position", "messages", "next", "eof_sent", "retry_at")
 
     def __init__(self, position: int):
         self.position = position
         self.messages: list[Message] = []
         self.next = 0
         self.eof_sent = False
+        self.retry_at = 0.0   # monotonic time before which an unstable committed offset is not asked again
 
     def queued(self) -> Message | None:
         """The first record not yet returned, if any."""
@@ -295,8 +298,11 @@ class Consumer:
     def _fetch(self, key: tuple[str, int], state: _Fetch) -> None:
         topic, partition = key
         if state.position in (OFFSET_INVALID, _UNSTABLE):
+            if state.position == _UNSTABLE and time.monotonic() < state.retry_at:
+                return
             state.position = self._resolve(topic, partition, OFFSET_INVALID)
             if state.position == _UNSTABLE:
+                state.retry_at = time.monotonic() + UNSTABLE_RETRY_BACKOFF_S
                 return
             if state.position == OFFSET_INVALID:
                 state.push([Message(topic, partition, None, error=KafkaError(
