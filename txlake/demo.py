@@ -769,7 +769,7 @@ def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCop
     from .group_copier import committed_offsets
 
     res = GroupCopyResult()
-    batch = max(10, source_rows // 60)
+    batch = max(10, source_rows // 120)
     conf = {"storage.url": url, "storage.options": options}
     state = Catalog.open(ObjectStore(url, options)).state
     n_parts = len(state.topics[TOPIC].partitions)
@@ -797,7 +797,7 @@ def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCop
             assignments += event["event"] == "assigned"
             if event["event"] == "committed":
                 res.committed_before_engine_kill += event["records"]
-                if 2 in workers and res.committed_before_engine_kill >= 14 * batch:
+                if 2 in workers and res.committed_before_engine_kill >= 28 * batch:
                     first.kill()   # SIGKILL: the engine, the coordinators and every worker die at once
                     break
     finally:
@@ -806,19 +806,20 @@ def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCop
     console.print(f"   run 1: two workers started, a third joined (a rebalance); after "
                   f"{res.committed_before_engine_kill:,} committed records the engine process was "
                   f"[bold]killed with SIGKILL[/] (pid {first.pid})")
-    second = start("--workers", "3", "--crash-worker", "0", "--crash-after-commits", "3", force=True)
+    crashed = -1
+    second = start("--workers", "3", "--crash-worker", "-1", "--crash-after-commits", "2", force=True)
     for line in second.stdout:
         event = json.loads(line)
         workers.add(event.get("worker", -1))
         assignments += event["event"] == "assigned"
         if event["event"] == "crashed":
-            res.crashed_worker_open_records = event["records"]
+            res.crashed_worker_open_records, crashed = event["records"], event["worker"]
     if second.wait() != 0:
         raise RuntimeError(f"the restarted group copier failed (exit {second.returncode})")
     res.workers_seen = len(workers - {-1})
     res.rebalances = assignments
     console.print(f"   run 2: the engine restarted from storage, three workers rejoined (their transactional ids "
-                  f"fenced their dead predecessors); worker 0 [bold]crashed[/] with {res.crashed_worker_open_records:,} "
+                  f"fenced their dead predecessors); worker {crashed} [bold]crashed[/] with {res.crashed_worker_open_records:,} "
                   "records in an open transaction, its partitions moved to the others after max.poll.interval.ms, "
                   "and the coordinator aborted its transaction at its timeout")
 

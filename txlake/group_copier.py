@@ -53,13 +53,18 @@ class Worker:
         index: the worker number; its ``transactional.id`` is ``<group>-worker-<index>``, so a
             restarted worker fences its predecessor and aborts its open transaction.
         crash_after_commits: after this many commits, open one more transaction, write its
-            records and stop without any cleanup (a crash).
+            records and stop without any cleanup (a crash) -- unless another worker sharing
+            ``crash_token`` crashed already.
     """
 
     def __init__(self, conf: dict[str, Any], source: str, target: str, group: str, index: int,
-                 emit: Callable[..., None], batch_records: int = 5_000, crash_after_commits: int | None = None):
+                 emit: Callable[..., None], batch_records: int = 5_000, crash_after_commits: int | None = None,
+                 crash_token: threading.Event | None = None):
         self.conf, self.source, self.target, self.group, self.index = conf, source, target, group, index
         self.emit, self.batch_records, self.crash_after_commits = emit, batch_records, crash_after_commits
+        #: shared by the workers that may crash: only the first to get there does
+        self.crash_token = crash_token or threading.Event()
+        self.crashed = False
         self.copied = 0
         self.commits = 0
         self.stop = threading.Event()
@@ -101,7 +106,10 @@ class Worker:
                 for m in msgs:
                     key, value = derive(m.value(), m.partition(), m.offset())
                     producer.produce(self.target, value=value, key=key, partition=m.partition())
-                if self.crash_after_commits is not None and self.commits >= self.crash_after_commits:
+                if self.crash_after_commits is not None and self.commits >= self.crash_after_commits \
+                        and not self.crash_token.is_set():
+                    self.crash_token.set()
+                    self.crashed = True
                     producer.flush(60)
                     self._event("crashed", records=len(msgs))
                     crashed = True
@@ -167,14 +175,16 @@ def run_group(conf: dict[str, Any], source: str, target: str, group: str, worker
 
     ``join_later`` of the workers start once ``join_after_commits`` transactions have been
     committed (a member joins: a rebalance); ``crash_worker`` crashes after
-    ``crash_after_commits`` of its own commits (its partitions go to the others).
+    ``crash_after_commits`` of its own commits (its partitions go to the others); with
+    ``crash_worker=-1`` the first worker to reach that many commits crashes.
 
     Raises:
         RuntimeError: a worker failed, or the copy did not finish within ``timeout_s``.
     """
     ends = end_offsets(conf, source)
+    token = threading.Event()
     crew = [Worker(conf, source, target, group, i, emit, batch_records,
-                   crash_after_commits if i == crash_worker else None) for i in range(workers)]
+                   crash_after_commits if crash_worker in (i, -1) else None, token) for i in range(workers)]
     for w in crew[:workers - join_later]:
         w.start()
     deadline = time.monotonic() + timeout_s
@@ -195,7 +205,7 @@ def run_group(conf: dict[str, Any], source: str, target: str, group: str, worker
         for w in crew:
             w.stop.set()
         for w in crew:
-            if w.thread.ident and w.crash_after_commits is None:
+            if w.thread.ident and not w.crashed:
                 w.thread.join(timeout=60)
     # a crashed worker's transaction stays open until this process's coordinator aborts it at its timeout
     wait_until_decided(conf, target, timeout_s)
@@ -214,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--join-later", type=int, default=0)
     ap.add_argument("--join-after-commits", type=int, default=0)
-    ap.add_argument("--crash-worker", type=int, default=None)
+    ap.add_argument("--crash-worker", type=int, default=None, help="worker number, or -1: the first to get there")
     ap.add_argument("--crash-after-commits", type=int, default=None)
     ap.add_argument("--batch-records", type=int, default=5_000)
     args = ap.parse_args(argv)
