@@ -292,6 +292,69 @@ def topics_delete(ctx: click.Context, names: tuple[str, ...]) -> None:
             click.echo(f"Deleted topic {name}.")
 
 
+# ------------------------------------------------------------------ groups
+@main.group(cls=_Group)
+def groups() -> None:
+    """Consumer groups (as kafka-consumer-groups.sh), read from __consumer_offsets."""
+
+
+def _reader_broker(ctx: click.Context):
+    from txlake.engine.registry import acquire_broker
+
+    return acquire_broker(storage_url(ctx), storage_opts(ctx))
+
+
+@groups.command("list")
+@storage_options
+@click.pass_context
+def groups_list(ctx: click.Context) -> None:
+    """List the consumer groups: id, state and protocol type, one per line."""
+    from txlake.engine.registry import release_broker
+
+    from .group_view import list_groups
+
+    broker = _reader_broker(ctx)
+    try:
+        for g in list_groups(broker):
+            click.echo(f"{g.group_id}\t{g.state}\t{g.protocol_type or '-'}")
+    finally:
+        release_broker(broker)
+
+
+@groups.command("describe")
+@click.argument("group")
+@storage_options
+@click.pass_context
+def groups_describe(ctx: click.Context, group: str) -> None:
+    """Describe GROUP as of its last completed rebalance: state, generation, and per partition
+    the committed offset, log end offset, lag and owning member."""
+    from rich.table import Table
+
+    from txlake.engine.registry import release_broker
+
+    from .group_view import describe_group
+
+    broker = _reader_broker(ctx)
+    try:
+        d = describe_group(broker, group)
+    finally:
+        release_broker(broker)
+    console = _console()
+    if d.state == "Dead":
+        console.print(f"Consumer group '{group}' does not exist.")
+        return
+    console.print(f"GROUP {d.group_id}  STATE {d.state}  GENERATION {d.generation_id}  "
+                  f"PROTOCOL {d.protocol or '-'}  LEADER {d.leader_id or '-'}", markup=False)
+    table = Table(show_edge=False)
+    for col, justify in (("TOPIC", "left"), ("PARTITION", "right"), ("CURRENT-OFFSET", "right"),
+                         ("LOG-END-OFFSET", "right"), ("LAG", "right"), ("CONSUMER-ID", "left"), ("CLIENT-ID", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for p in d.partitions:
+        table.add_row(p.topic, str(p.partition), str(p.current_offset) if p.current_offset >= 0 else "-",
+                      str(p.log_end_offset), str(p.lag) if p.lag is not None else "-", p.member_id, p.client_id)
+    console.print(table)
+
+
 def _catalog(ctx: click.Context):
     from txlake.catalog.catalog import Catalog
     from txlake.catalog.storage import ObjectStore
