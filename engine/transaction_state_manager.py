@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence, runtime_checkable
 
+import numpy as np
+
 from txlake.catalog.errors import InvalidConfigError
 from txlake.catalog.topic_names import TRANSACTION_STATE_TOPIC
 from txlake.formats import transaction_log
@@ -61,6 +63,16 @@ TRANSACTION_REMOVE_EXPIRED_TRANSACTION_CLEANUP_INTERVAL_MS_DEFAULT = 3_600_000  
 _INT32_MAX = 2**31 - 1
 #: tombstones written per append when expiring transactional ids (Kafka bounds them by max.message.bytes)
 EXPIRATION_BATCH_SIZE = 1000
+#: records the fast replay handles at a time when the log only offers ``read``
+REPLAY_CHUNK_RECORDS = 65_536
+_DEAD_NAME = TransactionState.DEAD.state_name
+_FENCE_NAME = TransactionState.PREPARE_EPOCH_FENCE.state_name
+_STATE_BY_NAME = {state.state_name: state for state in TransactionState}
+_BYTES_OR_NONE = {bytes, type(None)}
+
+
+class _NotFast(Exception):
+    """The fast replay met a record it cannot vouch for; the record-by-record replay takes over."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,42 @@ def partition_for(transactional_id: str, num_partitions: int = TRANSACTION_STATE
     return kafka_abs(java_string_hash_code(transactional_id)) % num_partitions
 
 
+def _partitions_for(transactional_ids: Sequence[str], num_partitions: int) -> np.ndarray:
+    """:func:`partition_for` of many ids at once (vectorised over the ASCII ones)."""
+    out = np.empty(len(transactional_ids), np.int64)
+    ascii_idx = [i for i, t in enumerate(transactional_ids) if t.isascii()]
+    if len(ascii_idx) < len(transactional_ids):
+        for i, t in enumerate(transactional_ids):
+            if not t.isascii():
+                out[i] = partition_for(t, num_partitions)
+    if not ascii_idx:
+        return out
+    ids = [transactional_ids[i] for i in ascii_idx]
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    longest = int(lengths.max())
+    if longest > 1 << 20:  # the sums below stay exact in uint64 up to here
+        out[ascii_idx] = [partition_for(t, num_partitions) for t in ids]
+        return out
+    # hashCode = sum(c[k] * 31^(n-1-k)) mod 2^32; an ASCII character is one UTF-16 code unit
+    codes = np.frombuffer("".join(ids).encode("ascii"), np.uint8).astype(np.uint64)
+    powers = np.empty(max(longest, 1), np.uint64)
+    powers[0] = 1
+    for e in range(1, longest):
+        powers[e] = (powers[e - 1] * np.uint64(31)) & np.uint64(0xFFFFFFFF)
+    ends = np.cumsum(lengths)
+    exponents = np.repeat(ends - 1, lengths) - np.arange(codes.size)
+    terms = codes * powers[exponents]
+    hashes = np.zeros(len(ids), np.uint64)
+    nonempty = lengths > 0
+    if codes.size:
+        hashes[nonempty] = np.add.reduceat(terms, (ends - lengths)[nonempty])
+    signed = (hashes & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    signed[signed >= 2**31] -= 2**32
+    absolute = np.where(signed == -(2**31), 0, np.abs(signed))  # Kafka's Utils.abs
+    out[ascii_idx] = absolute % num_partitions
+    return out
+
+
 # ---------------------------------------------------------------------------- storage protocol
 @runtime_checkable
 class TransactionLog(Protocol):
@@ -143,7 +191,9 @@ class TransactionLog(Protocol):
     whole partition, ``(offset, key, value)`` in offset order, ``value`` None for a
     tombstone. An implementation may also offer ``append_many(partition, records)``
     (one durable batch of ``(key, value)`` pairs, returns the first offset); the
-    expiration job then needs one write per partition instead of one per id.
+    expiration job then needs one write per partition instead of one per id. It may also
+    offer ``read_chunks(partition)``, the same records as ``(offsets, keys, values)`` lists
+    a chunk at a time, which saves the replay a tuple per record.
     """
 
     def append(self, partition: int, key: bytes, value: bytes | None) -> int: ...
@@ -530,8 +580,24 @@ class TransactionStateManager:
 
     # ------------------------------------------------------------------ loading
     def _read_partition(self, partition: int, coordinator_epoch: int) -> dict[str, TransactionMetadata]:
+        """Replay ``partition``: the fast replay, or record by record when it cannot vouch for a record."""
+        try:
+            return self._replay_fast(partition)
+        except _NotFast as exc:
+            log.info("%s-%d: replaying record by record (%s)", TRANSACTION_STATE_TOPIC, partition, exc)
+        return self._replay_records(partition, self.txn_log.read(partition))
+
+    def _replay_records(self, partition: int,
+                        records: Iterable[tuple[int, bytes | None, bytes | None]]) -> dict[str, TransactionMetadata]:
+        """Kafka's replay, one record at a time: decode each key and value, the last record of a
+        transactional id wins, a tombstone (or Dead) removes it.
+
+        Raises:
+            CorruptObjectError, UnsupportedFormatVersionError: at the first bad record.
+        """
         loaded: dict[str, TransactionMetadata] = {}
-        for offset, key, value in self.txn_log.read(partition):
+        checked: set[str] = set()  # ids whose partition was checked
+        for offset, key, value in records:
             if self._shutting_down:
                 break
             location = f"{TRANSACTION_STATE_TOPIC}-{partition}@{offset}"
@@ -542,10 +608,9 @@ class TransactionStateManager:
             if decoded is None or decoded.state == TransactionState.DEAD.state_name:
                 loaded.pop(tid, None)  # a tombstone (Dead is never written; read it as one)
                 continue
-            if self.partition_for(tid) != partition:
-                raise CorruptObjectError(location, f"transactional id {tid!r} belongs to partition {self.partition_for(tid)}, "
-                                            f"not {partition}: was {TRANSACTION_STATE_LOG_NUM_PARTITIONS_CONFIG} "
-                                            "changed? It must not change after the first transaction")
+            if tid not in checked:
+                self._check_partition(tid, partition, location)
+                checked.add(tid)
             md = TransactionMetadata.from_log_value(tid, decoded)
             if md.state is TransactionState.PREPARE_EPOCH_FENCE:
                 # Kafka never writes PrepareEpochFence; if one is found, resume the fenced
@@ -553,6 +618,127 @@ class TransactionStateManager:
                 # fenced and the next InitProducerId or the timeout aborts it
                 log.warning("%s: %s was in PrepareEpochFence; loading it as Ongoing", location, tid)
                 md.state = TransactionState.ONGOING
+            loaded[tid] = md
+        return loaded
+
+    def _check_partition(self, tid: str, partition: int, location: str) -> None:
+        actual = self.partition_for(tid)
+        if actual != partition:
+            raise CorruptObjectError(location, f"transactional id {tid!r} belongs to partition {actual}, "
+                                               f"not {partition}: was {TRANSACTION_STATE_LOG_NUM_PARTITIONS_CONFIG} "
+                                               "changed? It must not change after the first transaction")
+
+    def _log_chunks(self, partition: int) -> Iterator[tuple[list, list, list]]:
+        """The partition's records as ``(offsets, keys, values)`` lists, a chunk at a time."""
+        read_chunks = getattr(self.txn_log, "read_chunks", None)
+        if read_chunks is not None:
+            yield from read_chunks(partition)
+            return
+        records = self.txn_log.read(partition)
+        records = records if isinstance(records, list) else list(records)
+        for i in range(0, len(records), REPLAY_CHUNK_RECORDS):
+            offsets, keys, values = zip(*records[i:i + REPLAY_CHUNK_RECORDS])
+            if not set(map(type, keys)) <= _BYTES_OR_NONE or not set(map(type, values)) <= _BYTES_OR_NONE:
+                raise _NotFast("a key or value that is not bytes")
+            yield list(offsets), list(keys), list(values)
+
+    def _replay_fast(self, partition: int) -> dict[str, TransactionMetadata]:
+        """The replay of :meth:`_replay_records` -- same result, same order of the ids -- with
+        little work per record.
+
+        Each distinct key is decoded once; every value is checked, as Kafka decodes every
+        record, but in bulk (:func:`transaction_log.check_canonical_values`), and only the
+        last record of each id is read into metadata; the partition of each id is checked
+        once, vectorised. A value outside the canonical form is decoded with
+        :func:`transaction_log.decode_value`.
+
+        Raises:
+            _NotFast: a record that is missing its key, cannot be decoded, or names an id of
+                another partition: :meth:`_replay_records` then replays the partition and
+                raises the exact error at the exact record.
+        """
+        canonical_key = transaction_log.CANONICAL_KEY.fullmatch
+        location = f"{TRANSACTION_STATE_TOPIC}-{partition}"
+        tid_number: dict[bytes, int] = {}    # key bytes -> id number (two spellings of a key may name one id)
+        number_of: dict[str, int] = {}       # id -> id number
+        tids: list[str] = []                 # id number -> id
+        # the record-by-record replay's dict: id number -> its last value (canonical bytes or a
+        # TxnLogValue), in the same order
+        last: dict[int, object] = {}
+        removed_live: set[int] = set()  # ids a tombstone removed after a live record (their partition is checked too)
+        for offsets, keys, values in self._log_chunks(partition):
+            if self._shutting_down:
+                return {}
+            if None in keys:
+                raise _NotFast("a record without a key")
+            for key in dict.fromkeys(keys):
+                if key in tid_number:
+                    continue
+                m = canonical_key(key)
+                if m is not None:
+                    tid = m.group(1).decode("ascii")
+                else:
+                    try:
+                        tid = transaction_log.decode_key(key, location)
+                    except Exception as exc:  # noqa: BLE001 - the record-by-record replay reports it
+                        raise _NotFast(f"an undecodable key ({exc})") from None
+                number = number_of.get(tid)
+                if number is None:
+                    number = number_of[tid] = len(tids)
+                    tids.append(tid)
+                tid_number[key] = number
+            numbers = list(map(tid_number.__getitem__, keys))
+            tombstones = values.count(None)
+            canonical = transaction_log.check_canonical_values(
+                [v for v in values if v is not None] if tombstones else values)
+            special = bool(tombstones)  # a tombstone, Dead or PrepareEpochFence: replay this chunk record by record
+            if canonical is not None:  # values outside the canonical form: decode them
+                values = list(values)
+                flags = iter(canonical)
+                for i, value in enumerate(values):
+                    if value is not None and not next(flags):
+                        try:
+                            values[i] = decoded = transaction_log.decode_value(value, location)
+                        except Exception as exc:  # noqa: BLE001 - the record-by-record replay reports it
+                            raise _NotFast(f"an undecodable value ({exc})") from None
+                        special = special or decoded.state in (_DEAD_NAME, _FENCE_NAME)
+            if special:
+                for i, (number, value) in enumerate(zip(numbers, values)):
+                    # a canonical value (bytes) is never Dead nor PrepareEpochFence
+                    if value is None or (type(value) is not bytes and value.state == _DEAD_NAME):
+                        if last.pop(number, None) is not None:  # a tombstone (Dead is never written; read it as one)
+                            removed_live.add(number)
+                        continue
+                    if type(value) is not bytes and value.state == _FENCE_NAME:
+                        log.warning("%s@%d: %s was in PrepareEpochFence; loading it as Ongoing", location,
+                                    offsets[i], tids[number])
+                    last[number] = value
+            else:
+                last.update(zip(numbers, values))
+        live = removed_live.union(last)  # the ids with a live record: the record-by-record replay checks their partition
+        if live:
+            checked = [tids[n] for n in live]
+            wrong = _partitions_for(checked, self.config.transaction_log_num_partitions) != partition
+            if wrong.any():
+                raise _NotFast(f"transactional id {checked[int(wrong.argmax())]!r} of another partition")
+        loaded: dict[str, TransactionMetadata] = {}
+        empty = TransactionState.EMPTY
+        for number, value in last.items():
+            tid = tids[number]
+            if type(value) is bytes:
+                (producer_id, previous_producer_id, next_producer_id, producer_epoch, last_producer_epoch,
+                 txn_timeout_ms, state_name, topic_partitions, txn_start_timestamp,
+                 txn_last_update_timestamp) = transaction_log.canonical_value_fields(value)
+                state = _STATE_BY_NAME[state_name]
+                md = TransactionMetadata(
+                    tid, producer_id, previous_producer_id=previous_producer_id, next_producer_id=next_producer_id,
+                    producer_epoch=producer_epoch, last_producer_epoch=last_producer_epoch, txn_timeout_ms=txn_timeout_ms,
+                    state=state, topic_partitions=() if state is empty else topic_partitions,
+                    txn_start_timestamp=txn_start_timestamp, txn_last_update_timestamp=txn_last_update_timestamp)
+            else:
+                md = TransactionMetadata.from_log_value(tid, value)
+            if md.state is TransactionState.PREPARE_EPOCH_FENCE:
+                md.state = TransactionState.ONGOING  # as in _replay_records (the warning was logged above)
             loaded[tid] = md
         return loaded
 

@@ -52,13 +52,24 @@ versions 0/1 only.)
 Fields a reader does not know are ignored (like Kafka's tagged fields); a change that an
 older reader must not ignore bumps ``"v"``, and such records are refused with
 :class:`UnsupportedFormatVersionError`.
+
+Replaying a long log decodes hundreds of thousands of records, so the exact bytes this
+module writes for ASCII ids and topic names, in the states that are ever written -- the
+*canonical* form -- can also be checked and read without a JSON decode: a key or value
+with one regular-expression match (:data:`CANONICAL_KEY`, :data:`CANONICAL_VALUE`,
+:func:`check_canonical_values` for many values at once) and, when its fields are needed,
+:func:`canonical_value_fields`. A key or value that matches is one that
+:func:`decode_key`/:func:`decode_value` accept, with the same result; one that does not
+may still be valid (non-ASCII text, escapes, other field order or spacing, a 10-digit
+partition, a Dead state...) and must go through those functions.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from .errors import CorruptObjectError, UnsupportedFormatVersionError
 
@@ -236,3 +247,69 @@ def decode_value(data: bytes | None, location: str) -> TxnLogValue | None:
         return TxnLogValue(**{name: obj[name] for name in _VALUE_FIELDS})
     except (ValueError, TypeError) as exc:
         raise CorruptObjectError(location, f"invalid {KIND} value: {exc}") from None
+
+
+# ---------------------------------------------------------------------------- canonical form
+#: a JSON string character needing no escape, ASCII only (so a match also proves valid UTF-8)
+_TEXT = rb'[\x20\x21\x23-\x5b\x5d-\x7f]'
+_PRODUCER_ID = rb'(-1|0|[1-9][0-9]{0,17})'                  # -1..INT64_MAX (18 digits at most)
+_EPOCH = rb'(-1|[0-9]|[1-9][0-9]{1,3}|[12][0-9]{4}|3[01][0-9]{3}|32[0-6][0-9]{2}|327[0-5][0-9]|3276[0-7])'  # -1..INT16_MAX
+_INT32 = rb'(-?(?:0|[1-9][0-9]{0,8}))'                      # within int32 (9 digits at most)
+_INT64 = rb'(-?(?:0|[1-9][0-9]{0,17}))'                     # within int64 (18 digits at most)
+_PAIR = rb'\["' + _TEXT + rb'+",(?:0|[1-9][0-9]{0,8})\]'    # [topic, partition within 0..INT32_MAX]
+_CANONICAL_FIELD = {
+    "producer_id": _PRODUCER_ID, "previous_producer_id": _PRODUCER_ID, "next_producer_id": _PRODUCER_ID,
+    "producer_epoch": _EPOCH, "last_producer_epoch": _EPOCH, "txn_timeout_ms": _INT32,
+    # Dead and PrepareEpochFence are never written (a replay treats them specially): not canonical
+    "state": rb'"(' + b"|".join(n.encode() for n in STATE_NAMES if n not in ("Dead", "PrepareEpochFence")) + rb')"',
+    "topic_partitions": rb'(\[(?:' + _PAIR + rb'(?:,' + _PAIR + rb')*)?\])',
+    "txn_start_timestamp": _INT64, "txn_last_update_timestamp": _INT64,
+}
+_VALUE_PATTERN = (rb'\{"v":' + str(VALUE_VERSION).encode() +
+                  b"".join(b',"' + name.encode() + b'":' + _CANONICAL_FIELD[name] for name in _VALUE_FIELDS) + rb'\}')
+
+#: ``fullmatch`` of a key as :func:`encode_key` writes an ASCII id; group 1 is the id.
+CANONICAL_KEY = re.compile(rb'\{"v":' + str(KEY_VERSION).encode() + rb',"transactional_id":"(' + _TEXT + rb'*)"\}')
+#: ``fullmatch`` of a value as :func:`encode_value` writes it with ASCII topic names, in a
+#: state other than Dead and PrepareEpochFence (without groups: a check about twice as fast
+#: as one that captures the fields)
+CANONICAL_VALUE = re.compile(re.sub(rb'\((?!\?)', b'(?:', _VALUE_PATTERN))
+_CANONICAL_VALUE_FIELDS = re.compile(_VALUE_PATTERN)  # groups 1..10: the fields in _VALUE_FIELDS order
+_CANONICAL_PAIRS = re.compile(rb'\["(' + _TEXT + rb'+)",([0-9]+)\]')
+
+
+def check_canonical_values(values: Sequence[bytes]) -> list[bool] | None:
+    """Which of ``values`` are canonical (:data:`CANONICAL_VALUE`): :func:`decode_value`
+    accepts each of them, and :func:`canonical_value_fields` reads it.
+
+    Returns:
+        None when every value is canonical, else one flag per value.
+    """
+    matches = list(map(CANONICAL_VALUE.fullmatch, values))
+    if None not in matches:
+        return None
+    return [m is not None for m in matches]
+
+
+def canonical_value_fields(data: bytes) -> tuple:
+    """The fields of a canonical value, in :data:`_VALUE_FIELDS` order.
+
+    Equal to the fields of the :class:`TxnLogValue` that :func:`decode_value` returns for the
+    same bytes (``topic_partitions`` sorted, without duplicates), without building it.
+
+    Raises:
+        ValueError: ``data`` is not of the canonical form.
+    """
+    match = _CANONICAL_VALUE_FIELDS.fullmatch(data)
+    if match is None:
+        raise ValueError(f"not a {KIND} value of the canonical form: {bytes(data)[:200]!r}")
+    (producer_id, previous_producer_id, next_producer_id, producer_epoch, last_producer_epoch, txn_timeout_ms,
+     state, partitions, txn_start_timestamp, txn_last_update_timestamp) = match.groups()
+    if partitions == b"[]":
+        topic_partitions: tuple[tuple[str, int], ...] = ()
+    else:
+        topic_partitions = tuple(sorted({(topic.decode("ascii"), int(p))
+                                         for topic, p in _CANONICAL_PAIRS.findall(partitions)}))
+    return (int(producer_id), int(previous_producer_id), int(next_producer_id), int(producer_epoch),
+            int(last_producer_epoch), int(txn_timeout_ms), state.decode("ascii"), topic_partitions,
+            int(txn_start_timestamp), int(txn_last_update_timestamp))
