@@ -328,8 +328,6 @@ def groups_list(ctx: click.Context) -> None:
 def groups_describe(ctx: click.Context, group: str) -> None:
     """Describe GROUP as of its last completed rebalance: state, generation, and per partition
     the committed offset, log end offset, lag and owning member."""
-    from rich.table import Table
-
     from txlake.engine.registry import release_broker
 
     from .group_view import describe_group
@@ -339,20 +337,20 @@ def groups_describe(ctx: click.Context, group: str) -> None:
         d = describe_group(broker, group)
     finally:
         release_broker(broker)
-    console = _console()
     if d.state == "Dead":
-        console.print(f"Consumer group '{group}' does not exist.")
+        click.echo(f"Consumer group '{group}' does not exist.")
         return
-    console.print(f"GROUP {d.group_id}  STATE {d.state}  GENERATION {d.generation_id}  "
-                  f"PROTOCOL {d.protocol or '-'}  LEADER {d.leader_id or '-'}", markup=False)
-    table = Table(show_edge=False)
-    for col, justify in (("TOPIC", "left"), ("PARTITION", "right"), ("CURRENT-OFFSET", "right"),
-                         ("LOG-END-OFFSET", "right"), ("LAG", "right"), ("CONSUMER-ID", "left"), ("CLIENT-ID", "left")):
-        table.add_column(col, justify=justify, overflow="fold")
-    for p in d.partitions:
-        table.add_row(p.topic, str(p.partition), str(p.current_offset) if p.current_offset >= 0 else "-",
-                      str(p.log_end_offset), str(p.lag) if p.lag is not None else "-", p.member_id, p.client_id)
-    console.print(table)
+    click.echo(f"GROUP {d.group_id}  STATE {d.state}  GENERATION {d.generation_id}  "
+               f"PROTOCOL {d.protocol or '-'}  LEADER {d.leader_id or '-'}")
+    # plain columns, as kafka-consumer-groups.sh prints them (never wrapped, easy to parse)
+    rows = [("TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID", "CLIENT-ID")]
+    rows += [(p.topic, str(p.partition), str(p.current_offset) if p.current_offset >= 0 else "-",
+              str(p.log_end_offset), str(p.lag) if p.lag is not None else "-", p.member_id, p.client_id)
+             for p in d.partitions]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    click.echo("")
+    for r in rows:
+        click.echo(" ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
 
 
 def _catalog(ctx: click.Context):
