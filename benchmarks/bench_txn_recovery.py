@@ -1,6 +1,7 @@
 """Transaction coordinator recovery time for N transactional ids (default 100 000).
 
 Run:  .venv/bin/python benchmarks/bench_txn_recovery.py [--ids 100000] [--runs 3] [--check-ids 200]
+          [--state-flush-records N] [--keep | --root file://...] [--profile FILE]
 
 What it does:
 
@@ -18,7 +19,12 @@ What it does:
    ``__transaction_state`` and a broker stand-in that only records the markers; the
    records (key, value bytes exactly as the coordinator encoded them), the data batches
    and the markers are then written to the real broker in bulk -- many records per
-   produce, instead of one durable commit per state change.
+   produce, instead of one durable commit per state change. By default
+   ``__transaction_state`` ends up in few large objects (the layout a compacted log
+   would have); ``--state-flush-records N`` writes it N records per group commit in the
+   coordinator's order instead, so each partition is spread over many objects, as the
+   log of a busy coordinator is (a coordinator serving one request at a time writes one
+   object per record).
 
 2. **Checks the shortcut** (``--check-ids``, default 200): the same script is run through
    the real coordinator's request handlers on a second root (one durable commit per
