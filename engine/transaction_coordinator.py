@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC
@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 MARKER_RETRIES = 5
+#: transactions a restarted coordinator finishes at once (their writes share group commits)
+RECOVERY_THREADS = 32
 
 
 def _now_ms() -> int:
@@ -87,11 +89,14 @@ class TransactionCoordinator:
         """Load every ``__transaction_state`` partition and finish the transactions a previous
         coordinator left in PrepareCommit/PrepareAbort; then start the timeout scheduler."""
         self.txn_log.ensure_topic()
-        for partition in range(self.config.transaction_log_num_partitions):
-            for pending in self.state.load_transactions_for_partition(partition, self.coordinator_epoch):
-                self._send_markers_and_complete(pending.transactional_id, pending.coordinator_epoch,
-                                                pending.result is TransactionResult.COMMIT,
-                                                pending.txn_metadata, pending.transit_metadata)
+        pending = [p for partition in range(self.config.transaction_log_num_partitions)
+                   for p in self.state.load_transactions_for_partition(partition, self.coordinator_epoch)]
+        # each transactional id is finished on its own, as Kafka's marker channel does; run them
+        # side by side so that their markers and Complete records share group commits
+        with ThreadPoolExecutor(max_workers=RECOVERY_THREADS, thread_name_prefix="txlake-txn-recovery") as pool:
+            list(pool.map(lambda p: self._send_markers_and_complete(
+                p.transactional_id, p.coordinator_epoch, p.result is TransactionResult.COMMIT, p.txn_metadata,
+                p.transit_metadata), pending))
         listed = self.state.list_transaction_states(filter_state_names=[TransactionState.ONGOING.state_name])
         for txn in listed.transaction_states:
             found = self.state.get_transaction_state(txn.transactional_id)
