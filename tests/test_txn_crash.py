@@ -86,6 +86,7 @@ class TxnProcess(WriterProcess):
     """A ``txn_proc.py`` subprocess: JSON commands on stdin, JSON events read by a thread."""
 
     script = HELPER
+    dumps_stacks_on_sigusr1 = True
 
     def spec(self, storage, conf: dict | None, producer_conf: dict | None) -> dict:
         return super().spec(storage, {"transaction.state.log.num.partitions": TXN_PARTITIONS,
@@ -101,12 +102,6 @@ class TxnProcess(WriterProcess):
 
     def wait_exit(self, timeout: float = 60.0, expect: int | None = 0) -> int:
         return super().wait_exit(timeout, expect)
-
-    def on_timeout(self) -> None:
-        """Have the (hung) process print every thread's stack to its stderr (faulthandler)."""
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGUSR1)
-            time.sleep(1.0)
 
 
 @pytest.fixture

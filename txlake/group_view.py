@@ -59,38 +59,30 @@ class GroupDetails:
     partitions: list[PartitionLag] = field(default_factory=list)
 
 
-def _load(broker: "Broker") -> GroupCoordinator:
+def _load(broker: "Broker") -> tuple[GroupCoordinator, set[str]]:
+    """Replay every ``__consumer_offsets`` partition once: a passive coordinator holding the
+    persisted groups, and the ids of every group with an offset-commit record."""
     coordinator = GroupCoordinator()                   # keeps nothing, schedules nothing
+    offset_groups: set[str] = set()
     offsets = broker.group_offsets()
     topic = broker.topics().get(CONSUMER_OFFSETS_TOPIC)
-    if topic is not None:
-        for p in range(len(topic.partitions)):
-            coordinator.load(offsets.records(p), f"{CONSUMER_OFFSETS_TOPIC}-{p}")
-    return coordinator
-
-
-def _offset_groups(broker: "Broker") -> set[str]:
-    """Every group with an offset-commit record."""
-    groups: set[str] = set()
-    topic = broker.topics().get(CONSUMER_OFFSETS_TOPIC)
-    if topic is None:
-        return groups
-    offsets = broker.group_offsets()
-    for p in range(len(topic.partitions)):
-        for key, _ in offsets.records(p):
+    for p in range(len(topic.partitions) if topic is not None else 0):
+        records = list(offsets.records(p))
+        coordinator.load(records, f"{CONSUMER_OFFSETS_TOPIC}-{p}")
+        for key, _ in records:
             k = json.loads(key)
             if "type" not in k:
-                groups.add(k["group"])
-    return groups
+                offset_groups.add(k["group"])
+    return coordinator, offset_groups
 
 
 def list_groups(broker: "Broker") -> list[GroupListing]:
     """Every consumer group of the storage root, sorted by id."""
     broker.refresh()
-    coordinator = _load(broker)
+    coordinator, offset_groups = _load(broker)
     _, overviews = coordinator.handle_list_groups()
     listed = {o.group_id: GroupListing(o.group_id, o.state, o.protocol_type) for o in overviews}
-    for group in _offset_groups(broker) - set(listed):
+    for group in offset_groups - set(listed):
         listed[group] = GroupListing(group, "Empty", "")
     return [listed[g] for g in sorted(listed)]
 
@@ -99,7 +91,7 @@ def describe_group(broker: "Broker", group_id: str) -> GroupDetails:
     """The group's state and, per partition it owns or has committed, offsets and lag
     (lag = high watermark - committed offset)."""
     broker.refresh()
-    coordinator = _load(broker)
+    coordinator, _ = _load(broker)
     (desc,) = coordinator.handle_describe_groups([group_id])
     owner: dict[tuple[str, int], tuple[str, str]] = {}
     for m in desc.members:

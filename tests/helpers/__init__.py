@@ -54,8 +54,15 @@ class WriterProcess:
         return {"conf": {"storage.url": storage.url, "storage.options": dict(storage.options), **(conf or {})},
                 "producer_conf": producer_conf or {}}
 
+    #: the script registers faulthandler on SIGUSR1 (then a timed-out wait asks it for its stacks)
+    dumps_stacks_on_sigusr1 = False
+
     def on_timeout(self) -> None:
-        """Called before a wait times out (a subclass may ask the process for its stacks)."""
+        """Called before a wait times out: a process that can print every thread's stack to its
+        stderr (faulthandler on SIGUSR1) is asked to, so the failure shows where it hung."""
+        if self.dumps_stacks_on_sigusr1 and self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGUSR1)
+            time.sleep(1.0)
 
     @property
     def host(self) -> str:

@@ -28,9 +28,6 @@ if __name__ == "__main__":
     runpy.run_module(module, run_name="__main__", alter_sys=True)  # exits with the copier's code
     sys.exit(0)
 
-import os  # noqa: E402
-import signal  # noqa: E402
-import time  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -48,6 +45,7 @@ class CopierProcess(WriterProcess):
     """
 
     script = __file__
+    dumps_stacks_on_sigusr1 = True
 
     def __init__(self, storage, source: str, target: str, group: str, transactional_id: str,
                  options: list[str] | None = None, conf: dict | None = None):
@@ -74,12 +72,6 @@ class GroupCopierProcess(CopierProcess):
     def spec(self, storage, conf: dict | None, producer_conf: dict | None) -> dict:
         client_conf = WriterProcess.spec(self, storage, conf, producer_conf)["conf"]
         return {"module": "txlake.group_copier", "argv": [json.dumps(client_conf), *self.copier_args]}
-
-    def on_timeout(self) -> None:
-        """Have the (hung) copier print every thread's stack to its stderr (faulthandler)."""
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGUSR1)
-            time.sleep(1.0)
 
 
 @pytest.fixture
