@@ -730,7 +730,7 @@ def main() -> None:
     if args.root:
         url, built = args.root, None
     else:
-        url = fresh_root()
+        url = fresh_root(keep=args.keep)
         t0 = time.perf_counter()
         built = bulk_build(url, args.ids, args.state_partitions, args.seed,
                            state_flush_records=args.state_flush_records)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -30,9 +32,12 @@ def timed(results: dict, name: str):
     results[name] = time.perf_counter() - start
 
 
-def fresh_root() -> str:
-    """A new empty local storage root (file:// URL)."""
-    return "file://" + tempfile.mkdtemp(prefix="txlake-bench-")
+def fresh_root(keep: bool = False) -> str:
+    """A new empty local storage root (file:// URL), removed when the process exits unless ``keep``."""
+    path = tempfile.mkdtemp(prefix="txlake-bench-")
+    if not keep:
+        atexit.register(shutil.rmtree, path, True)
+    return "file://" + path
 
 
 def peak_rss_mb() -> float:

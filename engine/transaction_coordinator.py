@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC
@@ -28,7 +29,7 @@ from .errors import ApiError, Errors
 from .requests import TxnMarker
 from .transaction_metadata import (IllegalStateError, ProducerIdAndEpoch, TransactionMetadata, TransactionResult,
                                    TransactionState, TxnTransitMetadata)
-from .transaction_state_manager import TransactionConfig, TransactionStateManager
+from .transaction_state_manager import TransactionConfig, TransactionStateManager, TxnLogAppend
 from .transaction_topic import TransactionTopicLog
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 MARKER_RETRIES = 5
+#: seconds a request waits for an answered AddPartitionsToTxn of its id to be durable
+SETTLE_TIMEOUT_S = 30.0
 #: transactions a restarted coordinator finishes at once (their writes share group commits)
 RECOVERY_THREADS = 32
 
@@ -57,6 +60,13 @@ def _identity_error(metadata: TransactionMetadata, producer_id: int, producer_ep
     if metadata.pending_transition_in_progress:
         return Errors.CONCURRENT_TRANSACTIONS
     return None
+
+
+def _refused_at_once(append: TxnLogAppend) -> bool:
+    """True when a queued ``__transaction_state`` record was refused before it could be
+    committed (validation answers resolve at once and do not stop the writer, so nothing may
+    be queued behind such a record)."""
+    return append.refused is not None or (append.written.done() and append.written.exception() is not None)
 
 
 class TransactionCoordinator:
@@ -83,6 +93,11 @@ class TransactionCoordinator:
         # Guarded by a leaf lock: the broker consults it while holding its append lock.
         self._verified: dict[int, tuple[int, frozenset[tuple[str, int]]]] = {}
         self._verified_lock = threading.Lock()
+        # AddPartitionsToTxn answered before its record is durable: transactional id -> a future
+        # set once the transition is complete; completions run on one thread, off the uploader
+        self._in_flight: dict[str, Future] = {}
+        self._in_flight_lock = threading.Lock()
+        self._completions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txlake-txn-completions")
 
     # ------------------------------------------------------------------ lifecycle
     def startup(self, schedule: bool = True) -> None:
@@ -112,6 +127,14 @@ class TransactionCoordinator:
         self._stop.set()
         if self._scheduler is not None:
             self._scheduler.join(timeout=10)
+        with self._in_flight_lock:
+            in_flight = list(self._in_flight.values())
+        for settled in in_flight:  # answered AddPartitionsToTxn whose records are still being written
+            try:
+                settled.result(timeout=SETTLE_TIMEOUT_S)
+            except FutureTimeoutError:
+                log.warning("an AddPartitionsToTxn record was not written before shutdown")
+        self._completions.shutdown(wait=True)
         self.state.shutdown()
 
     def _schedule(self) -> None:
@@ -138,6 +161,7 @@ class TransactionCoordinator:
             return Errors.INVALID_REQUEST, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
         if not self.state.validate_transaction_timeout_ms(transaction_timeout_ms):
             return Errors.INVALID_TRANSACTION_TIMEOUT, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        self.settle(transactional_id)
         try:
             found = self.state.get_transaction_state(transactional_id)
             if found is None:
@@ -209,6 +233,7 @@ class TransactionCoordinator:
         empty id, the manager's loading errors, INVALID_PRODUCER_ID_MAPPING for an unknown id."""
         if not transactional_id:
             return Errors.INVALID_REQUEST, None
+        self.settle(transactional_id)
         try:
             found = self.state.get_transaction_state(transactional_id)
         except ApiError as exc:
@@ -230,19 +255,71 @@ class TransactionCoordinator:
             if metadata.state is TransactionState.ONGOING and partitions <= metadata.topic_partitions:
                 return Errors.NO_ERROR
             transit = metadata.prepare_add_partitions(partitions, _now_ms())
-        error = self.state.append_transaction_to_log(transactional_id, found.coordinator_epoch, transit)
-        if error == Errors.NO_ERROR:
+        # not urgent: the Ongoing record commits with the first records of the transaction
+        append = self.state.queue_transaction_to_log(transactional_id, found.coordinator_epoch, transit, urgent=False)
+        if _refused_at_once(append):
+            error = self.state.complete_transaction_append(append)
             self._remember(metadata)
-        return error
+            return error
+        # Answer now, before the Ongoing record is durable: the writer commits in queue order
+        # and stops at its first failed commit, so no record the producer sends after this
+        # answer (to the partitions verified from now on) is ever durable without it. The
+        # transition completes when the record is committed; requests for this id wait for
+        # that first (see settle).
+        with self._verified_lock:
+            self._verified[transit.producer_id] = (transit.producer_epoch, transit.topic_partitions)
+        settled: Future = Future()
+        with self._in_flight_lock:
+            self._in_flight[transactional_id] = settled
+        append.written.add_done_callback(lambda _: self._run_completion(self._complete_add, append, metadata, settled))
+        return Errors.NO_ERROR
+
+    def _complete_add(self, append: TxnLogAppend, metadata: TransactionMetadata, settled: Future) -> None:
+        """Complete an AddPartitionsToTxn transition once its record is written (the
+        completion thread); a failed write leaves the verified partitions as the log has them."""
+        try:
+            error = self.state.complete_transaction_append(append)
+            if error != Errors.NO_ERROR:
+                log.info("AddPartitionsToTxn of %s was not written: %s", append.transactional_id, error.name)
+            self._remember(metadata)
+        except Exception as exc:  # noqa: BLE001 - logged; the waiters must still be released
+            log.error("completing AddPartitionsToTxn of %s failed: %s", append.transactional_id, exc)
+        finally:
+            with self._in_flight_lock:
+                if self._in_flight.get(append.transactional_id) is settled:
+                    del self._in_flight[append.transactional_id]
+            settled.set_result(None)
+
+    def _run_completion(self, completion: Callable, *args) -> None:
+        """Run a completion on the completion thread (never on the uploader that committed the
+        record: it must not wait for the state lock); inline once the coordinator is shut down."""
+        try:
+            self._completions.submit(completion, *args)
+        except RuntimeError:  # shut down: nothing else runs completions any more
+            completion(*args)
+
+    def settle(self, transactional_id: str) -> None:
+        """Wait until an answered-but-not-yet-durable AddPartitionsToTxn of ``transactional_id``
+        is complete, so the request that follows sees its outcome instead of a pending transition."""
+        with self._in_flight_lock:
+            settled = self._in_flight.get(transactional_id)
+        if settled is not None:
+            try:
+                settled.result(timeout=SETTLE_TIMEOUT_S)
+            except FutureTimeoutError:
+                pass  # the request then answers CONCURRENT_TRANSACTIONS and the client retries
 
     def _remember(self, metadata: TransactionMetadata) -> None:
+        """Set the verification entry of ``metadata``'s producer from its (durable) state."""
         with metadata.lock:
-            if metadata.state is not TransactionState.ONGOING:
-                return
-            entry = (metadata.producer_epoch, frozenset(metadata.topic_partitions))
             pid = metadata.producer_id
+            entry = ((metadata.producer_epoch, frozenset(metadata.topic_partitions))
+                     if metadata.state is TransactionState.ONGOING else None)
         with self._verified_lock:
-            self._verified[pid] = entry
+            if entry is None:
+                self._verified.pop(pid, None)
+            else:
+                self._verified[pid] = entry
 
     def _forget(self, producer_id: int) -> None:
         with self._verified_lock:
@@ -308,7 +385,17 @@ class TransactionCoordinator:
                 return Errors.INVALID_TXN_STATE
             else:
                 raise IllegalStateError(f"Found transactionalId {transactional_id} with state {state}")
-        error = self.state.append_transaction_to_log(transactional_id, coordinator_epoch, transit)
+        committed = result is TransactionResult.COMMIT
+        decided = self.state.queue_transaction_to_log(transactional_id, coordinator_epoch, transit)
+        # PrepareCommit/PrepareAbort, the markers and CompleteCommit/CompleteAbort are queued back to
+        # back and commit together: the writer commits in queue order and stops at its first failed
+        # commit, so a marker is never durable without the Prepare record, nor the Complete record
+        # without every marker (one commit instead of three on the EndTxn path)
+        completed_at = _now_ms()
+        complete = TransactionMetadata.complete_transit_after(transit, completed_at)
+        markers, completion = self._queue_markers_and_complete(transactional_id, coordinator_epoch, committed,
+                                                               transit, complete, decided)
+        error = self.state.complete_transaction_append(decided)
         if error == Errors.NO_ERROR:
             self._forget(producer_id)  # the outcome is decided: no partition can join any more
         else:
@@ -320,12 +407,36 @@ class TransactionCoordinator:
             mismatch = _identity_error(metadata, producer_id, producer_epoch)
             if mismatch is not None:
                 return mismatch
-            expected = TransactionState.PREPARE_COMMIT if result is TransactionResult.COMMIT else TransactionState.PREPARE_ABORT
+            expected = TransactionState.PREPARE_COMMIT if committed else TransactionState.PREPARE_ABORT
             if metadata.state is not expected:
                 return Errors.INVALID_TXN_STATE
-            complete = metadata.prepare_complete(_now_ms())
-        return self._send_markers_and_complete(transactional_id, coordinator_epoch, result is TransactionResult.COMMIT,
-                                               metadata, complete)
+            prepared = metadata.prepare_complete(completed_at)
+        assert prepared == complete, f"the queued Complete record {complete} differs from the transition {prepared}"
+        if completion is None:  # a marker was refused when queued: write them again, with retries
+            return self._send_markers_and_complete(transactional_id, coordinator_epoch, committed, metadata, complete)
+        for future in markers:
+            error = self._marker_error(transactional_id, metadata, None, future.result().error)
+            if error is not None:
+                return error
+        return self.state.complete_transaction_append(completion)
+
+    def _queue_markers_and_complete(self, transactional_id: str, coordinator_epoch: int, committed: bool,
+                                    prepared: TxnTransitMetadata, complete: TxnTransitMetadata,
+                                    decided: TxnLogAppend) -> tuple[list[Future], TxnLogAppend | None]:
+        """Queue the markers of a transaction whose Prepare record is queued (``decided``), then
+        its Complete record. Returns the markers' futures and the queued Complete record; None
+        instead of the latter when the Prepare record or a marker was refused at once (nothing
+        more is queued then: the caller waits for the Prepare record and writes the markers
+        again, with retries)."""
+        if _refused_at_once(decided):
+            return [], None
+        (answer,) = self.broker.append_txn_markers([TxnMarker(
+            prepared.producer_id, prepared.producer_epoch, coordinator_epoch, committed,
+            tuple(sorted(prepared.topic_partitions)))])
+        markers = [value for value in answer.values() if isinstance(value, Future)]
+        if len(markers) != len(answer) or any(f.done() and f.result().error != Errors.NO_ERROR for f in markers):
+            return markers, None
+        return markers, self.state.queue_transaction_to_log(transactional_id, coordinator_epoch, complete)
 
     def _send_markers_and_complete(self, transactional_id: str, coordinator_epoch: int, committed: bool,
                                    metadata: TransactionMetadata, complete: TxnTransitMetadata) -> Errors:

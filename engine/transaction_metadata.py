@@ -37,6 +37,7 @@ Methods are not thread-safe (Kafka's ``@nonthreadsafe``): hold :attr:`Transactio
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -479,6 +480,24 @@ class TransactionMetadata:
         # the fence's abort is durable: a later fence may bump the epoch again
         self.has_failed_epoch_fence = False
         return transit
+
+    @staticmethod
+    def complete_transit_after(prepared: TxnTransitMetadata, update_timestamp: int) -> TxnTransitMetadata:
+        """The CompleteCommit/CompleteAbort snapshot that follows ``prepared`` (a PrepareCommit or
+        PrepareAbort snapshot), built before ``prepared`` is complete: it equals what
+        :meth:`prepare_complete` gives once it is. The coordinator queues it with the markers
+        right behind the PrepareCommit/PrepareAbort record, so the three commit together.
+
+        Raises:
+            IllegalStateError: ``prepared`` is not a PrepareCommit/PrepareAbort snapshot.
+        """
+        if prepared.txn_state not in (TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT):
+            raise IllegalStateError(f"only PrepareCommit/PrepareAbort is followed by a Complete state, not {prepared}")
+        new_state = (TransactionState.COMPLETE_COMMIT if prepared.txn_state is TransactionState.PREPARE_COMMIT
+                     else TransactionState.COMPLETE_ABORT)
+        return dataclasses.replace(prepared, previous_producer_id=prepared.producer_id, next_producer_id=NO_PRODUCER_ID,
+                                   txn_state=new_state, topic_partitions=frozenset(),
+                                   txn_last_update_timestamp=update_timestamp)
 
     def prepare_dead(self) -> TxnTransitMetadata:
         """Prepare Dead: the transactional id expires (Kafka's ``prepareDead``).

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence, runtime_checkable
@@ -189,7 +190,9 @@ class TransactionLog(Protocol):
     :class:`ApiError` with the broker's error code (NOT_LEADER_OR_FOLLOWER,
     KAFKA_STORAGE_ERROR, REQUEST_TIMED_OUT, MESSAGE_TOO_LARGE, ...). ``read`` yields the
     whole partition, ``(offset, key, value)`` in offset order, ``value`` None for a
-    tombstone. An implementation may also offer ``append_many(partition, records)``
+    tombstone. An implementation may offer ``append_async(partition, key, value, urgent)``: the
+    record is queued and a future resolves to its offset once durable; records queued after
+    it are never durable without it. It may also offer ``append_many(partition, records)``
     (one durable batch of ``(key, value)`` pairs, returns the first offset); the
     expiration job then needs one write per partition instead of one per id. It may also
     offer ``read_chunks(partition)``, the same records as ``(offsets, keys, values)`` lists
@@ -292,6 +295,22 @@ class TransactionalIdCoordinatorEpochAndTransitMetadata(NamedTuple):
     def transaction_metadata(self) -> TransactionMetadata:
         """``txn_metadata`` under the name :class:`CoordinatorEpochAndTxnMetadata` uses."""
         return self.txn_metadata
+
+
+@dataclass(frozen=True)
+class TxnLogAppend:
+    """A transition record queued for ``__transaction_state`` by
+    :meth:`TransactionStateManager.queue_transaction_to_log`.
+
+    ``written`` resolves to the record's offset once it is durable (or raises); ``refused``
+    is the answer when nothing was queued (the id is not cached under the coordinator epoch).
+    """
+
+    transactional_id: str
+    coordinator_epoch: int
+    transit: TxnTransitMetadata
+    written: Future | None = None
+    refused: Errors | None = None
 
 
 class ListedTransaction(NamedTuple):
@@ -517,6 +536,8 @@ class TransactionStateManager:
         lease -> NOT_COORDINATOR; MESSAGE_TOO_LARGE/RECORD_LIST_TOO_LARGE ->
         UNKNOWN_SERVER_ERROR) and the pending state is cleared -- unless
         ``retry_on_error(error)`` says the caller will retry with the same transit.
+        :meth:`queue_transaction_to_log` and :meth:`complete_transaction_append` are its
+        two halves, for a caller that answers before the record is durable.
 
         Returns:
             NO_ERROR, or the error for the client (COORDINATOR_LOAD_IN_PROGRESS,
@@ -527,31 +548,76 @@ class TransactionStateManager:
                 Kafka's ``completeTransitionTo`` throws); PrepareEpochFence and Dead transits
                 are refused before anything is written (they are never persisted).
         """
+        return self.complete_transaction_append(self.queue_transaction_to_log(transactional_id, coordinator_epoch, transit),
+                                                retry_on_error)
+
+    def queue_transaction_to_log(self, transactional_id: str, coordinator_epoch: int,
+                                 transit: TxnTransitMetadata, urgent: bool = True) -> TxnLogAppend:
+        """First half of :meth:`append_transaction_to_log`: check that ``transactional_id`` is
+        cached under ``coordinator_epoch`` and queue its record (the shared state lock is held
+        only while queueing, as Kafka holds it around ``appendRecords``).
+
+        With a log that offers ``append_async`` the record is only queued: the writer commits
+        in queue order and stops at its first failed commit, so a record queued after it is
+        never durable without it; ``urgent`` False lets it wait for the writer's linger (nobody
+        waits for it: it commits with the records queued behind it). Otherwise the record is
+        written here.
+
+        Raises:
+            IllegalStateError: a PrepareEpochFence or Dead transit (never persisted).
+        """
         if transit.txn_state in (TransactionState.PREPARE_EPOCH_FENCE, TransactionState.DEAD):
             raise IllegalStateError(f"{transit.txn_state} is never written to {TRANSACTION_STATE_TOPIC} "
                                     f"(transactional id {transactional_id}): {transit}")
         key = transaction_log.encode_key(transactional_id)
         value = transaction_log.encode_value(transit.to_log_value())
         partition = self.partition_for(transactional_id)
-        append_error: Errors | None = None
         with self._state_lock.read():
-            # the shared lock is held across the write so that an unload + reload under a new
+            # the shared lock is held across the queueing so that an unload + reload under a new
             # coordinator epoch cannot slip in between the epoch check and the append
             try:
                 current = self.get_transaction_state(transactional_id)
             except ApiError as exc:
-                return exc.error
+                return TxnLogAppend(transactional_id, coordinator_epoch, transit, refused=exc.error)
             if current is None:
-                return Errors.NOT_COORDINATOR
+                return TxnLogAppend(transactional_id, coordinator_epoch, transit, refused=Errors.NOT_COORDINATOR)
             with current.transaction_metadata.lock:
                 if current.coordinator_epoch != coordinator_epoch:
-                    return Errors.NOT_COORDINATOR
-            try:
-                self.txn_log.append(partition, key, value)
-            except Exception as exc:  # noqa: BLE001 - every failure becomes an error code
-                append_error = self._coordinator_error(exc)
-                log.info("appending %s's new metadata %s failed: %s (answering %s)", transactional_id, transit,
-                         exc, append_error.name)
+                    return TxnLogAppend(transactional_id, coordinator_epoch, transit, refused=Errors.NOT_COORDINATOR)
+            append_async = getattr(self.txn_log, "append_async", None)
+            if append_async is not None:
+                try:
+                    written = append_async(partition, key, value, urgent=urgent)
+                except Exception as exc:  # noqa: BLE001 - answered as a failed write
+                    written = Future()
+                    written.set_exception(exc)
+            else:
+                written = Future()
+                try:
+                    written.set_result(self.txn_log.append(partition, key, value))
+                except Exception as exc:  # noqa: BLE001 - answered as a failed write
+                    written.set_exception(exc)
+        return TxnLogAppend(transactional_id, coordinator_epoch, transit, written=written)
+
+    def complete_transaction_append(self, append: TxnLogAppend,
+                                    retry_on_error: Callable[[Errors], bool] | None = None) -> Errors:
+        """Second half of :meth:`append_transaction_to_log`: wait until the queued record is
+        durable, then complete the transition (or, when the write failed, map the error and
+        clear the pending state). Returns the answer for the client.
+
+        Raises:
+            IllegalStateError: the transit cannot be completed (a coordinator bug).
+        """
+        if append.refused is not None:
+            return append.refused
+        transactional_id, coordinator_epoch, transit = append.transactional_id, append.coordinator_epoch, append.transit
+        append_error: Errors | None = None
+        try:
+            append.written.result()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an error code
+            append_error = self._coordinator_error(exc)
+            log.info("appending %s's new metadata %s failed: %s (answering %s)", transactional_id, transit,
+                     exc, append_error.name)
 
         if append_error is None:
             try:

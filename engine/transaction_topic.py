@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 
     from .broker import Broker
 
+#: seconds an append waits for its commit (the broker's produce timeout)
+APPEND_TIMEOUT_S = 30.0
 #: records per chunk when the coordinator replays a partition
 READ_CHUNK_RECORDS = 100_000
 _REPLAY_COLUMNS = ["offset", "key", "value", "is_control"]
@@ -79,15 +83,40 @@ class TransactionTopicLog:
         """Append one record and wait for its commit; return its offset.
 
         Raises:
-            ApiError: the broker refused or could not commit the record.
+            ApiError: the broker refused or could not commit the record (REQUEST_TIMED_OUT
+                after :data:`APPEND_TIMEOUT_S`).
+        """
+        try:
+            return self.append_async(partition, key, value).result(timeout=APPEND_TIMEOUT_S)
+        except FutureTimeoutError:
+            raise ApiError(Errors.REQUEST_TIMED_OUT,
+                           f"append to {TRANSACTION_STATE_TOPIC}-{partition} was not committed in time") from None
+
+    def append_async(self, partition: int, key: bytes, value: bytes | None, urgent: bool = True) -> Future:
+        """Queue one record; the future resolves to its offset once it is committed, or raises
+        :class:`ApiError` when the broker refused or could not commit it. ``urgent`` ends the
+        writer's linger at once (someone waits for the record); otherwise it commits with
+        whatever is queued within ``storage.flush.linger.ms``.
+
+        The writer commits in queue order and stops at its first failed commit, so anything
+        queued after this record is never durable without it.
         """
         records = pa.Table.from_arrays(
             [pa.array([now_ms()], pa.int64()), pa.array([key], pa.binary()), pa.array([value], pa.binary()),
              pa.nulls(1, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
-        (result,) = self.broker.produce([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records, urgent=True)])
-        if result.error != Errors.NO_ERROR:
-            raise ApiError(result.error, f"append to {TRANSACTION_STATE_TOPIC}-{partition} failed: {result.message}")
-        return result.base_offset
+        (queued,) = self.broker.produce_async([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records, urgent=urgent)])
+        offset: Future = Future()
+
+        def resolve(done: Future) -> None:
+            result = done.result()
+            if result.error != Errors.NO_ERROR:
+                offset.set_exception(ApiError(
+                    result.error, f"append to {TRANSACTION_STATE_TOPIC}-{partition} failed: {result.message}"))
+            else:
+                offset.set_result(result.base_offset)
+
+        queued.add_done_callback(resolve)
+        return offset
 
     def read(self, partition: int) -> Iterator[tuple[int, bytes, bytes | None]]:
         """Every record of one partition, in offset order: ``(offset, key, value)``."""

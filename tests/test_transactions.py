@@ -156,7 +156,9 @@ def test_coordinator_answers_in_each_state(broker):
     assert c.handle_end_txn("unknown", 1, 0, True) == Errors.INVALID_PRODUCER_ID_MAPPING
     err, pid, epoch = c.handle_init_producer_id("x", 60_000)
     assert (err, epoch) == (Errors.NO_ERROR, 0)
-    state = lambda: c.state.get_transaction_state("x").transaction_metadata.state  # noqa: E731
+    def state():
+        c.settle("x")  # AddPartitionsToTxn answers before its Ongoing record is durable
+        return c.state.get_transaction_state("x").transaction_metadata.state
     assert state() is TransactionState.EMPTY
     assert c.handle_end_txn("x", pid, epoch, True) == Errors.INVALID_TXN_STATE          # nothing to end
     assert c.handle_add_partitions_to_txn("x", pid + 1, epoch, [("out", 0)])[("out", 0)] == Errors.INVALID_PRODUCER_ID_MAPPING

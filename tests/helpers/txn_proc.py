@@ -76,14 +76,17 @@ CRASH_POINTS = ("after_prepare", "after_first_marker", "before_complete")
 def arm(point: str) -> None:
     """Install a crash point into this process's engine classes.
 
-    * ``after_prepare``: EndTxn has written PrepareCommit/PrepareAbort durably; die when the
-      coordinator asks the broker to queue the markers, before any marker is written.
+    EndTxn queues PrepareCommit/PrepareAbort, the markers and CompleteCommit/CompleteAbort back
+    to back, and they usually commit together; but the flusher may take the queue between any
+    two of them, so each intermediate state below can be left by a real crash. The crash
+    points commit what is queued (``broker.flush()``) to leave exactly that state:
+
+    * ``after_prepare``: PrepareCommit/PrepareAbort is durable; die when the coordinator asks
+      the broker to queue the markers, before any marker is written.
     * ``after_first_marker``: write the markers to the first partition of the transaction
       only (durably: it waits for their catalog commit), then die.
-    * ``before_complete``: every marker is written; die when the coordinator appends
-      CompleteCommit/CompleteAbort to ``__transaction_state``, before it is written (the
-      coordinator queues the markers without waiting for them: the crash point lets them
-      commit first, to leave exactly "every marker, no Complete record").
+    * ``before_complete``: every marker is written; die when the coordinator queues
+      CompleteCommit/CompleteAbort to ``__transaction_state``, before it is written.
     """
     from txlake.engine.broker import Broker
     from txlake.engine.transaction_metadata import TransactionState
@@ -91,6 +94,7 @@ def arm(point: str) -> None:
 
     if point == "after_prepare":
         def append_txn_markers(broker, markers, *args, **kwargs):
+            broker.flush()  # the queued Prepare record commits
             die(point, markers=[[m.producer_id, m.producer_epoch, m.committed, [list(tp) for tp in m.partitions]]
                                 for m in markers])
 
@@ -109,16 +113,16 @@ def arm(point: str) -> None:
 
         Broker.append_txn_markers = append_txn_markers
     elif point == "before_complete":
-        original = TransactionStateManager.append_transaction_to_log
+        original = TransactionStateManager.queue_transaction_to_log
         complete = (TransactionState.COMPLETE_COMMIT, TransactionState.COMPLETE_ABORT)
 
-        def append_transaction_to_log(manager, transactional_id, coordinator_epoch, transit, *args, **kwargs):
+        def queue_transaction_to_log(manager, transactional_id, coordinator_epoch, transit, *args, **kwargs):
             if transit.txn_state in complete:
                 manager.txn_log.broker.flush()  # the queued markers commit; the Complete record never does
                 die(point, state=transit.txn_state.state_name)
             return original(manager, transactional_id, coordinator_epoch, transit, *args, **kwargs)
 
-        TransactionStateManager.append_transaction_to_log = append_transaction_to_log
+        TransactionStateManager.queue_transaction_to_log = queue_transaction_to_log
     else:
         raise ValueError(f"unknown crash point {point!r} (one of {CRASH_POINTS})")
 
