@@ -1,4 +1,14 @@
-"""The Spark data source (batch and streaming, read and write) -- arrives with the Spark connector issue.
+"""The Spark data source ``txlake`` (PySpark's Python Data Source API, Spark 4.1+).
 
-The committed view it will read is already built by :mod:`txlake.committed_view`.
+Layout -- one concept per module:
+
+* :mod:`.source` -- :class:`~.source.TxlakeDataSource`, the ``DataSource`` Spark sees (name,
+  schema) handing out the readers and writers below; ``pyspark_txlake.DefaultSource`` is
+  this class, so ``spark.read.format("txlake")`` works once txlake is installed;
+* :mod:`.options` -- the options, parsed and checked as Spark's Kafka source does;
+* :mod:`.batch_read` / :mod:`.stream_read` -- committed reads bounded by the LSO from one
+  catalog snapshot (:mod:`txlake.committed_view`);
+* :mod:`.batch_write` / :mod:`.stream_write` -- exactly-once writes.
+
+docs/spark.md describes every option and guarantee.
 """
