@@ -45,6 +45,7 @@ from .errors import ApiError, Errors
 from .group_coordinator import GroupConfig, GroupCoordinator
 from .group_offsets import GroupOffsets
 from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX, GroupCommitter, PendingBatch, now_ms
+from .handoff import HandoffServer
 from .log_reader import LogReader
 from .orphans import delete_orphans
 from .producer_state import ProducerStateManager, increment_sequence
@@ -108,6 +109,7 @@ class Broker:
         self._next_producer_id = 0
         self._producer_id_block_end = 0
         self._last_refresh = 0.0
+        self._handoff: HandoffServer | None = None
 
     # ---------------------------------------------------------------- writer start-up
     @property
@@ -143,6 +145,10 @@ class Broker:
             self._load_writer_state()
             self._committer.start()
             self._flusher_started = True
+            # writes other processes hand over while this one holds the lease (engine/handoff.py)
+            self._handoff = HandoffServer(self.store, self.config.handoff_poll_ms,
+                                          lambda: self.is_writer and not self._closed)
+            self._handoff.start()
             try:
                 removed = delete_orphans(self.store, self.catalog, [DATA_PREFIX, SNAPSHOT_PREFIX],
                                          self.config.orphan_grace_ms)
@@ -575,6 +581,8 @@ class Broker:
         """Clean exit: commit what is queued, snapshot producer state, release the lease at once."""
         if self._closed:
             return
+        if self._handoff is not None:
+            self._handoff.stop()
         if self._txn_coordinator is not None:
             self._txn_coordinator.shutdown()
         if self._group_coordinator is not None:

@@ -26,6 +26,8 @@ class BrokerConfig:
         checkpoint_interval: catalog checkpoint every this many commits.
         producer_snapshot_interval: producer-state snapshot every this many flushes.
         orphan_grace_ms: unreferenced objects younger than this are never deleted.
+        handoff_poll_ms: how often (ms) the lease holder looks for writes handed over to it
+            by other processes (engine/handoff.py).
         row_group_rows: rows per Parquet row group; compression: Parquet codec.
     """
 
@@ -37,6 +39,7 @@ class BrokerConfig:
     checkpoint_interval: int = 100
     producer_snapshot_interval: int = 50
     orphan_grace_ms: int = 3_600_000
+    handoff_poll_ms: int = 500
     row_group_rows: int = 1024 * 1024
     compression: str = "snappy"
     #: the transaction coordinator's Kafka configs (``transaction.max.timeout.ms``, ...), dotted keys

@@ -97,6 +97,7 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "storage.checkpoint.interval": (_int(1), 100),
     "storage.producer.snapshot.interval": (_int(1), 50),
     "storage.orphan.grace.ms": (_int(0), 3_600_000),
+    "storage.handoff.poll.ms": (_int(10, 60_000), 500),
     "num.partitions": (_int(1), 1),
     # the embedded transaction coordinator's broker configs (Kafka's names and defaults)
     "transaction.max.timeout.ms": (_int(1), 900_000),
@@ -198,7 +199,7 @@ class ClientConfig:
             num_partitions=v["num.partitions"], lease_ms=v["storage.lease.ms"], lease_force=v["storage.lease.force"],
             checkpoint_interval=v["storage.checkpoint.interval"],
             producer_snapshot_interval=v["storage.producer.snapshot.interval"],
-            orphan_grace_ms=v["storage.orphan.grace.ms"],
+            orphan_grace_ms=v["storage.orphan.grace.ms"], handoff_poll_ms=v["storage.handoff.poll.ms"],
             transaction={k: v[k] for k in TRANSACTION_BROKER_KEYS},
             group={k: v[k] for k in GROUP_BROKER_KEYS},
         )

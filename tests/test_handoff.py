@@ -1,0 +1,117 @@
+"""Hand-over of writes to the writer-lease holder (engine/handoff.py).
+
+In-process: a HandoffServer (the holder's side) and submit() (another process's side)
+over one storage root, with handlers registered for the test. The cross-process use --
+a Spark worker's commit handed to the process holding the lease -- is tested with the
+Spark writer (tests/test_spark_write.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from txlake.catalog.storage import ObjectStore
+from txlake.engine.handoff import (CLAIMS_PREFIX, HANDOFF_PREFIX, REQUESTS_PREFIX, HandoffCancelled, HandoffError,
+                                   HandoffServer, register_handler, submit)
+
+calls: list[dict] = []
+
+
+def _echo(payload: dict) -> dict:
+    calls.append(payload)
+    return {"doubled": payload["n"] * 2}
+
+
+def _fail(payload: dict) -> dict:
+    raise ValueError(f"bad input {payload['n']}")
+
+
+register_handler("test-echo", _echo)
+register_handler("test-fail", _fail)
+
+
+@pytest.fixture
+def store(tmp_path):
+    calls.clear()
+    return ObjectStore(f"file://{tmp_path}")
+
+
+@pytest.fixture
+def server(store):
+    srv = HandoffServer(store, poll_ms=20, may_run=lambda: True)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def test_the_holder_runs_a_request_once_and_every_object_is_removed(store, server):
+    assert submit(store, "test-echo", {"n": 21}, timeout_s=10) == {"doubled": 42}
+    assert calls == [{"n": 21}]
+    assert store.list(HANDOFF_PREFIX) == []
+
+
+def test_a_failing_handler_reaches_the_requester(store, server):
+    with pytest.raises(HandoffError, match="ValueError: bad input 7"):
+        submit(store, "test-fail", {"n": 7}, timeout_s=10)
+    assert store.list(HANDOFF_PREFIX) == []
+
+
+def test_a_kind_without_handler_is_an_error_naming_it(store, server):
+    with pytest.raises(HandoffError, match="cannot run 'no-such-kind' requests"):
+        submit(store, "no-such-kind", {}, timeout_s=10)
+
+
+def test_without_a_holder_the_request_is_withdrawn_and_never_runs(store):
+    started = time.monotonic()
+    with pytest.raises(HandoffCancelled, match="within 0 s"):
+        submit(store, "test-echo", {"n": 1}, timeout_s=0.3)
+    assert time.monotonic() - started < 5
+    assert store.list(HANDOFF_PREFIX) == []
+    # a holder that starts later finds nothing to run
+    assert HandoffServer(store, 20, lambda: True).run_pending() == 0
+    assert calls == []
+
+
+def test_give_up_withdraws_early(store):
+    started = time.monotonic()
+    with pytest.raises(HandoffCancelled):
+        submit(store, "test-echo", {"n": 1}, timeout_s=60, give_up=lambda: True)
+    assert time.monotonic() - started < 5
+
+
+def test_a_withdrawn_request_left_behind_is_not_run(store):
+    """A requester that died after cancelling (claim 'cancelled', request still there)."""
+    store.put(f"{REQUESTS_PREFIX}0000000000001-x.json",
+              b'{"id": "0000000000001-x", "kind": "test-echo", "payload": {"n": 5}}')
+    store.put_if_absent(f"{CLAIMS_PREFIX}0000000000001-x", b"cancelled")
+    assert HandoffServer(store, 20, lambda: True).run_pending() == 0
+    assert calls == []
+
+
+def test_a_holder_that_may_not_write_leaves_requests_alone(store):
+    blocked = HandoffServer(store, 20, may_run=lambda: False)
+    blocked.start()
+    try:
+        with pytest.raises(HandoffCancelled):
+            submit(store, "test-echo", {"n": 3}, timeout_s=0.3)
+    finally:
+        blocked.stop()
+    assert calls == []
+
+
+def test_requests_from_several_threads_each_run_once(store, server):
+    results: dict[int, dict] = {}
+
+    def ask(n: int) -> None:
+        results[n] = submit(store, "test-echo", {"n": n}, timeout_s=20)
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {n: {"doubled": 2 * n} for n in range(6)}
+    assert sorted(c["n"] for c in calls) == list(range(6))
