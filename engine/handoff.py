@@ -44,7 +44,7 @@ CLAIM_CANCELLED = b"cancelled"
 #: ms between a requester's looks for its response
 RESPONSE_POLL_MS = 100
 
-Handler = Callable[[dict], dict]
+Handler = Callable[[ObjectStore, dict], dict]
 _handlers: dict[str, Handler] = {}
 _handlers_lock = threading.Lock()
 
@@ -58,8 +58,10 @@ class HandoffCancelled(Exception):
 
 
 def register_handler(kind: str, handler: Handler) -> None:
-    """Let a lease holder run requests of ``kind``: ``handler(payload) -> result`` (both JSON
-    dicts); an exception becomes an error response. Registering a kind again replaces it."""
+    """Let a lease holder run requests of ``kind``: ``handler(store, payload) -> result``, where
+    ``store`` is the holder's own :class:`ObjectStore` of the root (its storage options, not the
+    requester's) and payload and result are JSON dicts; an exception becomes an error
+    response. Registering a kind again replaces it."""
     with _handlers_lock:
         _handlers[kind] = handler
 
@@ -190,19 +192,19 @@ class HandoffServer:
             request_id = request["id"]
             if not self.store.put_if_absent(_claim_key(request_id), CLAIM_RUN):
                 continue  # cancelled by its requester, or already run
-            self.store.put(_response_key(request_id), json.dumps(self._run(request)).encode())
+            self.store.put(_response_key(request_id), json.dumps(self._run(self.store, request)).encode())
             ran += 1
         return ran
 
     @staticmethod
-    def _run(request: dict) -> dict:
+    def _run(store: ObjectStore, request: dict) -> dict:
         kind = request.get("kind")
         handler = _handler(kind)
         if handler is None:
             return {"ok": False, "error": f"the writer-lease holder cannot run {kind!r} requests (no handler)"}
         try:
             log.info("running handed-over %s request %s from %s", kind, request["id"], request.get("requester"))
-            return {"ok": True, "result": handler(request.get("payload") or {})}
+            return {"ok": True, "result": handler(store, request.get("payload") or {})}
         except Exception as exc:  # noqa: BLE001 - the requester gets the error
             log.warning("handed-over %s request %s failed: %s", kind, request["id"], exc)
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

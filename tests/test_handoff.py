@@ -20,12 +20,13 @@ from txlake.engine.handoff import (CLAIMS_PREFIX, HANDOFF_PREFIX, REQUESTS_PREFI
 calls: list[dict] = []
 
 
-def _echo(payload: dict) -> dict:
+def _echo(store: ObjectStore, payload: dict) -> dict:
+    assert isinstance(store, ObjectStore)
     calls.append(payload)
     return {"doubled": payload["n"] * 2}
 
 
-def _fail(payload: dict) -> dict:
+def _fail(store: ObjectStore, payload: dict) -> dict:
     raise ValueError(f"bad input {payload['n']}")
 
 
