@@ -9,7 +9,9 @@ hands the work to the holder instead, with three kinds of objects under ``_hando
   "requester", "created_ms"}``;
 * ``claims/<id>`` -- created with create-if-absent, so exactly one side owns the request:
   ``run`` by the holder before it runs it, ``cancelled`` by a requester that gives up (it
-  may then do the work itself, e.g. after the holder released the lease);
+  may then do the work itself, e.g. after the holder released the lease). A claim outlives
+  its request (holders remove claims after :data:`CLAIM_RETENTION_MS`, and never run a
+  request older than half of that), so no request runs twice;
 * ``responses/<id>.json`` -- written by the holder once the work is done:
   ``{"ok": true, "result": {...}}`` or ``{"ok": false, "error": "..."}``.
 
@@ -43,6 +45,9 @@ CLAIM_RUN = b"run"
 CLAIM_CANCELLED = b"cancelled"
 #: ms between a requester's looks for its response
 RESPONSE_POLL_MS = 100
+#: a claim is kept this long (ms): while it exists its request can never run again, so no
+#: request older than half of it is ever run (the requester has long given up on it)
+CLAIM_RETENTION_MS = 3_600_000
 
 Handler = Callable[[ObjectStore, dict], dict]
 _handlers: dict[str, Handler] = {}
@@ -134,7 +139,9 @@ def submit(store: ObjectStore, kind: str, payload: dict, timeout_s: float,
                                    "it -- check the data before retrying")
             time.sleep(RESPONSE_POLL_MS / 1000)
     finally:
-        for key in (_request_key(request_id), _response_key(request_id), _claim_key(request_id)):
+        # the claim stays: it is what keeps the holder from running the request twice (the
+        # holder may have listed the request before it was deleted); holders remove old claims
+        for key in (_request_key(request_id), _response_key(request_id)):
             try:
                 store.delete(key)
             except Exception:  # noqa: BLE001 - leftovers are harmless (the holder skips claimed ids)
@@ -179,8 +186,10 @@ class HandoffServer:
             except Exception as exc:  # noqa: BLE001 - keep serving; the next round retries
                 log.warning("hand-over poll of %s failed: %s", self.store.url, exc)
 
-    def run_pending(self) -> int:
-        """Claim and run every request waiting now; returns how many were run."""
+    def run_pending(self, now_ms: int | None = None) -> int:
+        """Claim and run every request waiting now; returns how many were run. Requests older
+        than half of :data:`CLAIM_RETENTION_MS` are dropped unrun, and older claims removed."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         ran = 0
         for info in self.store.list(REQUESTS_PREFIX):
             if self._stop.is_set() or not self._may_run():
@@ -190,10 +199,18 @@ class HandoffServer:
                 continue  # withdrawn meanwhile
             request = json.loads(raw)
             request_id = request["id"]
+            if now_ms - int(request.get("created_ms", 0)) > CLAIM_RETENTION_MS // 2:
+                log.warning("dropping hand-over request %s: older than %d s", request_id, CLAIM_RETENTION_MS // 2000)
+                self.store.put_if_absent(_claim_key(request_id), CLAIM_CANCELLED)
+                self.store.delete(info.key)
+                continue
             if not self.store.put_if_absent(_claim_key(request_id), CLAIM_RUN):
                 continue  # cancelled by its requester, or already run
             self.store.put(_response_key(request_id), json.dumps(self._run(self.store, request)).encode())
             ran += 1
+        for info in self.store.list(CLAIMS_PREFIX):
+            if now_ms - info.mtime_ms > CLAIM_RETENTION_MS:
+                self.store.delete(info.key)
         return ran
 
     @staticmethod

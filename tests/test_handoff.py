@@ -51,13 +51,15 @@ def server(store):
 def test_the_holder_runs_a_request_once_and_every_object_is_removed(store, server):
     assert submit(store, "test-echo", {"n": 21}, timeout_s=10) == {"doubled": 42}
     assert calls == [{"n": 21}]
-    assert store.list(HANDOFF_PREFIX) == []
+    # only the claim is left: it keeps the request from ever running again
+    assert [o.key.rpartition("/")[0] + "/" for o in store.list(HANDOFF_PREFIX)] == [CLAIMS_PREFIX]
+    assert server.run_pending() == 0 and calls == [{"n": 21}]
 
 
 def test_a_failing_handler_reaches_the_requester(store, server):
     with pytest.raises(HandoffError, match="ValueError: bad input 7"):
         submit(store, "test-fail", {"n": 7}, timeout_s=10)
-    assert store.list(HANDOFF_PREFIX) == []
+    assert store.list(REQUESTS_PREFIX) == []
 
 
 def test_a_kind_without_handler_is_an_error_naming_it(store, server):
@@ -70,7 +72,7 @@ def test_without_a_holder_the_request_is_withdrawn_and_never_runs(store):
     with pytest.raises(HandoffCancelled, match="within 0 s"):
         submit(store, "test-echo", {"n": 1}, timeout_s=0.3)
     assert time.monotonic() - started < 5
-    assert store.list(HANDOFF_PREFIX) == []
+    assert store.list(REQUESTS_PREFIX) == []
     # a holder that starts later finds nothing to run
     assert HandoffServer(store, 20, lambda: True).run_pending() == 0
     assert calls == []
@@ -116,3 +118,16 @@ def test_requests_from_several_threads_each_run_once(store, server):
         t.join()
     assert results == {n: {"doubled": 2 * n} for n in range(6)}
     assert sorted(c["n"] for c in calls) == list(range(6))
+
+
+def test_old_requests_are_dropped_unrun_and_old_claims_removed(store):
+    from txlake.engine.handoff import CLAIM_RETENTION_MS
+
+    store.put(f"{REQUESTS_PREFIX}0000000000001-old.json",
+              b'{"id": "0000000000001-old", "kind": "test-echo", "payload": {"n": 9}, "created_ms": 1}')
+    holder = HandoffServer(store, 20, lambda: True)
+    assert holder.run_pending(now_ms=CLAIM_RETENTION_MS) == 0
+    assert calls == [] and store.list(REQUESTS_PREFIX) == []
+    assert len(store.list(CLAIMS_PREFIX)) == 1
+    assert holder.run_pending(now_ms=int(time.time() * 1000) + CLAIM_RETENTION_MS + 60_000) == 0
+    assert store.list(HANDOFF_PREFIX) == []
