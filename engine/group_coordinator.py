@@ -31,6 +31,17 @@ when the append returns, exactly like Kafka's append callbacks. :meth:`GroupCoor
 replays those records after a restart: each group comes back Stable (or Empty) with its
 generation, leader, members and assignments, and every member must heartbeat within its
 session timeout from the load on.
+
+**Offset expiration** (KIP-211, KIP-496, Kafka's ``GroupMetadataManager.cleanupGroupMetadata``).
+Every ``offsets.retention.check.interval.ms`` a second thread calls
+:meth:`GroupCoordinator.cleanup_group_metadata`; tests call it with ``now_ms``. Per
+``__consumer_offsets`` partition it replays the committed offsets (an :class:`OffsetStore`,
+the broker's :class:`~.group_offsets.GroupOffsets`), asks each group's
+:meth:`~.group_metadata.GroupMetadata.offset_expiration_condition`, writes the tombstones
+of the expired offsets -- never of a partition with a pending transactional commit
+(KIP-447) -- and turns an Empty group left without offsets Dead, with a tombstone of its
+record. Offset commits hold the partition's guard (:meth:`GroupCoordinator.offset_commit_guard`)
+shared, the expiration holds it alone, so it never deletes an offset committed meanwhile.
 """
 
 from __future__ import annotations
@@ -39,25 +50,28 @@ import heapq
 import logging
 import threading
 import time
+import typing
 import uuid
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable
+from typing import Callable, ContextManager, Hashable, Iterable, Iterator
 
 from txlake.catalog.errors import InvalidConfigError
 
 from .errors import Errors
-from .group_metadata import (NO_GENERATION, UNKNOWN_MEMBER_ID, GroupDescription, GroupMember, GroupMetadata,
-                             GroupOverview, GroupState, IllegalGroupStateError, JoinGroupMember, JoinGroupResult,
-                             Protocol, SyncGroupResult, decode_group_record, group_metadata_key)
-from .group_offsets import OFFSETS_TOPIC_NUM_PARTITIONS, partition_for
+from .group_metadata import (NO_GENERATION, STANDALONE_OFFSET_EXPIRATION, UNKNOWN_MEMBER_ID, GroupDescription,
+                             GroupMember, GroupMetadata, GroupOverview, GroupState, IllegalGroupStateError,
+                             JoinGroupMember, JoinGroupResult, Protocol, SyncGroupResult, decode_group_record,
+                             group_metadata_key)
+from .group_offsets import OFFSETS_TOPIC_NUM_PARTITIONS, GroupOffsetsState, TopicPartitionKey, partition_for
 
 log = logging.getLogger(__name__)
 
 __all__ = ["AppendFn", "GroupConfig", "GroupCoordinator", "JoinGroupMember", "JoinGroupResult", "LeaveGroupResult",
-           "LeaveMemberResponse", "MemberIdentity", "NO_GENERATION", "SyncGroupResult", "UNKNOWN_MEMBER_ID",
-           "append_error_to_response_error"]
+           "LeaveMemberResponse", "MemberIdentity", "NO_GENERATION", "OffsetStore", "SyncGroupResult",
+           "UNKNOWN_MEMBER_ID", "append_error_to_response_error"]
 
 #: ``append(group_id, key, value or None for a tombstone) -> Errors``: write a group record.
 AppendFn = Callable[[str, bytes, "bytes | None"], Errors]
@@ -67,7 +81,10 @@ GROUP_MAX_SESSION_TIMEOUT_MS_CONFIG = "group.max.session.timeout.ms"
 GROUP_MAX_SIZE_CONFIG = "group.max.size"
 GROUP_INITIAL_REBALANCE_DELAY_MS_CONFIG = "group.initial.rebalance.delay.ms"
 OFFSETS_TOPIC_NUM_PARTITIONS_CONFIG = "offsets.topic.num.partitions"
+OFFSETS_RETENTION_MINUTES_CONFIG = "offsets.retention.minutes"
+OFFSETS_RETENTION_CHECK_INTERVAL_MS_CONFIG = "offsets.retention.check.interval.ms"
 _INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
 #: the scheduler thread looks at the timer at least this often (s), in case the clock jumps
 _MAX_SCHEDULER_WAIT_S = 1.0
 #: how long DeleteGroups waits for its tombstones to be written (s)
@@ -92,6 +109,11 @@ class GroupConfig:
         new_member_join_timeout_ms: how long a new member's JoinGroup may stay parked before it
             is dropped (Kafka's fixed ``CLASSIC_GROUP_NEW_MEMBER_JOIN_TIMEOUT_MS``, 5 minutes).
         offsets_topic_num_partitions: ``offsets.topic.num.partitions`` (50).
+        offsets_retention_minutes: ``offsets.retention.minutes`` (10080 = 7 days): how long the
+            offsets of a group outlive it -- after the group became Empty, or for a group
+            without group management after each offset's commit (KIP-211).
+        offsets_retention_check_interval_ms: ``offsets.retention.check.interval.ms`` (600000):
+            how often expired offsets are looked for.
     """
 
     group_min_session_timeout_ms: int = 6000
@@ -100,21 +122,26 @@ class GroupConfig:
     group_initial_rebalance_delay_ms: int = 3000
     new_member_join_timeout_ms: int = 300_000
     offsets_topic_num_partitions: int = OFFSETS_TOPIC_NUM_PARTITIONS
+    offsets_retention_minutes: int = 10_080
+    offsets_retention_check_interval_ms: int = 600_000
 
+    #: dotted key -> (attribute, lowest value, highest value): Kafka's INT and LONG ranges
     _KEYS = {
-        GROUP_MIN_SESSION_TIMEOUT_MS_CONFIG: ("group_min_session_timeout_ms", 0),
-        GROUP_MAX_SESSION_TIMEOUT_MS_CONFIG: ("group_max_session_timeout_ms", 0),
-        GROUP_MAX_SIZE_CONFIG: ("group_max_size", 1),
-        GROUP_INITIAL_REBALANCE_DELAY_MS_CONFIG: ("group_initial_rebalance_delay_ms", 0),
-        OFFSETS_TOPIC_NUM_PARTITIONS_CONFIG: ("offsets_topic_num_partitions", 1),
+        GROUP_MIN_SESSION_TIMEOUT_MS_CONFIG: ("group_min_session_timeout_ms", 0, _INT32_MAX),
+        GROUP_MAX_SESSION_TIMEOUT_MS_CONFIG: ("group_max_session_timeout_ms", 0, _INT32_MAX),
+        GROUP_MAX_SIZE_CONFIG: ("group_max_size", 1, _INT32_MAX),
+        GROUP_INITIAL_REBALANCE_DELAY_MS_CONFIG: ("group_initial_rebalance_delay_ms", 0, _INT32_MAX),
+        OFFSETS_TOPIC_NUM_PARTITIONS_CONFIG: ("offsets_topic_num_partitions", 1, _INT32_MAX),
+        OFFSETS_RETENTION_MINUTES_CONFIG: ("offsets_retention_minutes", 1, _INT32_MAX),
+        OFFSETS_RETENTION_CHECK_INTERVAL_MS_CONFIG: ("offsets_retention_check_interval_ms", 1, _INT64_MAX),
     }
 
     def __post_init__(self) -> None:
-        for key, (attr, low) in self._KEYS.items():
+        for key, (attr, low, high) in self._KEYS.items():
             value = getattr(self, attr)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _INT32_MAX:
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise InvalidConfigError(f"Invalid value {value!r} for configuration {key}: "
-                                         f"Value must be an integer in {low}..{_INT32_MAX}")
+                                         f"Value must be an integer in {low}..{high}")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise InvalidConfigError(f"{GROUP_MIN_SESSION_TIMEOUT_MS_CONFIG} ({self.group_min_session_timeout_ms}) "
                                      f"must not exceed {GROUP_MAX_SESSION_TIMEOUT_MS_CONFIG} "
@@ -129,7 +156,12 @@ class GroupConfig:
         Raises:
             InvalidConfigError: a value that is not an integer in range.
         """
-        return cls(**{attr: _int_property(key, props[key]) for key, (attr, _) in cls._KEYS.items() if key in props})
+        return cls(**{spec[0]: _int_property(key, props[key]) for key, spec in cls._KEYS.items() if key in props})
+
+    @property
+    def offsets_retention_ms(self) -> int:
+        """``offsets.retention.minutes`` in ms (Kafka's ``offsetsRetentionMs``)."""
+        return self.offsets_retention_minutes * 60_000
 
 
 def _int_property(key: str, raw: object) -> object:
@@ -178,6 +210,60 @@ def append_error_to_response_error(error: Errors) -> Errors:
     if error in (Errors.MESSAGE_TOO_LARGE, Errors.RECORD_LIST_TOO_LARGE, Errors.INVALID_FETCH_SIZE):
         return Errors.UNKNOWN_SERVER_ERROR
     return error
+
+
+@typing.runtime_checkable
+class OffsetStore(typing.Protocol):
+    """Where the committed offsets live, as offset expiration needs them (the broker's
+    :class:`~.group_offsets.GroupOffsets` over ``__consumer_offsets``)."""
+
+    def replay(self, partition: int, group_id: str | None = None) -> dict[str, GroupOffsetsState]:
+        """Every group's committed and pending offsets in ``__consumer_offsets`` partition ``partition``."""
+
+    def delete_offsets(self, partition: int, offsets: dict[str, Iterable[TopicPartitionKey]]) -> Errors:
+        """Write the tombstones of these groups' offsets (all of ``partition``) as one batch."""
+
+
+class _PartitionGuard:
+    """One readers-writer lock per ``__consumer_offsets`` partition: offset commits hold it
+    shared (they run side by side), an offset expiration holds it alone. A waiting
+    expiration keeps new commits out, so a steady flow of commits cannot starve it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared: Counter[int] = Counter()
+        self._waiting: Counter[int] = Counter()
+        self._exclusive: set[int] = set()
+
+    @contextmanager
+    def shared(self, partition: int) -> Iterator[None]:
+        with self._cond:
+            while partition in self._exclusive or self._waiting[partition]:
+                self._cond.wait()
+            self._shared[partition] += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared[partition] -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self, partition: int) -> Iterator[None]:
+        with self._cond:
+            self._waiting[partition] += 1
+            try:
+                while partition in self._exclusive or self._shared[partition]:
+                    self._cond.wait()
+            finally:
+                self._waiting[partition] -= 1
+            self._exclusive.add(partition)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive.discard(partition)
+                self._cond.notify_all()
 
 
 class _Timer:
@@ -254,12 +340,21 @@ class GroupCoordinator:
         config: Kafka's group settings.
         time_ms: the clock (ms); every deadline is computed from it.
         new_uuid: the unique part of new member ids (default: a random UUID).
+        offsets: the committed offsets, for offset expiration. Default: the object ``append``
+            is a bound method of, if it is an :class:`OffsetStore` (the broker passes
+            ``GroupOffsets.append_group_record``); without one, offsets never expire.
     """
 
     def __init__(self, append: AppendFn | None = None, config: GroupConfig | None = None,
-                 time_ms: Callable[[], int] | None = None, new_uuid: Callable[[], str] | None = None):
+                 time_ms: Callable[[], int] | None = None, new_uuid: Callable[[], str] | None = None,
+                 offsets: OffsetStore | None = None):
         self.config = config or GroupConfig()
         self._append = append or (lambda group_id, key, value: Errors.NO_ERROR)
+        if offsets is None and isinstance(getattr(append, "__self__", None), OffsetStore):
+            offsets = append.__self__
+        self._offsets = offsets
+        self._offsets_guard = _PartitionGuard()
+        self._expiration: threading.Thread | None = None
         self._clock = time_ms or _now_ms
         self._new_uuid = new_uuid or (lambda: str(uuid.uuid4()))
         self._lock = threading.RLock()
@@ -280,12 +375,19 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ lifecycle
     def startup(self, schedule: bool = True) -> None:
         """Start the scheduler thread that fires deadlines as they fall due (the production
-        setup). Without it, call :meth:`check_expirations` yourself."""
+        setup) and, with an :class:`OffsetStore`, the offset-expiration thread, which runs
+        :meth:`cleanup_group_metadata` every ``offsets.retention.check.interval.ms``, the first
+        time one interval after startup (Kafka's ``scheduleGroupMetadataExpiration``). Without
+        them, call :meth:`check_expirations` and :meth:`cleanup_group_metadata` yourself."""
         self._active = True
         if schedule and self._scheduler is None:
             self._stop.clear()
             self._scheduler = threading.Thread(target=self._schedule_loop, name="txlake-group-scheduler", daemon=True)
             self._scheduler.start()
+            if self._offsets is not None:
+                self._expiration = threading.Thread(target=self._expiration_loop, name="txlake-offsets-expiration",
+                                                    daemon=True)
+                self._expiration.start()
 
     def shutdown(self) -> None:
         """Stop the scheduler and unload every group (Kafka's ``onGroupUnloaded``): groups go
@@ -293,9 +395,10 @@ class GroupCoordinator:
         answer COORDINATOR_NOT_AVAILABLE."""
         self._stop.set()
         self._wakeup.set()
-        if self._scheduler is not None:
-            self._scheduler.join(timeout=10)
-            self._scheduler = None
+        for thread in (self._scheduler, self._expiration):
+            if thread is not None:
+                thread.join(timeout=10)
+        self._scheduler = self._expiration = None
         with self._lock:
             self._active = False
             for group in list(self._groups.values()):
@@ -314,6 +417,14 @@ class GroupCoordinator:
             wait = _MAX_SCHEDULER_WAIT_S if next_deadline is None else \
                 min(_MAX_SCHEDULER_WAIT_S, max(0.0, (next_deadline - self._clock()) / 1000))
             self._wakeup.wait(wait)
+
+    def _expiration_loop(self) -> None:
+        interval_s = min(self.config.offsets_retention_check_interval_ms / 1000, threading.TIMEOUT_MAX)
+        while not self._stop.wait(interval_s):
+            try:
+                self.cleanup_group_metadata()
+            except Exception as exc:  # the next round tries again
+                log.warning("offset expiration round failed: %s", exc, exc_info=True)
 
     def check_expirations(self, now_ms: int | None = None) -> int | None:
         """Fire every deadline due at ``now_ms`` (default: the clock) that was scheduled before
@@ -993,6 +1104,106 @@ class GroupCoordinator:
                     and group.state in (GroupState.STABLE, GroupState.PREPARING_REBALANCE)):
                 self._reschedule_heartbeat(group, group.member(member_id))
             return error
+
+    def offset_commit_guard(self, group_id: str) -> ContextManager[None]:
+        """Hold this around an OffsetCommit's check and write: commits of the group's
+        ``__consumer_offsets`` partition run side by side, but never while
+        :meth:`cleanup_group_metadata` works on that partition (Kafka keeps such offsets in
+        ``pendingOffsetCommits`` and does not expire them)."""
+        return self._offsets_guard.shared(self.partition_for(group_id))
+
+    # ------------------------------------------------------------------ offset expiration (KIP-211)
+    def cleanup_group_metadata(self, now_ms: int | None = None) -> int:
+        """Expire offsets and remove groups left without any (Kafka's
+        ``GroupMetadataManager.cleanupGroupMetadata`` with ``OffsetMetadataManager.cleanupExpiredOffsets``).
+
+        For each ``__consumer_offsets`` partition, each group with offsets or metadata there:
+
+        * its :meth:`~.group_metadata.GroupMetadata.offset_expiration_condition` -- a group with
+          a protocol type while Empty: ``offsets.retention.minutes`` after it became Empty; a
+          Stable consumer group: the offsets of topics it no longer subscribes to (KIP-496),
+          after their commit; a group without group management (offsets only, committed with
+          assign()): per offset, ``offsets.retention.minutes`` after its commit; an offset with
+          an explicit expire timestamp at that timestamp; any other group keeps its offsets;
+        * an offset expires unless its topic is subscribed or a transactional commit of its
+          partition is pending (KIP-447); the expired ones get tombstones, one batch per
+          ``__consumer_offsets`` partition;
+        * an Empty group left with no offsets and no pending transactional ones goes Dead and
+          is forgotten; a tombstone of its record is written unless its generation is 0 (Kafka:
+          such a group only stored offsets).
+
+        Args:
+            now_ms: the time to expire at (ms since the epoch); default: the coordinator's clock.
+
+        Returns:
+            the number of offsets removed (0 without an :class:`OffsetStore`).
+        """
+        if self._offsets is None:
+            return 0
+        now = self._clock() if now_ms is None else now_ms
+        started = time.monotonic()
+        removed = 0
+        for partition in range(self.config.offsets_topic_num_partitions):
+            with self._lock:
+                if not self._active:
+                    break
+            removed += self._cleanup_partition(partition, now)
+        if removed:
+            log.info("Removed %d expired offsets in %d milliseconds.", removed, (time.monotonic() - started) * 1000)
+        return removed
+
+    def _cleanup_partition(self, partition: int, now: int) -> int:
+        """:meth:`cleanup_group_metadata` of one ``__consumer_offsets`` partition."""
+        retention_ms = self.config.offsets_retention_ms
+        with self._offsets_guard.exclusive(partition):
+            states = self._offsets.replay(partition)
+            expired: dict[str, list[TopicPartitionKey]] = {}
+            emptied: list[GroupMetadata] = []
+            with self._lock:
+                groups = {g for g in self._groups if self.partition_for(g) == partition}
+                for group_id in sorted(groups | set(states)):
+                    group = self._groups.get(group_id)
+                    if group is not None and group.is_in(GroupState.DEAD):
+                        continue
+                    condition = STANDALONE_OFFSET_EXPIRATION if group is None else group.offset_expiration_condition()
+                    if condition is None:
+                        continue
+                    state = states.get(group_id) or GroupOffsetsState()
+                    subscribed = (group.subscribed_topics() if group is not None else None) or frozenset()
+                    gone = [tp for tp, (_, om) in sorted(state.committed.items())
+                            if tp[0] not in subscribed and tp not in state.pending
+                            and condition.is_offset_expired(om, now, retention_ms)]
+                    if gone:
+                        expired[group_id] = gone
+                    if group is not None and len(gone) == len(state.committed) and not state.pending:
+                        emptied.append(group)
+            error = self._offsets.delete_offsets(partition, expired)
+            if error != Errors.NO_ERROR:
+                log.warning("Failed to write the tombstones of %d expired offsets to __consumer_offsets-%d: %s",
+                            sum(map(len, expired.values())), partition, error.name)
+                return 0
+            for group_id, gone in expired.items():
+                log.debug("Group %s: expired offsets of %s", group_id, gone)
+            with self._lock:
+                for group in emptied:
+                    if self._is_current(group) and group.is_in(GroupState.EMPTY):
+                        self._remove_dead_group(group)
+        self._run_deferred()
+        return sum(map(len, expired.values()))
+
+    def _remove_dead_group(self, group: GroupMetadata) -> None:
+        """An Empty group without offsets goes Dead and is forgotten; its record gets a tombstone
+        unless its generation is 0 (caller holds the lock)."""
+        group_id = group.group_id
+        log.info("Group %s transitioned to Dead in generation %d", group_id, group.generation_id)
+        self._unload(group)
+        del self._groups[group_id]
+        if group.generation_id > 0:
+            def stored(error: Errors) -> None:
+                if error != Errors.NO_ERROR:  # the group comes back Empty after a restart and is removed again
+                    log.warning("Failed to write the tombstone of group %s: %s", group_id, error.name)
+
+            self._store(group_id, group_metadata_key(group_id), None, stored)
 
     # ------------------------------------------------------------------ Describe / List / Delete
     def handle_describe_groups(self, group_ids: Iterable[str]) -> list[GroupDescription]:

@@ -43,11 +43,14 @@ from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from txlake.formats.errors import CorruptObjectError, TxlakeError, UnsupportedFormatVersionError
 
 from .errors import Errors
+
+if TYPE_CHECKING:
+    from .group_offsets import OffsetAndMetadata
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,8 @@ UNKNOWN_MEMBER_ID = ""
 NO_GENERATION = -1
 NO_LEADER = ""
 NO_PROTOCOL = ""
+#: The protocol type of consumers (Kafka's ``ConsumerProtocol.PROTOCOL_TYPE``).
+CONSUMER_PROTOCOL_TYPE = "consumer"
 #: The group record's format version.
 RECORD_VERSION = 1
 RECORD_TYPE = "group"
@@ -151,6 +156,30 @@ class SyncGroupResult:
     protocol_type: str | None = None
     protocol_name: str | None = None
     assignment: bytes = b""
+
+
+# ---------------------------------------------------------------------------- offset expiration
+class OffsetExpirationCondition:
+    """When a committed offset expires (Kafka's ``OffsetExpirationConditionImpl``, KIP-211).
+
+    Args:
+        base_timestamp: the time (ms) the retention counts from, given the offset.
+    """
+
+    def __init__(self, base_timestamp: Callable[["OffsetAndMetadata"], int]):
+        self.base_timestamp = base_timestamp
+
+    def is_offset_expired(self, offset: "OffsetAndMetadata", now_ms: int, retention_ms: int) -> bool:
+        """An offset with an explicit expire timestamp (OffsetCommit v2-v4) expires at it;
+        any other once ``retention_ms`` have passed since its base timestamp (all in ms)."""
+        if offset.expire_timestamp is not None:
+            return now_ms >= offset.expire_timestamp
+        return now_ms - self.base_timestamp(offset) >= retention_ms
+
+
+#: a group without group management (no protocol type: offsets committed by assign()-based
+#: consumers or admin tools): each offset expires counting from its own commit
+STANDALONE_OFFSET_EXPIRATION = OffsetExpirationCondition(lambda offset: offset.commit_timestamp)
 
 
 # ---------------------------------------------------------------------------- members
@@ -645,6 +674,50 @@ class GroupMetadata:
             return Errors.REBALANCE_IN_PROGRESS
         return Errors.NO_ERROR
 
+    # ------------------------------------------------------------------ offset expiration
+    def subscribed_topics(self) -> frozenset[str] | None:
+        """The topics the members subscribe to, read from their subscriptions for the selected
+        protocol (Kafka's ``computeSubscribedTopics``): known only for the consumer protocol
+        type -- empty without members -- and None when unknown (another protocol type, or a
+        subscription that cannot be read)."""
+        if self.protocol_type != CONSUMER_PROTOCOL_TYPE:
+            return None
+        if not self.members:
+            return frozenset()
+        if self.protocol_name is None:
+            return None
+        topics: set[str] = set()
+        for member in self.members.values():
+            subscribed = _subscription_topics(member.supported_protocols, self.protocol_name)
+            if subscribed is None:
+                log.warning("Failed to parse the %s subscription of member %s of group %s: the coordinator is "
+                            "not aware of the subscribed topics", self.protocol_name, member.member_id, self.group_id)
+                return None
+            topics |= subscribed
+        return frozenset(topics)
+
+    def offset_expiration_condition(self) -> OffsetExpirationCondition | None:
+        """How the group's offsets expire now (Kafka's ``ClassicGroup.offsetExpirationCondition``);
+        offsets of topics in :meth:`subscribed_topics` never expire:
+
+        * a protocol type and Empty: every offset, ``offsets.retention.minutes`` after the group
+          became Empty (its state timestamp; the commit timestamp if that is unknown);
+        * the consumer protocol type, Stable, subscribed topics known (KIP-496): the offsets of
+          topics no member subscribes to, counting from their commit;
+        * no protocol type (the group only stores offsets): each offset, counting from its commit;
+        * otherwise: None, nothing expires.
+        """
+        if not self.protocol_type:
+            return STANDALONE_OFFSET_EXPIRATION
+        if self.is_in(GroupState.EMPTY):
+            empty_since = self.state_timestamp
+            return OffsetExpirationCondition(
+                lambda offset: empty_since if empty_since >= 0 else offset.commit_timestamp)
+        if (self.protocol_type == CONSUMER_PROTOCOL_TYPE and self.is_in(GroupState.STABLE)
+                and self.subscribed_topics() is not None):
+            return STANDALONE_OFFSET_EXPIRATION
+        return None
+
     # ------------------------------------------------------------------ describe / list
     def describe(self) -> GroupDescription:
         """DescribeGroups (Kafka's ``summary``): member metadata and assignments only when Stable."""
@@ -703,6 +776,22 @@ class GroupMetadata:
                                   rebalance_timeout, m["session_timeout"], value["protocol_type"],
                                   [(value["protocol"], _unb64(m["subscription"]))], _unb64(m["assignment"])))
         return group
+
+
+def _subscription_topics(protocols: Iterable[Protocol], protocol_name: str) -> set[str] | None:
+    """The topics of a member's consumer-protocol subscription for ``protocol_name`` -- the
+    ``"topics"`` of the JSON that ``txlake.assignors.encode_subscription`` writes -- or None
+    when it cannot be read (as Kafka reads only the V0 prefix of ConsumerProtocol)."""
+    for name, metadata in protocols:
+        if name == protocol_name:
+            try:
+                topics = json.loads(metadata).get("topics")
+            except (ValueError, TypeError, AttributeError):
+                return None
+            if isinstance(topics, list) and all(isinstance(t, str) for t in topics):
+                return set(topics)
+            return None
+    return None
 
 
 def _b64(data: bytes) -> str:

@@ -10,15 +10,21 @@ count only once the transaction's COMMIT marker lands (an ABORT drops them).
 OffsetFetch replays the group's partition: in log order, plain commits apply at once;
 transactional ones are held per producer until its marker. Between a transactional and
 a plain commit of the same partition, the later offset record in the log wins (Kafka's
-``completePendingTxnOffsetCommit``). With ``require_stable``, a partition with a
+``completePendingTxnOffsetCommit``). A tombstone (an expired or deleted offset) removes the
+committed offset; a transactional offset written before it still applies at its COMMIT
+marker (Kafka's ``OffsetMetadataManager.replay``). With ``require_stable``, a partition with a
 transactional commit still pending answers UNSTABLE_OFFSET_COMMIT (KIP-447).
+
+Offsets expire (``offsets.retention.minutes``, KIP-211): the group coordinator decides
+which (:meth:`~.group_coordinator.GroupCoordinator.cleanup_group_metadata`) from
+:meth:`GroupOffsets.replay`, and :meth:`GroupOffsets.delete_offsets` writes their tombstones.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import pyarrow as pa
@@ -37,15 +43,47 @@ if TYPE_CHECKING:
 
 OFFSETS_TOPIC_NUM_PARTITIONS = 50
 RECORD_VERSION = 1
+#: OffsetCommit's ``retention_time_ms`` when the request sets none (Kafka's
+#: ``OffsetCommitRequest.DEFAULT_RETENTION_TIME``): ``offsets.retention.minutes`` applies
+DEFAULT_RETENTION_TIME = -1
+#: the longest metadata string an offset commit may carry, in UTF-16 code units (Kafka's
+#: ``offset.metadata.max.bytes`` default); longer ones answer OFFSET_METADATA_TOO_LARGE
+OFFSET_METADATA_MAX_BYTES = 4096
+
+TopicPartitionKey = tuple[str, int]
 
 
 @dataclass(frozen=True)
 class OffsetAndMetadata:
-    """A committed offset: the next offset to consume, its metadata string, the commit time (ms)."""
+    """A committed offset (Kafka's ``OffsetAndMetadata``).
+
+    Attributes:
+        offset: the next offset to consume.
+        metadata: the application's metadata string (round-trips unchanged).
+        commit_timestamp: when the coordinator stored it (ms since the epoch); -1 before.
+        expire_timestamp: an explicit expiry (ms since the epoch), set only by an OffsetCommit
+            with a ``retention_time_ms`` (OffsetCommit v2-v4); None: the offset expires by
+            ``offsets.retention.minutes`` (KIP-211).
+    """
 
     offset: int
     metadata: str = ""
     commit_timestamp: int = -1
+    expire_timestamp: int | None = None
+
+
+@dataclass
+class GroupOffsetsState:
+    """One group's offsets after a replay of its ``__consumer_offsets`` partition (the state
+    Kafka's ``OffsetMetadataManager`` keeps in memory).
+
+    Attributes:
+        committed: ``{(topic, partition): (record offset in __consumer_offsets, OffsetAndMetadata)}``.
+        pending: partitions with a transactional commit whose marker has not been written yet.
+    """
+
+    committed: dict[TopicPartitionKey, tuple[int, OffsetAndMetadata]] = field(default_factory=dict)
+    pending: set[TopicPartitionKey] = field(default_factory=set)
 
 
 def partition_for(group_id: str, num_partitions: int = OFFSETS_TOPIC_NUM_PARTITIONS) -> int:
@@ -53,18 +91,37 @@ def partition_for(group_id: str, num_partitions: int = OFFSETS_TOPIC_NUM_PARTITI
     return kafka_abs(java_string_hash_code(group_id)) % num_partitions
 
 
-def offset_records(group_id: str, offsets: dict[tuple[str, int], OffsetAndMetadata]) -> pa.Table:
-    """The records (PAYLOAD_SCHEMA) of an offset commit: key = group/topic/partition, value = offset."""
-    now = int(time.time() * 1000)
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def offset_key(group_id: str, topic: str, partition: int) -> bytes:
+    """The key of a committed offset in ``__consumer_offsets`` (Kafka's ``OffsetCommitKey``)."""
+    return json.dumps({"v": RECORD_VERSION, "group": group_id, "topic": topic, "partition": partition},
+                      separators=(",", ":")).encode()
+
+
+def _payload(keys: list[bytes], values: list[bytes | None], timestamp_ms: int) -> pa.Table:
+    """Records of ``__consumer_offsets`` (PAYLOAD_SCHEMA); a None value is a tombstone."""
+    n = len(keys)
+    return pa.Table.from_arrays([pa.array([timestamp_ms] * n, pa.int64()), pa.array(keys, pa.binary()),
+                                 pa.array(values, pa.binary()), pa.nulls(n, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
+
+
+def offset_records(group_id: str, offsets: dict[TopicPartitionKey, OffsetAndMetadata],
+                   now_ms: int | None = None) -> pa.Table:
+    """The records (PAYLOAD_SCHEMA) of an offset commit: key = group/topic/partition, value =
+    offset, metadata, commit timestamp ``now_ms`` (default: the wall clock, ms) and the explicit
+    expire timestamp if the offset has one (Kafka's ``OffsetCommitValue``)."""
+    now = _wall_ms() if now_ms is None else now_ms
     keys, values = [], []
     for (topic, partition), om in sorted(offsets.items()):
-        keys.append(json.dumps({"v": RECORD_VERSION, "group": group_id, "topic": topic, "partition": partition},
-                               separators=(",", ":")).encode())
-        values.append(json.dumps({"v": RECORD_VERSION, "offset": om.offset, "metadata": om.metadata,
-                                  "commit_timestamp": now}, separators=(",", ":")).encode())
-    n = len(keys)
-    return pa.Table.from_arrays([pa.array([now] * n, pa.int64()), pa.array(keys, pa.binary()),
-                                 pa.array(values, pa.binary()), pa.nulls(n, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
+        keys.append(offset_key(group_id, topic, partition))
+        value = {"v": RECORD_VERSION, "offset": om.offset, "metadata": om.metadata, "commit_timestamp": now}
+        if om.expire_timestamp is not None:
+            value["expire_timestamp"] = om.expire_timestamp
+        values.append(json.dumps(value, separators=(",", ":")).encode())
+    return _payload(keys, values, now)
 
 
 def _decode(key: bytes, value: bytes | None, location: str) -> tuple[str, tuple[str, int], OffsetAndMetadata | None] | None:
@@ -79,7 +136,8 @@ def _decode(key: bytes, value: bytes | None, location: str) -> tuple[str, tuple[
         raise CorruptObjectError(location, f"unreadable offset commit record ({exc})") from exc
     if k.get("v") != RECORD_VERSION or (v is not None and v.get("v") != RECORD_VERSION):
         raise CorruptObjectError(location, f"offset commit record of unknown version {k.get('v')}")
-    om = OffsetAndMetadata(v["offset"], v.get("metadata", ""), v.get("commit_timestamp", -1)) if v else None
+    om = OffsetAndMetadata(v["offset"], v.get("metadata", ""), v.get("commit_timestamp", -1),
+                           v.get("expire_timestamp")) if v else None
     return k["group"], (k["topic"], k["partition"]), om
 
 
@@ -108,28 +166,67 @@ class GroupOffsets:
         if error not in (Errors.NO_ERROR, Errors.TOPIC_ALREADY_EXISTS):
             raise ApiError(error, f"cannot create {CONSUMER_OFFSETS_TOPIC}: {message}")
 
-    def commit(self, group_id: str, offsets: dict[tuple[str, int], OffsetAndMetadata], generation_id: int = -1,
-               member_id: str = "", group_instance_id: str | None = None) -> dict[tuple[str, int], Errors]:
-        """OffsetCommit. One error per partition.
+    def commit(self, group_id: str, offsets: dict[TopicPartitionKey, OffsetAndMetadata], generation_id: int = -1,
+               member_id: str = "", group_instance_id: str | None = None,
+               retention_time_ms: int = DEFAULT_RETENTION_TIME) -> dict[TopicPartitionKey, Errors]:
+        """OffsetCommit (Kafka's ``OffsetMetadataManager.commitOffset``). One error per partition.
 
         The group coordinator first checks the membership (Kafka's ``validateOffsetCommit``):
         a member's commit carries its generation and member id (ILLEGAL_GENERATION,
         UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, REBALANCE_IN_PROGRESS); an assign()-based
         consumer's commit carries generation -1 and is accepted only while the group has no
-        members.
+        members. Then, per partition, a metadata string longer than
+        :data:`OFFSET_METADATA_MAX_BYTES` answers OFFSET_METADATA_TOO_LARGE (the other partitions
+        are stored).
+
+        Every stored offset gets the commit timestamp now (wall clock, ms). ``retention_time_ms``
+        (OffsetCommit v2-v4's field, ms; -1 = not set) gives them the explicit expire timestamp
+        ``now + retention_time_ms``; otherwise ``offsets.retention.minutes`` applies (KIP-211).
+
+        The commit holds the coordinator's commit guard of the group's ``__consumer_offsets``
+        partition from the check to the write, so an offset expiration never tombstones an
+        offset committed while it looked (what Kafka's ``pendingOffsetCommits`` ensure).
         """
         if not group_id:
             return {tp: Errors.INVALID_GROUP_ID for tp in offsets}
         try:
-            error = self.broker.group_coordinator().validate_offset_commit(group_id, generation_id, member_id,
-                                                                          group_instance_id)
+            coordinator = self.broker.group_coordinator()
         except ApiError as exc:
-            error = exc.error
-        if error != Errors.NO_ERROR:
-            return {tp: error for tp in offsets}
-        (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, partition_for(group_id, self.num_partitions),
-                                                      offset_records(group_id, offsets), urgent=True)])
-        return {tp: result.error for tp in offsets}
+            return {tp: exc.error for tp in offsets}
+        with coordinator.offset_commit_guard(group_id):
+            error = coordinator.validate_offset_commit(group_id, generation_id, member_id, group_instance_id)
+            if error != Errors.NO_ERROR:
+                return {tp: error for tp in offsets}
+            answers = {tp: Errors.OFFSET_METADATA_TOO_LARGE for tp, om in offsets.items()
+                       if _utf16_length(om.metadata) > OFFSET_METADATA_MAX_BYTES}
+            now = _wall_ms()
+            expire = None if retention_time_ms == DEFAULT_RETENTION_TIME else now + retention_time_ms
+            stored = {tp: replace(om, expire_timestamp=expire) for tp, om in offsets.items() if tp not in answers}
+            if stored:
+                (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
+                                                              offset_records(group_id, stored, now), urgent=True)])
+                answers.update(dict.fromkeys(stored, result.error))
+        return {tp: answers[tp] for tp in offsets}
+
+    def delete_offsets(self, partition: int, offsets: dict[str, Iterable[TopicPartitionKey]]) -> Errors:
+        """Write one batch of offset tombstones to ``__consumer_offsets`` partition ``partition``:
+        the offsets of each group (``{group id: [(topic, partition)]}``), as Kafka's
+        ``cleanupGroupMetadata`` does for expired offsets. NO_ERROR when there is nothing to write.
+
+        Raises:
+            ValueError: a group that does not belong to ``partition``.
+        """
+        keys = []
+        for group_id, tps in sorted(offsets.items()):
+            if self.partition_for(group_id) != partition:
+                raise ValueError(f"group {group_id} belongs to {CONSUMER_OFFSETS_TOPIC}-{self.partition_for(group_id)}, "
+                                 f"not -{partition}")
+            keys.extend(offset_key(group_id, topic, p) for topic, p in sorted(tps))
+        if not keys:
+            return Errors.NO_ERROR
+        (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, partition,
+                                                      _payload(keys, [None] * len(keys), _wall_ms()), urgent=True)])
+        return result.error
 
     def append_group_record(self, group_id: str, key: bytes, value: bytes | None) -> Errors:
         """The group coordinator's ``append``: one group record (None = tombstone) to the group's partition."""
@@ -137,10 +234,8 @@ class GroupOffsets:
             self.ensure_topic()
         except ApiError as exc:
             return exc.error
-        records = pa.Table.from_arrays([pa.array([int(time.time() * 1000)], pa.int64()), pa.array([key], pa.binary()),
-                                        pa.array([value], pa.binary()), pa.nulls(1, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
-        (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, partition_for(group_id, self.num_partitions),
-                                                      records, urgent=True)])
+        (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
+                                                      _payload([key], [value], _wall_ms()), urgent=True)])
         return result.error
 
     def records(self, partition: int) -> Iterator[tuple[bytes, bytes | None]]:
@@ -168,31 +263,44 @@ class GroupOffsets:
             yield table
             offset = table.column("offset")[-1].as_py() + 1
 
-    def fetch(self, group_id: str, partitions: Iterable[tuple[str, int]] | None,
-              require_stable: bool) -> dict[tuple[str, int], tuple[OffsetAndMetadata | None, Errors]]:
-        """OffsetFetch: the committed offset of each partition (None if never committed).
+    def fetch(self, group_id: str, partitions: Iterable[TopicPartitionKey] | None,
+              require_stable: bool) -> dict[TopicPartitionKey, tuple[OffsetAndMetadata | None, Errors]]:
+        """OffsetFetch: the committed offset of each partition (None if never committed, or
+        expired). ``partitions`` None: every partition the group has an offset for.
 
         With ``require_stable``, a partition with a pending transactional commit answers
         UNSTABLE_OFFSET_COMMIT (the consumer backs off and retries).
         """
-        committed, pending = self._replay(group_id)
-        wanted = list(partitions) if partitions is not None else sorted(committed)
+        state = self.replay(self.partition_for(group_id), group_id).get(group_id) or GroupOffsetsState()
+        wanted = list(partitions) if partitions is not None else sorted(state.committed)
         out = {}
         for tp in wanted:
-            if require_stable and tp in pending:
+            if require_stable and tp in state.pending:
                 out[tp] = (None, Errors.UNSTABLE_OFFSET_COMMIT)
             else:
-                entry = committed.get(tp)
+                entry = state.committed.get(tp)
                 out[tp] = (entry[1] if entry else None, Errors.NO_ERROR)
         return out
 
-    def _replay(self, group_id: str) -> tuple[dict, set]:
-        """Replay the group's partition: ``(committed {tp: (record offset, OffsetAndMetadata)},
-        tps with a transactional commit still pending)``."""
-        partition = partition_for(group_id, self.num_partitions)
+    def replay(self, partition: int, group_id: str | None = None) -> dict[str, GroupOffsetsState]:
+        """Replay one ``__consumer_offsets`` partition from its log start (read_uncommitted):
+        every group's committed offsets and the partitions it has a transactional commit
+        pending for -- only ``group_id``'s when given. Groups with neither are left out.
+
+        In log order: a plain commit applies at once; a transactional one is held per producer
+        id until the producer's marker (COMMIT applies it unless a later record of the
+        partition is already applied, ABORT drops it); a plain tombstone removes the committed
+        offset; a transactional tombstone drops the producer's pending offset (Kafka's
+        ``OffsetMetadataManager.replay`` / ``replayEndTransactionMarker``).
+
+        Raises:
+            CorruptObjectError: an offset record that cannot be read.
+            ApiError: the partition cannot be read.
+        """
         location = f"{CONSUMER_OFFSETS_TOPIC}-{partition}"
-        committed: dict[tuple[str, int], tuple[int, OffsetAndMetadata | None]] = {}
-        pending: dict[int, dict[tuple[str, int], tuple[int, OffsetAndMetadata | None]]] = {}
+        committed: dict[str, dict[TopicPartitionKey, tuple[int, OffsetAndMetadata]]] = {}
+        #: producer id -> {(group, tp): (record offset, offset)}: transactional commits awaiting their marker
+        pending: dict[int, dict[tuple[str, TopicPartitionKey], tuple[int, OffsetAndMetadata]]] = {}
         for table in self._tables(partition):
             columns = [table.column(c).to_pylist() for c in
                        ("offset", "key", "value", "producer_id", "is_transactional", "is_control", "control_type")]
@@ -200,17 +308,31 @@ class GroupOffsets:
                 if control:
                     held = pending.pop(pid, {})
                     if control_type == CONTROL_COMMIT:
-                        for tp, (held_offset, om) in held.items():
-                            if tp not in committed or committed[tp][0] < held_offset:
-                                committed[tp] = (held_offset, om)
+                        for (group, tp), (held_offset, om) in held.items():
+                            offsets = committed.setdefault(group, {})
+                            if tp not in offsets or offsets[tp][0] < held_offset:
+                                offsets[tp] = (held_offset, om)
                     continue
                 decoded = _decode(key, value, location)
-                if decoded is None or decoded[0] != group_id:
+                if decoded is None or (group_id is not None and decoded[0] != group_id):
                     continue
-                _, tp, om = decoded
+                group, tp, om = decoded
                 if txn:
-                    pending.setdefault(pid, {})[tp] = (rec_offset, om)
+                    if om is None:
+                        pending.get(pid, {}).pop((group, tp), None)
+                    else:
+                        pending.setdefault(pid, {})[(group, tp)] = (rec_offset, om)
+                elif om is None:
+                    committed.get(group, {}).pop(tp, None)
                 else:
-                    committed[tp] = (rec_offset, om)
-        committed = {tp: v for tp, v in committed.items() if v[1] is not None}
-        return committed, {tp for held in pending.values() for tp in held}
+                    committed.setdefault(group, {})[tp] = (rec_offset, om)
+        states = {group: GroupOffsetsState(offsets) for group, offsets in committed.items() if offsets}
+        for held in pending.values():
+            for group, tp in held:
+                states.setdefault(group, GroupOffsetsState()).pending.add(tp)
+        return states
+
+
+def _utf16_length(text: str) -> int:
+    """The length of ``text`` as Java counts it (UTF-16 code units), for Kafka's metadata limit."""
+    return len(text.encode("utf-16-le")) // 2

@@ -111,6 +111,8 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "group.max.session.timeout.ms": (_int(0), 1_800_000),
     "group.max.size": (_int(1), 2**31 - 1),
     "offsets.topic.num.partitions": (_int(1), 50),
+    "offsets.retention.minutes": (_int(1, 2**31 - 1), 10_080),
+    "offsets.retention.check.interval.ms": (_int(1, 2**63 - 1), 600_000),
     "bootstrap.servers": (_str, None),
     "client.id": (_str, "rdkafka"),
     "error_cb": (_callable, None),
@@ -176,7 +178,8 @@ TRANSACTION_BROKER_KEYS = ("transaction.max.timeout.ms", "transaction.state.log.
                            "transaction.remove.expired.transaction.cleanup.interval.ms")
 
 GROUP_BROKER_KEYS = ("group.initial.rebalance.delay.ms", "group.min.session.timeout.ms",
-                     "group.max.session.timeout.ms", "group.max.size", "offsets.topic.num.partitions")
+                     "group.max.session.timeout.ms", "group.max.size", "offsets.topic.num.partitions",
+                     "offsets.retention.minutes", "offsets.retention.check.interval.ms")
 
 
 @dataclass
