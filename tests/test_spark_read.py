@@ -1,0 +1,342 @@
+"""The Spark source, batch: ``spark.read.format("txlake")`` reads exactly the committed records.
+
+Spark runs the source's planning and its tasks in Python worker processes, not in this
+test process; ``memory://`` roots live in one process only, so these tests use the
+``file`` and ``s3`` backends. The engine of this process keeps the writer lease while
+Spark reads -- reading needs no lease. One SparkSession serves the whole test process
+(tests/spark_support.py); data is small so each query takes about a second.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+
+from spark_support import spark
+from txlake import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from txlake.catalog.catalog import Catalog
+from txlake.engine import registry
+from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
+from txlake.formats.records import PAYLOAD_SCHEMA
+from txlake.spark_connector.batch_read import (OffsetRange, TxlakeBatchReader, kafka_struct, split_ranges)
+from txlake.spark_connector.options import OptionError, parse_read_options, parse_storage_options
+from txlake.spark_connector.source import TxlakeDataSource
+
+T0 = 1_700_000_000_000  # ms
+TXN_CONF = {"transaction.state.log.num.partitions": 3, "storage.flush.linger.ms": 1}
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def backend(request) -> str:
+    """Spark tests run on ``file`` and ``s3`` (``memory://`` is not shared with Spark's workers)."""
+    return request.param
+
+
+@pytest.fixture
+def file_storage(tmp_path):
+    """A local storage root, for the tests that need no S3 variant."""
+    from conftest import StorageTarget
+
+    return StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file")
+
+
+@pytest.fixture(autouse=True)
+def _close_engines():
+    yield
+    registry.close_all()
+
+
+def source_options(target, **extra) -> dict[str, str]:
+    """Spark options of a storage root: its fsspec options as one JSON ``storage.options``."""
+    out = {"storage.url": target.url}
+    if target.options:
+        out["storage.options"] = json.dumps(target.options)
+    out.update({k: str(v) for k, v in extra.items()})
+    return out
+
+
+def load(target, session=None, **options):
+    reader = (session or spark()).read.format("txlake")
+    for k, v in source_options(target, **options).items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def create(target, **topics: int) -> None:
+    with AdminClient({**target.conf(), **TXN_CONF}) as admin:
+        for f in admin.create_topics([NewTopic(name, n) for name, n in topics.items()]).values():
+            f.result()
+
+
+def rows(df, headers: bool = False) -> list[tuple]:
+    cols = ["topic", "partition", "offset", "key", "value"] + (["headers"] if headers else [])
+    out = []
+    for r in df.select(*cols).collect():
+        t = (r.topic, r.partition, r.offset, r.key and bytes(r.key), r.value and bytes(r.value))
+        if headers:
+            t += (None if r.headers is None else [(h.key, bytes(h.value)) for h in r.headers],)
+        out.append(t)
+    return sorted(out)
+
+
+def consumer_rows(target, topic: str, partitions: int, isolation: str = "read_committed") -> list[tuple]:
+    """What a txlake Consumer with ``isolation`` reads from every partition of ``topic``."""
+    c = Consumer({**target.conf(), "isolation.level": isolation, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out = []
+    while msgs := c.consume(500, 0.5):
+        for m in msgs:
+            if m.error() is None:
+                hdrs = m.headers()
+                out.append((m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                            None if not hdrs else [(k, v) for k, v in hdrs]))
+    c.close()
+    return sorted(out)
+
+
+def lease(target):
+    state = Catalog.open(target.object_store()).state
+    return (state.lease.owner, state.lease.epoch, state.lease.released) if state.lease else None
+
+
+# ---------------------------------------------------------------- committed reads
+def test_committed_read_equals_the_consumer(storage):
+    """Open, committed and aborted transactions of three producers and plain records,
+    interleaved on three partitions: Spark returns exactly what a read_committed Consumer
+    returns (each partition up to its LSO, no aborted records, no markers), with the
+    Kafka source's columns; read_uncommitted equals the read_uncommitted Consumer."""
+    create(storage, orders=3)
+    conf = {**storage.conf(), **TXN_CONF}
+    ta, tb, tc = (Producer({**conf, "transactional.id": i}) for i in ("ta", "tb", "tc"))
+    plain = Producer(conf)
+    for p in (ta, tb, tc):
+        p.init_transactions(30)
+
+    def put(producer, partition, value, headers=None):
+        producer.produce("orders", value=value, key=b"k-" + value.encode(), partition=partition,
+                         timestamp=T0 + len(value), headers=headers)
+
+    ta.begin_transaction(); put(ta, 0, "a0", [("h", b"1")]); put(ta, 1, "a1"); ta.flush(30)
+    put(plain, 0, "x0"); put(plain, 2, "x1", [("h", b"2"), ("g", b"")]); plain.flush(30)
+    tb.begin_transaction(); put(tb, 0, "b0"); put(tb, 2, "b1"); tb.flush(30)
+    ta.commit_transaction(30)                       # COMMIT: orders-0 @3, orders-1 @1
+    tb.abort_transaction(30)                        # ABORT: orders-0 @4, orders-2 @2
+    tc.begin_transaction(); put(tc, 1, "c0"); tc.flush(30)      # orders-1 @2, left open
+    put(plain, 1, "x2"); put(plain, 2, "x3"); plain.flush(30)     # orders-1 @3 (above the LSO), orders-2 @3
+    ta.begin_transaction(); put(ta, 2, "a2"); put(ta, 1, "a3"); ta.flush(30)
+    ta.commit_transaction(30)                       # orders-2 @4 + COMMIT @5, orders-1 @4 + COMMIT @5
+
+    def kv(*items):
+        return [("orders", p, o, b"k-" + v.encode(), v.encode()) for p, o, v in items]
+
+    committed = kv((0, 0, "a0"), (0, 1, "x0"), (1, 0, "a1"), (2, 0, "x1"), (2, 3, "x3"), (2, 4, "a2"))
+    uncommitted = kv((0, 0, "a0"), (0, 1, "x0"), (0, 2, "b0"), (1, 0, "a1"), (1, 2, "c0"), (1, 3, "x2"),
+                     (1, 4, "a3"), (2, 0, "x1"), (2, 1, "b1"), (2, 3, "x3"), (2, 4, "a2"))
+    holder = lease(storage)
+    assert holder is not None and not holder[2]
+
+    df = load(storage, subscribe="orders", includeHeaders="true")
+    assert df.schema == kafka_struct(True)
+    got = rows(df, headers=True)
+    assert [r[:5] for r in got] == committed
+    assert got == consumer_rows(storage, "orders", 3)
+    assert {r[2]: r[5] for r in got if r[1] == 0} == {0: [("h", b"1")], 1: None}
+    assert [r[5] for r in got if r[1] == 2][0] == [("h", b"2"), ("g", b"")]
+    full = df.filter("value = 'a0'").collect()[0]
+    assert (full.timestamp, full.timestampType) == (dt.datetime(2023, 11, 14, 22, 13, 20, 2000), 0)
+
+    dirty = load(storage, subscribe="orders", **{"isolation.level": "read_uncommitted"})
+    assert rows(dirty) == uncommitted
+    assert rows(dirty) == [r[:5] for r in consumer_rows(storage, "orders", 3, "read_uncommitted")]
+    assert "headers" not in dirty.columns
+    assert lease(storage) == holder               # Spark read without touching the writer lease
+
+    # one snapshot at planning: what commits after partitions() is not read by those partitions
+    reader = TxlakeBatchReader(source_options(storage, subscribe="orders"))
+    planned = reader.partitions()
+    tc.commit_transaction(30)                     # orders-1: c0 @2, x2 @3, a3 @4 become committed
+    snap = sorted((b["partition"], b["offset"]) for part in planned for batch in reader.read(part)
+                  for b in batch.to_pylist())
+    assert snap == [r[1:3] for r in committed]
+    assert (1, 2) in [r[1:3] for r in rows(load(storage, subscribe="orders"))]
+    for p in (ta, tb, tc, plain):
+        p.close()
+
+
+def test_offsets_timestamps_patterns_and_assign(file_storage):
+    """startingOffsets/endingOffsets JSON (-2/-1 and explicit), startingTimestamp and
+    endingTimestamp (first offset with timestamp >= it), subscribePattern (whole-name
+    match, internal topics excluded) and assign, as Spark's Kafka source."""
+    create(file_storage, orders=2, **{"orders-eu": 1, "xorders": 1})
+    p = Producer(file_storage.conf())
+    for topic, parts in (("orders", 2), ("orders-eu", 1), ("xorders", 1)):
+        for i in range(6):
+            p.produce(topic, value=f"{topic}-{i}", partition=i % parts, timestamp=T0 + 1000 * i)
+    p.flush(30)
+    # orders-0: offsets 0,1,2 at T0, +2 s, +4 s; orders-1: 0,1,2 at +1 s, +3 s, +5 s
+
+    def pos(df):
+        return [(r[0], r[1], r[2]) for r in rows(df)]
+
+    assert {t for t, _, _ in pos(load(file_storage, subscribePattern="orders.*"))} == {"orders", "orders-eu"}
+    assert pos(load(file_storage, subscribePattern="orders")) == [("orders", p_, o) for p_ in (0, 1) for o in range(3)]
+    assert pos(load(file_storage, assign='{"orders": [1]}')) == [("orders", 1, o) for o in range(3)]
+    assert pos(load(file_storage, subscribe="orders", startingOffsets='{"orders": {"0": 2, "1": -2}}',
+                    endingOffsets='{"orders": {"0": -1, "1": 1}}')) == [("orders", 0, 2), ("orders", 1, 0)]
+    assert pos(load(file_storage, subscribe="orders,xorders", startingTimestamp=T0 + 2500,
+                    endingTimestamp=T0 + 4000)) == [("orders", 1, 1), ("xorders", 0, 3)]
+    assert pos(load(file_storage, assign='{"orders": [0]}', startingOffsetsByTimestamp=json.dumps(
+        {"orders": {"0": T0 + 1}}))) == [("orders", 0, 1), ("orders", 0, 2)]
+    with pytest.raises(Exception, match="no offset of orders-0 has a timestamp >= "):
+        load(file_storage, subscribe="orders", startingTimestamp=T0 + 10_000).collect()
+    assert pos(load(file_storage, subscribe="orders", startingTimestamp=T0 + 10_000,
+                    startingOffsetsByTimestampStrategy="latest")) == []
+    with pytest.raises(Exception, match="starting offset can't be latest for batch queries"):
+        load(file_storage, subscribe="orders", startingOffsets="latest").collect()
+    with pytest.raises(Exception, match="unknown topic 'nope'"):
+        load(file_storage, subscribe="nope").collect()
+    p.close()
+
+
+def test_option_errors_name_the_option():
+    base = {"storage.url": "file:///tmp/x"}
+    cases = [
+        ({}, "one of the options subscribe, subscribePattern, assign must be specified"),
+        ({"subscribe": "a", "assign": '{"a": [0]}'}, "only one of the options"),
+        ({"subscribe": " , "}, "option 'subscribe': no topics"),
+        ({"assign": "a"}, "option 'assign': expected JSON"),
+        ({"subscribePattern": "("}, "option 'subscribePattern': invalid regular expression"),
+        ({"subscribe": "a", "startingOffsets": '{"a": {"0": -1}}'}, "option 'startingOffsets': starting offset for a-0"),
+        ({"subscribe": "a", "endingOffsets": "earliest"}, "option 'endingOffsets': ending offset can't be earliest"),
+        ({"subscribe": "a", "startingOffsets": '{"a": {"0": 1}}', "endingOffsets": '{"b": {"0": 1}}'},
+         "option 'endingOffsets': names partitions"),
+        ({"subscribe": "a", "startingOffsets": '{"a": {"x": 1}}'}, "option 'startingOffsets': partition 'x'"),
+        ({"subscribe": "a", "isolation.level": "snapshot"}, "option 'isolation.level': expected read_committed"),
+        ({"subscribe": "a", "includeHeaders": "yes"}, "option 'includeHeaders': expected true or false"),
+        ({"subscribe": "a", "minPartitions": "0"}, "option 'minPartitions': must be positive"),
+        ({"subscribe": "a", "startingTimestamp": "soon"}, "option 'startingTimestamp': expected a single long"),
+        ({"subscribe": "a", "kafka.bootstrap.servers": "h:9092"}, "option 'kafka.bootstrap.servers': txlake reads"),
+        ({"subscribe": "a", "startingOfsets": "earliest"}, "did you mean 'startingOffsets'"),
+        ({"topic": "a"}, "'topic' names the topic a write goes to"),
+        ({"subscribe": "a", "minOffsetsPerTrigger": "5"}, "option 'minOffsetsPerTrigger': "),
+    ]
+    for extra, message in cases:
+        with pytest.raises(OptionError, match=message.replace("(", r"\(")):
+            parse_read_options({**base, **extra}, streaming=False)
+    with pytest.raises(OptionError, match="option 'endingOffsets': ending offsets are not valid in streaming"):
+        parse_read_options({**base, "subscribe": "a", "endingOffsets": "latest"}, streaming=True)
+    opts = parse_read_options({**base, "SUBSCRIBE": "a, b,a", "kafka.isolation.level": "read_uncommitted"}, False)
+    assert (opts.subscription.topics, opts.isolation_level, opts.starting.kind, opts.ending.kind) == \
+        (("a", "b"), "read_uncommitted", "earliest", "latest")
+    assert parse_read_options({**base, "subscribe": "a"}, streaming=True).starting.kind == "latest"
+    assert parse_storage_options({
+        "storage.options": '{"key": "K", "client_kwargs": {"region_name": "r0"}}',
+        "storage.options.client_kwargs.verify": "false", "storage.options.secret": "S",
+        "storage.options.config_kwargs": '{"retries": {"max_attempts": 2}}'}) == {
+        "key": "K", "secret": "S", "client_kwargs": {"region_name": "r0", "verify": False},
+        "config_kwargs": {"retries": {"max_attempts": 2}}}
+
+
+def test_min_partitions_split_like_spark(file_storage):
+    """Spark's KafkaOffsetRangeCalculator cases, and minPartitions through Spark."""
+    r = OffsetRange
+    assert split_ranges([r("t", 0, 1, 2), r("t", 1, 1, 2), r("t", 2, 1, 2)], 3, None) == \
+        [r("t", 0, 1, 2), r("t", 1, 1, 2), r("t", 2, 1, 2)]
+    assert split_ranges([r("t", 0, 1, 5)], 4, None) == [r("t", 0, 1, 2), r("t", 0, 2, 3), r("t", 0, 3, 4),
+                                                        r("t", 0, 4, 5)]
+    assert split_ranges([r("t", 0, 1, 5), r("t", 1, 1, 21)], 3, None) == \
+        [r("t", 0, 1, 5), r("t", 1, 1, 11), r("t", 1, 11, 21)]
+    assert split_ranges([r("t", 0, 1, 2), r("t", 1, 1, 1001)], 3, None) == \
+        [r("t", 0, 1, 2), r("t", 1, 1, 501), r("t", 1, 501, 1001)]
+    assert split_ranges([r("t", 0, 0, 10), r("t", 1, 5, 5)], None, 4) == \
+        [r("t", 0, 0, 3), r("t", 0, 3, 6), r("t", 0, 6, 10)]
+
+    create(file_storage, big=2)
+    p = Producer(file_storage.conf())
+    for i in range(40):
+        p.produce("big", value=f"v{i}", partition=0 if i < 30 else 1)
+    p.flush(30)
+    df = load(file_storage, subscribe="big", minPartitions=5)
+    assert df.rdd.getNumPartitions() == 5          # 30 offsets -> 4 ranges, 10 offsets -> 1
+    assert sorted(r.offset for r in df.filter("partition = 0").collect()) == list(range(30))
+    assert load(file_storage, subscribe="big").rdd.getNumPartitions() == 2
+    p.close()
+
+
+# ---------------------------------------------------------------- pushdown
+def test_filter_pushdown_skips_segments_and_row_groups(file_storage, tmp_path):
+    """Filters on partition, offset and timestamp are pushed (the session enables
+    spark.sql.python.filterPushdown.enabled): only the objects and row groups that can hold
+    matching records are opened -- asserted on the reader's log of opened objects -- and
+    results equal an unfiltered read filtered afterwards. Without pushdown the same
+    query works and opens every segment."""
+    broker = Broker(file_storage.object_store(), BrokerConfig(flush_linger_ms=1, row_group_rows=4))
+    broker.create_topics([("ev", 2, {})])
+    for j in range(3):      # 3 objects; each holds 10 records of both partitions, 3 row groups (4, 4, 2) each
+        batches = []
+        for part in (0, 1):
+            ts = [T0 + 100_000 * j + 1000 * i for i in range(10)]
+            payload = pa.Table.from_pydict({"timestamp": ts, "key": [None] * 10,
+                                            "value": [f"{part}-{j}-{i}".encode() for i in range(10)],
+                                            "headers": [None] * 10}, schema=PAYLOAD_SCHEMA)
+            batches.append(ProduceBatch("ev", part, payload, -1, -1, -1))
+        assert all(r.error == 0 for r in broker.produce(batches))
+    segments = {(s.partition, s.base_offset): s for p in broker.catalog.state.topics["ev"].partitions
+                for s in p.segments}
+    assert len(segments) == 6 and all(s.row_group_count == 3 for s in segments.values())
+    log_path = tmp_path / "opened.jsonl"
+
+    def opened():
+        out = sorted((e["object"], tuple(e["row_groups"])) for e in map(json.loads, log_path.read_text().splitlines()))
+        log_path.unlink()
+        return out
+
+    df = load(file_storage, subscribe="ev", _openLog=str(log_path))
+    everything = rows(df)
+    assert len(everything) == 60 and len(opened()) == 6
+
+    by_offset = rows(df.filter((F.col("partition") == 1) & (F.col("offset") >= 14) & (F.col("offset") < 18)))
+    assert by_offset == [r for r in everything if r[1] == 1 and 14 <= r[2] < 18]
+    seg = segments[(1, 10)]
+    assert opened() == [(seg.path, (seg.row_group_start + 1,))]     # offsets 14..17: one row group of one object
+
+    since = dt.datetime(2023, 11, 14, 22, 16, 45)                 # T0 + 205 s: the third object, records 5..9
+    by_time = df.filter(F.col("timestamp") >= F.lit(since))
+    assert rows(by_time) == [r for r in everything if r[2] >= 25]
+    assert opened() == sorted((s.path, (s.row_group_start + 1, s.row_group_start + 2))
+                              for s in (segments[(0, 20)], segments[(1, 20)]))
+    assert rows(df.filter(F.col("offset").isin(3, 27) & (F.col("partition") == 0))) == \
+        [r for r in everything if r[1] == 0 and r[2] in (3, 27)]
+    assert len(opened()) == 2
+
+    plain = spark().newSession()
+    plain.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+    unpushed = load(file_storage, session=plain, subscribe="ev", _openLog=str(log_path))
+    assert rows(unpushed.filter((F.col("partition") == 1) & (F.col("offset") >= 14) & (F.col("offset") < 18))) == \
+        by_offset
+    assert len(opened()) == 6
+    broker.close()
+
+
+# ---------------------------------------------------------------- registration
+def test_found_without_registration_and_registered_explicitly(file_storage):
+    """``format("txlake")`` works in a session where nothing was registered (PySpark finds
+    ``pyspark_txlake.DefaultSource``), and after ``spark.dataSource.register``."""
+    import pyspark_txlake
+
+    assert pyspark_txlake.DefaultSource is TxlakeDataSource and TxlakeDataSource.name() == "txlake"
+    create(file_storage, t=1)
+    p = Producer(file_storage.conf())
+    p.produce("t", value="v", partition=0)
+    p.flush(30)
+    fresh = spark().newSession()                  # a new session has no user-registered data sources
+    assert rows(load(file_storage, session=fresh, subscribe="t")) == [("t", 0, 0, None, b"v")]
+    registered = spark().newSession()
+    registered.dataSource.register(TxlakeDataSource)
+    assert rows(load(file_storage, session=registered, subscribe="t")) == [("t", 0, 0, None, b"v")]
+    p.close()
