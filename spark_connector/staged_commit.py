@@ -1,0 +1,239 @@
+"""The one place where staged records become visible: :func:`commit_staged`.
+
+The Spark sink's tasks stage their records under ``_staging/spark/`` (:mod:`.staging`);
+the driver's ``commit()`` hands the staged objects of the successful task attempts to
+:func:`commit_staged`, which appends all of them as ONE Kafka transaction:
+
+1. a transactional :class:`txlake.Producer` with the write's ``transactional.id`` runs
+   ``init_transactions()`` -- this takes the storage root's writer lease and fences (and
+   completes) any earlier instance with the same id, e.g. a commit that crashed half-way;
+2. for a streaming micro-batch (``progress`` given): the batch-id fence. The sink's
+   progress is a committed offset of a consumer group owned by the query, on the
+   pseudo partition ``__txlake_spark_sink-0``: offset = last committed batch id + 1.
+   If it already covers ``progress.batch_id``, the batch was committed before (Spark
+   re-runs the last batch after a restart when its own commit log missed it) and
+   nothing is written;
+3. ``begin_transaction()``; per topic ``produce_arrow()`` of the staged batches, in
+   task order (so the rows of one Spark partition keep their order within a Kafka
+   partition); for a micro-batch ``send_offsets_to_transaction({__txlake_spark_sink-0:
+   batch_id + 1}, group)`` -- the records and the batch id commit together or not at
+   all (KIP-447's atomic offset commit);
+4. ``commit_transaction()``; on any error ``abort_transaction()``: nothing is visible.
+
+The producer (and the engine it opened) is closed before returning, so this process
+releases the writer lease at once: the next writer -- another Spark commit, a notebook
+-- need not wait for it to lapse.
+
+The function takes and returns plain data (a config dict, an id, staged-object
+descriptions that :meth:`StagedFile.to_dict` turns into JSON), so it can also run in
+another process, e.g. the holder of the writer lease.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .staging import StagedFile, read_staged, store_of
+
+__all__ = ["PROGRESS_TOPIC", "DEFAULT_TRANSACTION_TIMEOUT_MS", "SinkProgress", "CommitResult",
+           "WriterLeaseUnavailable", "BatchFenceError", "commit_staged", "last_committed_batch"]
+
+#: the pseudo topic whose partition 0 holds a streaming sink's progress in its consumer group
+PROGRESS_TOPIC = "__txlake_spark_sink"
+#: transaction.timeout.ms of a sink's transaction unless ``kafka.transaction.timeout.ms`` says
+#: otherwise: Kafka's largest default (transaction.max.timeout.ms), so a big commit is not
+#: aborted by the coordinator half-way (a crashed commit holds back the LSO that long at most)
+DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
+
+
+@dataclass(frozen=True)
+class SinkProgress:
+    """The batch-id fence of a streaming micro-batch.
+
+    Attributes:
+        group_id: the consumer group holding the sink's progress (one per query).
+        batch_id: Spark's micro-batch id (0, 1, 2, ...).
+        query_id: Spark's streaming query id (stable across restarts from one checkpoint),
+            stored with the progress to catch a fresh query reusing another's id.
+    """
+
+    group_id: str
+    batch_id: int
+    query_id: str | None = None
+
+
+@dataclass
+class CommitResult:
+    """What :func:`commit_staged` did.
+
+    Attributes:
+        records: records appended (0 when skipped).
+        offsets: ``{topic: {partition: (first offset, last offset)}}`` of the appended records.
+        skipped: True when ``progress.batch_id`` had already been committed (nothing written).
+        last_batch_id: the sink's last committed batch id after the call (streaming), else None.
+    """
+
+    records: int = 0
+    offsets: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    skipped: bool = False
+    last_batch_id: int | None = None
+
+
+class WriterLeaseUnavailable(RuntimeError):
+    """Another live process holds the storage root's writer lease, so this one cannot commit.
+
+    Attributes:
+        storage_url: the storage root.
+        holder: who holds the lease (writer id, host, pid, lease epoch).
+        expires_in_ms: when the lease lapses if the holder stops renewing it (ms, from now).
+    """
+
+    def __init__(self, message: str, storage_url: str, holder: str, expires_in_ms: int):
+        super().__init__(message)
+        self.storage_url = storage_url
+        self.holder = holder
+        self.expires_in_ms = expires_in_ms
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.storage_url, self.holder, self.expires_in_ms))
+
+
+class BatchFenceError(RuntimeError):
+    """A streaming sink's progress belongs to another query (a fresh checkpoint with a reused
+    ``transactional.id``): writing would silently skip or mix batches."""
+
+
+def _storage_conf(conf: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in conf.items() if k.startswith("storage.")}
+
+
+def _lease_error(conf: Mapping[str, Any], transactional_id: str, cause: Exception) -> WriterLeaseUnavailable:
+    """The clear error for a commit refused because another process is the writer."""
+    from txlake.catalog.catalog import Catalog
+    from txlake.catalog.writer_lease import WriterLease
+
+    store = store_of(conf)
+    try:
+        holder, expires_in = WriterLease(Catalog.open(store)).describe_holder()
+    except Exception as exc:  # noqa: BLE001 - the description is a courtesy
+        holder, expires_in = f"another process (its description could not be read: {exc})", 0
+    lapse = (f"its lease lapses {expires_in / 1000:.1f} s after that process stops renewing it "
+             "(it renews while its engine is open)" if expires_in > 0 else "its lease is lapsing")
+    return WriterLeaseUnavailable(
+        f"txlake: cannot commit the Spark write (transactional.id {transactional_id!r}) to {store.url}: the "
+        f"storage root's writer lease is held by {holder}, and one process at a time may write. Nothing of "
+        f"this write became visible. What to do: in that process, close its txlake Producer/Consumer/"
+        f"AdminClient (or call txlake.engine.registry.close_all()) so it releases the lease at once, or stop "
+        f"it and wait for the lease to lapse ({lapse}); then run the write again. ({cause})",
+        store.url, holder, expires_in)
+
+
+def _files(files: Iterable[StagedFile | Mapping[str, Any]]) -> list[StagedFile]:
+    return [f if isinstance(f, StagedFile) else StagedFile.from_dict(f) for f in files]
+
+
+def last_committed_batch(conf: Mapping[str, Any], group_id: str, timeout: float = 60.0) -> tuple[int | None, str | None]:
+    """A streaming sink's progress: ``(last committed batch id or None, query id or None)``.
+
+    Reads the group's committed offset of ``__txlake_spark_sink-0`` through a
+    read_committed :class:`txlake.Consumer` (stable offsets only: it waits while a
+    transaction holds a pending one). Needs no writer lease.
+    """
+    from txlake import Consumer, TopicPartition
+
+    consumer = Consumer({**_storage_conf(conf), "group.id": group_id, "isolation.level": "read_committed",
+                         "enable.auto.commit": False})
+    try:
+        (tp,) = consumer.committed([TopicPartition(PROGRESS_TOPIC, 0)], timeout=timeout)
+    finally:
+        consumer.close()
+    if tp.offset is None or tp.offset < 0:
+        return None, None
+    query_id = None
+    if tp.metadata:
+        try:
+            query_id = json.loads(tp.metadata).get("queryId")
+        except (ValueError, AttributeError):
+            query_id = None
+    return tp.offset - 1, query_id
+
+
+def commit_staged(conf: Mapping[str, Any], transactional_id: str, files: Iterable[StagedFile | Mapping[str, Any]],
+                  *, progress: SinkProgress | None = None, timeout: float = 120.0) -> CommitResult:
+    """Append the records of ``files`` to their topics as one transaction (see the module docstring).
+
+    Args:
+        conf: txlake client config: ``storage.url``, ``storage.*`` and producer keys
+            (``kafka.*`` options without the prefix); ``transaction.timeout.ms`` defaults to
+            :data:`DEFAULT_TRANSACTION_TIMEOUT_MS`.
+        transactional_id: the write's transactional id (one per batch job; one per
+            streaming query, so a restarted query fences its earlier instance).
+        files: the staged objects to append (:class:`StagedFile` or its ``to_dict()``), in order.
+        progress: for a streaming micro-batch, its batch-id fence; None for a batch job.
+        timeout: seconds each transactional step (init, each append, commit) may take.
+
+    Returns:
+        :class:`CommitResult`. The staged objects are not deleted here (the caller does,
+        once this returned: they are committed, or were of an already committed batch).
+
+    Raises:
+        WriterLeaseUnavailable: another process holds the writer lease (the message names
+            it and says what to do); nothing was written.
+        BatchFenceError: the sink's progress belongs to another streaming query.
+        KafkaException: the transaction failed (it was aborted: nothing is visible), e.g.
+            ``_UNKNOWN_TOPIC`` for a topic deleted since the tasks ran.
+        ObjectNotFoundError: a staged object is gone (the transaction was aborted).
+    """
+    from txlake import Producer, TopicPartition
+    from txlake.error import KafkaError, KafkaException
+
+    staged = _files(files)
+    if not staged or sum(f.rows for f in staged) == 0:
+        return CommitResult(last_batch_id=None)
+    pconf = {**conf, "transactional.id": transactional_id}
+    pconf.setdefault("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)
+    producer = Producer(pconf)
+    try:
+        try:
+            producer.init_transactions(timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.NOT_LEADER_OR_FOLLOWER:
+                raise _lease_error(conf, transactional_id, exc) from exc
+            raise
+        if progress is not None:
+            last, last_query = last_committed_batch(conf, progress.group_id, timeout)
+            if last is not None and last >= progress.batch_id:
+                if progress.query_id and last_query and last_query != progress.query_id:
+                    raise BatchFenceError(
+                        f"txlake sink {progress.group_id!r} has committed batches up to {last} of streaming query "
+                        f"{last_query}, but this is query {progress.query_id} (batch {progress.batch_id}): a query "
+                        "keeps its id only with its checkpoint. Use a new 'transactional.id' option for a new "
+                        "checkpoint, or restart from the original checkpoint.")
+                return CommitResult(skipped=True, last_batch_id=last)
+        store = store_of(conf)
+        topics = sorted({t for f in staged for t, n in f.topics if n})
+        result = CommitResult()
+        producer.begin_transaction()
+        try:
+            for topic in topics:
+                bulk = producer.produce_arrow(topic, read_staged(store, staged, topic), key="key", value="value",
+                                              partition="partition", headers="headers", timeout=timeout)
+                result.records += bulk.records
+                result.offsets[topic] = dict(bulk.offsets)
+            if progress is not None:
+                meta = json.dumps({"batchId": progress.batch_id, "queryId": progress.query_id})
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(PROGRESS_TOPIC, 0, progress.batch_id + 1, meta)], progress.group_id, timeout)
+                result.last_batch_id = progress.batch_id
+            producer.commit_transaction(timeout)
+        except BaseException:
+            try:
+                producer.abort_transaction(timeout)
+            except Exception:  # noqa: BLE001 - the original error matters; an open txn times out
+                pass
+            raise
+        return result
+    finally:
+        producer.close(timeout)

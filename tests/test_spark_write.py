@@ -1,0 +1,329 @@
+"""The Spark sink: ``df.write.format("txlake")``, exactly once.
+
+Facts these tests live with:
+
+* Spark runs data source code -- the write tasks AND the writer's ``commit()`` -- in
+  separate Python worker processes, never in this test process. ``memory://`` roots are
+  per process, so only the ``file`` and ``s3`` backends are used here.
+* One process per storage root may write (the writer lease). This test process creates
+  the topics through an AdminClient, whose engine would hold the lease while open, so
+  every test calls :func:`txlake.engine.registry.close_all` before a Spark write (the
+  ``release`` helper): the Spark worker that commits can then take the lease. Only
+  :func:`test_commit_refused_while_this_process_holds_the_lease_names_it` keeps it, to check
+  the error.
+* The session is ``local[2]``: Spark does not retry failed tasks in local mode, so the
+  retried attempt is made by killing the first attempt (``SparkContext.killTaskAttempt``
+  kills and reschedules it, as speculation does to a losing attempt).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import StructType
+
+from spark_support import spark
+from txlake import AdminClient, Consumer, NewTopic, TopicPartition
+from txlake.engine import registry
+from txlake.engine.partitioner import partition_for_key
+from txlake.spark_connector.batch_write import TxlakeBatchWriter
+from txlake.spark_connector.staged_commit import commit_staged
+from txlake.spark_connector.staging import STAGING_PREFIX, murmur2_partitions
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def backend(request) -> str:
+    """Spark tests run on ``file`` and ``s3`` only (``memory://`` is not shared with Spark's workers)."""
+    return request.param
+
+
+@pytest.fixture
+def file_storage(tmp_path):
+    """A local storage root (for the tests that need no S3 variant)."""
+    from conftest import StorageTarget
+
+    return StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file")
+
+
+def release() -> None:
+    """Close every txlake engine of this process, so it holds no writer lease (see the module docstring)."""
+    registry.close_all()
+
+
+def spark_options(target, **extra) -> dict[str, str]:
+    """The Spark options of a storage target (``storage.options.*`` as strings; dicts as JSON)."""
+    out = {"storage.url": target.url}
+    for k, v in target.options.items():
+        out[f"storage.options.{k}"] = json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    out.update({k: str(v) for k, v in extra.items()})
+    return out
+
+
+def create_topics(target, **topics: int) -> None:
+    with AdminClient(target.conf()) as admin:
+        futures = admin.create_topics([NewTopic(name, n) for name, n in topics.items()])
+        for f in futures.values():
+            f.result()
+    release()
+
+
+def read_committed(target, topic: str, partitions: int, expected: int | None = None, timeout: float = 30.0) -> list:
+    """Every record a read_committed Consumer sees in ``topic``: ``(key, value, partition, headers)``.
+
+    Reads until ``expected`` records arrived (then looks 0.5 s more for extras: duplicates),
+    or until nothing arrives for 1 s when ``expected`` is None.
+    """
+    c = Consumer({**target.conf(), "group.id": "verify", "isolation.level": "read_committed",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out = []
+    deadline = time.monotonic() + timeout
+    idle_since = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            batch = [m for m in c.consume(1000, 0.25) if m.error() is None]
+            out.extend((m.key(), m.value(), m.partition(), m.headers()) for m in batch)
+            if batch:
+                idle_since = time.monotonic()
+            if expected is not None and len(out) >= expected and time.monotonic() - idle_since > 0.5:
+                break
+            if expected is None and time.monotonic() - idle_since > 1.0:
+                break
+    finally:
+        c.close()
+        release()
+    return out
+
+
+def staged_objects(target) -> list[str]:
+    return [o.key for o in target.object_store().list(STAGING_PREFIX)]
+
+
+def write(df, target, mode: str = "append", **options) -> None:
+    writer = df.write.format("txlake").mode(mode)
+    for k, v in spark_options(target, **options).items():
+        writer = writer.option(k, v)
+    writer.save()
+
+
+# ------------------------------------------------------------------------------------ batch
+def test_vectorised_partitioner_is_kafkas_default_partitioner():
+    """Tasks partition keys with a vectorised murmur2: the same partition as engine/partitioner.py."""
+    rnd = random.Random(7)
+    keys = [bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 40))) for _ in range(5000)]
+    keys += [b"", b"a", b"ab", b"abc", b"abcd", "héllo".encode()]
+    for n in (1, 3, 10, 2**31 - 1):
+        assert murmur2_partitions(pa.array(keys, pa.binary()), n).tolist() == [partition_for_key(k, n) for k in keys]
+    sliced = pa.array(keys, pa.binary()).slice(10, 100)
+    assert murmur2_partitions(sliced, 6).tolist() == [partition_for_key(k, 6) for k in keys[10:110]]
+    assert murmur2_partitions(pa.array(["héllo"]), 6).tolist() == [partition_for_key("héllo".encode(), 6)]
+
+
+def test_write_all_rows_visible_exactly_once_with_keys_values_partitions_headers(storage):
+    """A successful job: every row appears once, on the partition Kafka's producer would pick."""
+    create_topics(storage, orders=3)
+    rows = []
+    for i in range(60):
+        key = None if i % 10 == 9 else f"k{i % 13}"
+        partition = (i % 3) if i % 4 == 0 else None
+        headers = [("h", f"{i}".encode()), ("n", None)] if i % 5 == 0 else None
+        rows.append((key, f"v{i}".encode(), partition, headers))
+    df = spark().createDataFrame(
+        rows, "key string, value binary, partition int, headers array<struct<key: string, value: binary>>"
+    ).repartition(3)
+    write(df, storage, topic="orders")
+    got = read_committed(storage, "orders", 3, expected=60)
+    assert len(got) == 60
+    by_value = {v: (k, p, h) for k, v, p, h in got}
+    assert len(by_value) == 60
+    for key, value, partition, headers in rows:
+        k, p, h = by_value[value]
+        assert k == (key.encode() if key is not None else None)
+        if partition is not None:
+            assert p == partition
+        elif key is not None:
+            assert p == partition_for_key(key.encode(), 3)       # Kafka's default partitioner
+        assert h == (headers if headers else None)
+    assert staged_objects(storage) == []
+
+
+def test_topic_column_and_topic_option_overriding_it(file_storage):
+    create_topics(file_storage, a=1, b=2, c=1)
+    df = spark().createDataFrame([(t, f"{t}{i}") for i, t in enumerate("abababa")], "topic string, value string")
+    write(df, file_storage)
+    assert sorted(v for _, v, _, _ in read_committed(file_storage, "a", 1, expected=4)) == [b"a0", b"a2", b"a4", b"a6"]
+    assert sorted(v for _, v, _, _ in read_committed(file_storage, "b", 2, expected=3)) == [b"b1", b"b3", b"b5"]
+    write(df, file_storage, topic="c")                 # the option wins over the column, as in Spark's Kafka sink
+    assert len(read_committed(file_storage, "c", 1, expected=7)) == 7
+    assert len(read_committed(file_storage, "a", 1, expected=4)) == 4
+
+
+@pytest.mark.parametrize("ddl, options, mode, message", [
+    ("key string", {"topic": "t"}, "append", "Required attribute 'value' not found"),
+    ("value int", {"topic": "t"}, "append", "value attribute type must be a StringType or BinaryType"),
+    ("key int, value string", {"topic": "t"}, "append", "key attribute type must be a StringType or BinaryType"),
+    ("value string", {}, "append", "topic option required when no 'topic' attribute is present"),
+    ("topic int, value string", {}, "append", "Topic type must be a StringType"),
+    ("value string, partition long", {"topic": "t"}, "append", "partition attribute type must be an IntegerType"),
+    ("value string, headers array<string>", {"topic": "t"}, "append", "headers attribute type must be"),
+    ("value string", {"topic": "t"}, "overwrite", "Save mode Overwrite not allowed"),
+    ("value string", {"topic": "t", "kafka.linger.ms": "soon"}, "append", "linger.ms"),
+])
+def test_bad_input_is_refused_at_planning_as_by_the_kafka_sink(file_storage, ddl, options, mode, message):
+    create_topics(file_storage, t=1)
+    schema = StructType.fromDDL(ddl)
+    df = spark().createDataFrame([], schema)
+    with pytest.raises(Exception, match=message):
+        write(df, file_storage, mode=mode, **options)
+    assert staged_objects(file_storage) == []
+
+
+@pytest.mark.parametrize("rows, ddl, options, message", [
+    ([("x", "v")], "topic string, value string", {}, "Unknown topic 'x'"),
+    ([(None, "v")], "topic string, value string", {}, "null topic present in the data"),
+    ([("v", 7)], "value string, partition int", {"topic": "t"}, r"partition 7 out of range for topic 't' \(2 partitions"),
+    ([("v" * 1_000_001, 0)], "value string, partition int", {"topic": "t"},
+     "a record of 1000001 bytes .* is larger than message.max.bytes=1000000"),
+])
+def test_bad_rows_fail_the_job_and_nothing_is_visible(file_storage, rows, ddl, options, message):
+    create_topics(file_storage, t=2)
+    good = [("t", "ok")] * 5 if ddl.startswith("topic") else [("ok", 0)] * 5
+    df = spark().createDataFrame(good + rows, ddl).coalesce(1)
+    with pytest.raises(Exception, match=message):
+        write(df, file_storage, **options)
+    assert read_committed(file_storage, "t", 2) == []
+    assert staged_objects(file_storage) == []
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_killed_and_retried_task_attempt_writes_no_duplicates(file_storage, tmp_path):
+    """Partition 1's first attempt stages part of its rows, then hangs and is killed; Spark
+    reschedules it (attempt 1). Only attempt 1's objects are appended; attempt 0's are deleted."""
+    create_topics(file_storage, events=2)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    n1 = 25_000      # > 2 Arrow batches (spark.sql.execution.arrow.maxRecordsPerBatch = 10 000)
+
+    def rows(index, it):
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        (marks / f"{index}-{tc.attemptNumber()}-{tc.taskAttemptId()}").write_text("")
+        count = 10 if index == 0 else n1
+        for i in range(count):
+            yield (f"p{index}-{i}", str(i))
+        if index == 1 and tc.attemptNumber() == 0:
+            time.sleep(120)      # hang: the test kills this attempt
+
+    df = spark().createDataFrame(spark().sparkContext.parallelize([0], 2).mapPartitionsWithIndex(rows),
+                                 "key string, value string")
+    errors = []
+
+    def killer():
+        try:
+            name = _wait_for(lambda: [p.name for p in marks.iterdir() if p.name.startswith("1-0-")], 120,
+                             "partition 1's first attempt")[0]
+            _wait_for(lambda: [k for k in staged_objects(file_storage) if "/00001-0-" in k], 120,
+                      "objects staged by the first attempt")
+            task_id = int(name.split("-")[2])
+            assert spark().sparkContext._jsc.sc().killTaskAttempt(task_id, True, "test: a lost attempt")
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    write(df, file_storage, topic="events", **{"staging.maxFileBytes": "1"})
+    thread.join(10)
+    assert not errors, errors
+    assert any(p.name.startswith("1-1-") for p in marks.iterdir()), "partition 1 was retried"
+    got = read_committed(file_storage, "events", 2, expected=10 + n1)
+    assert len(got) == 10 + n1
+    assert len({k for k, _, _, _ in got}) == 10 + n1
+    assert staged_objects(file_storage) == []
+
+
+def test_only_the_attempts_spark_commits_are_appended(file_storage):
+    """Two attempts of one partition both staged everything (as with speculation); the commit
+    gets one message: its rows appear once and both attempts' objects are deleted."""
+    create_topics(file_storage, t=1)
+    schema = StructType.fromDDL("key string, value string")
+    writer = TxlakeBatchWriter(spark_options(file_storage, topic="t"), schema, False)
+    batch = pa.record_batch([pa.array(["a", "b"]), pa.array(["1", "2"])], names=["key", "value"])
+    first = writer.write(iter([batch]))
+    second = writer.write(iter([batch]))
+    assert len(staged_objects(file_storage)) == 2
+    writer.commit([second])
+    assert writer.result.records == 2
+    assert sorted(read_committed(file_storage, "t", 1, expected=2)) == [(b"a", b"1", 0, None), (b"b", b"2", 0, None)]
+    assert staged_objects(file_storage) == []
+    assert first.files[0].key not in staged_objects(file_storage)
+
+
+def test_a_job_failing_after_some_tasks_finished_leaves_nothing(file_storage):
+    """Partition 0 stages and finishes; then partition 1 fails: nothing is visible, nothing stays staged."""
+    create_topics(file_storage, t=2)
+    store = file_storage.object_store()
+
+    def rows(index, it):
+        if index == 1:
+            deadline = time.monotonic() + 60
+            while not [o for o in store.list(STAGING_PREFIX) if "/00000-" in o.key]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("partition 0 never staged")
+                time.sleep(0.05)
+            raise RuntimeError("simulated failure after partition 0 finished")
+        for i in range(100):
+            yield (f"k{i}", f"v{i}")
+
+    df = spark().createDataFrame(spark().sparkContext.parallelize([0], 2).mapPartitionsWithIndex(rows),
+                                 "key string, value string")
+    with pytest.raises(Exception, match="simulated failure after partition 0 finished"):
+        write(df, file_storage, topic="t")
+    assert read_committed(file_storage, "t", 2) == []
+    assert staged_objects(file_storage) == []
+
+
+def test_commit_refused_while_this_process_holds_the_lease_names_it(file_storage):
+    """The one test that keeps its engine open: the Spark worker cannot take the writer
+    lease, and the error names this process and says what to do. Nothing becomes visible."""
+    admin = AdminClient(file_storage.conf())
+    try:
+        admin.create_topics([NewTopic("t", 1)])["t"].result()
+        df = spark().createDataFrame([("a", "1"), ("b", "2")], "key string, value string")
+        with pytest.raises(Exception) as info:
+            write(df, file_storage, topic="t")
+        text = str(info.value)
+        assert "writer lease is held by" in text
+        assert f"pid {os.getpid()}" in text
+        assert "close its txlake Producer/Consumer/AdminClient" in text and "wait for the lease to lapse" in text
+        assert staged_objects(file_storage) == []
+    finally:
+        admin.close()
+        release()
+    assert read_committed(file_storage, "t", 1) == []
+
+
+def test_commit_staged_with_nothing_staged_commits_nothing(file_storage):
+    """An empty job appends nothing and opens no transaction: not even the writer lease is taken."""
+    from txlake.catalog.catalog import Catalog
+
+    create_topics(file_storage, t=1)
+    version = Catalog.open(file_storage.object_store()).state.version
+    result = commit_staged(file_storage.conf(), "empty", [])
+    assert result.records == 0 and not result.skipped
+    assert Catalog.open(file_storage.object_store()).state.version == version
