@@ -1,4 +1,4 @@
-"""The Spark sink: ``df.write.format("txlake")``, exactly once.
+"""The Spark sink: ``df.write.format("txlake")`` and ``writeStream.format("txlake")``, exactly once.
 
 Facts these tests live with:
 
@@ -33,8 +33,9 @@ from txlake import AdminClient, Consumer, NewTopic, TopicPartition
 from txlake.engine import registry
 from txlake.engine.partitioner import partition_for_key
 from txlake.spark_connector.batch_write import TxlakeBatchWriter
-from txlake.spark_connector.staged_commit import commit_staged
+from txlake.spark_connector.staged_commit import (BatchFenceError, commit_staged, last_committed_batch)
 from txlake.spark_connector.staging import STAGING_PREFIX, murmur2_partitions
+from txlake.spark_connector.stream_write import TxlakeStreamWriter
 
 
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
@@ -316,6 +317,98 @@ def test_commit_refused_while_this_process_holds_the_lease_names_it(file_storage
         admin.close()
         release()
     assert read_committed(file_storage, "t", 1) == []
+
+
+# ------------------------------------------------------------------------------------ streaming
+def _json_file(folder, name: str, rows: list[tuple[str, str]]) -> None:
+    tmp = folder / f".{name}.tmp"
+    tmp.write_text("".join(json.dumps({"key": k, "value": v}) + "\n" for k, v in rows))
+    tmp.rename(folder / name)
+
+
+def _run_stream(source, checkpoint, target, **options):
+    df = (spark().readStream.schema("key string, value string").option("maxFilesPerTrigger", 1)
+          .json(str(source)))
+    writer = df.writeStream.format("txlake").option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+    for k, v in spark_options(target, **options).items():
+        writer = writer.option(k, v)
+    query = writer.start()
+    query.awaitTermination(180)
+    assert not query.isActive
+    assert query.exception() is None, query.exception()
+    return query
+
+
+def test_stream_restarted_from_its_checkpoint_writes_every_batch_exactly_once(storage, tmp_path):
+    """Two micro-batches; then the checkpoint loses its last commit mark (a crash after the
+    sink committed, before Spark recorded it): the restart re-runs that batch, which writes
+    nothing, then writes a new one. Every row once; a re-commit of a committed batch id is a no-op."""
+    create_topics(storage, out=2)
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+    files = {f"f{i}.json": [(f"k{i}-{j}", f"v{i}-{j}") for j in range(10)] for i in range(3)}
+    _json_file(source, "f0.json", files["f0.json"])
+    _json_file(source, "f1.json", files["f1.json"])
+    query = _run_stream(source, checkpoint, storage, topic="out")
+    group = f"txlake-spark-sink-{query.id}"
+    assert last_committed_batch(storage.conf(), group)[0] == 1
+    assert len(read_committed(storage, "out", 2, expected=20)) == 20
+
+    (checkpoint / "commits" / "1").unlink()           # Spark will re-run batch 1
+    crc = checkpoint / "commits" / ".1.crc"
+    if crc.exists():
+        crc.unlink()
+    _json_file(source, "f2.json", files["f2.json"])
+    restarted = _run_stream(source, checkpoint, storage, topic="out")
+    assert restarted.id == query.id                  # the id lives in the checkpoint
+    assert restarted.lastProgress["batchId"] == 2
+    assert last_committed_batch(storage.conf(), group) == (2, str(query.id))
+    got = read_committed(storage, "out", 2, expected=30)
+    expected = sorted((k.encode(), v.encode()) for rows in files.values() for k, v in rows)
+    assert sorted((k, v) for k, v, _, _ in got) == expected
+    assert staged_objects(storage) == []
+
+    # the sink's commit of an already committed batch id, invoked again: nothing is written
+    schema = StructType.fromDDL("key string, value string")
+    writer = TxlakeStreamWriter(spark_options(storage, topic="out"), schema, False)
+    batch = pa.record_batch([pa.array(["again"]), pa.array(["x"])], names=["key", "value"])
+    message = writer.write(iter([batch]))
+    message.query_id = str(query.id)
+    writer.commit([message], 2)
+    assert writer.result.skipped and writer.result.last_batch_id == 2
+    assert staged_objects(storage) == []
+    assert len(read_committed(storage, "out", 2, expected=30)) == 30
+
+
+def test_stream_commit_twice_for_one_batch_id_writes_once(file_storage):
+    """The sink's commit(messages, batchId), invoked twice for the same batch id (Spark's
+    re-run of a batch whose commit it did not record), appends the batch once."""
+    create_topics(file_storage, t=1)
+    schema = StructType.fromDDL("key string, value string")
+    options = spark_options(file_storage, topic="t", **{"transactional.id": "orders-sink"})
+
+    def run(batch_id: int, values: list[str], query_id: str | None = None):
+        writer = TxlakeStreamWriter(options, schema, False)     # Spark makes one per commit
+        message = writer.write(iter([pa.record_batch([pa.array(values), pa.array(values)], names=["key", "value"])]))
+        message.query_id = query_id
+        writer.commit([message], batch_id)
+        return writer.result
+
+    assert run(0, ["a", "b"]).records == 2
+    assert run(0, ["a", "b"]).skipped
+    assert run(1, ["c"]).records == 1
+    assert run(1, ["c"]).skipped
+    assert run(0, ["a", "b"]).skipped                            # an older batch id: also done
+    got = read_committed(file_storage, "t", 1, expected=3)
+    assert [k for k, _, _, _ in got] == [b"a", b"b", b"c"]
+    assert last_committed_batch(file_storage.conf(), "orders-sink") == (1, None)
+    assert staged_objects(file_storage) == []
+    release()
+    # a different query (a fresh checkpoint) reusing the id is refused, not silently skipped
+    run(2, ["d"], query_id="q-1")
+    with pytest.raises(BatchFenceError, match="keeps its id only with its checkpoint"):
+        run(0, ["x"], query_id="q-2")
+    release()
 
 
 def test_commit_staged_with_nothing_staged_commits_nothing(file_storage):
