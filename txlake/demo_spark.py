@@ -19,6 +19,8 @@ from typing import Any
 #: extra records in the transaction left open / the aborted one
 OPEN_RECORDS = 100
 ABORTED_RECORDS = 50
+#: transaction.timeout.ms of the transaction left open (it is aborted at the end of the step)
+OPEN_TRANSACTION_TIMEOUT_MS = 600_000
 
 CARRIER_DELAYS_SQL = """
 SELECT CAST(f.key AS STRING) AS carrier,
@@ -62,11 +64,13 @@ def spark_session(app: str = "txlake-demo"):
     interpreter so they import this txlake)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[2]").appName(app)
              .config("spark.sql.python.filterPushdown.enabled", "true")
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "8")
              .config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
@@ -87,7 +91,9 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
                   f"flights is left open and one of {ABORTED_RECORDS} is aborted, then Spark, DuckDB and the "
                   "Consumer count the committed flights")
     sample = _first_values(conf, topic, OPEN_RECORDS)
-    aborted = Producer({**conf, "transactional.id": "demo-spark-aborted"})
+    # a generous transaction timeout: the open transaction must outlive the SparkSession's start
+    txn_conf = {**conf, "transaction.timeout.ms": OPEN_TRANSACTION_TIMEOUT_MS}
+    aborted = Producer({**txn_conf, "transactional.id": "demo-spark-aborted"})
     aborted.init_transactions(30)
     aborted.begin_transaction()
     for i, value in enumerate(sample[:ABORTED_RECORDS]):
@@ -95,7 +101,7 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
     aborted.flush(30)
     aborted.abort_transaction(30)
     res.aborted_records = ABORTED_RECORDS
-    pending = Producer({**conf, "transactional.id": "demo-spark-open"})
+    pending = Producer({**txn_conf, "transactional.id": "demo-spark-open"})
     pending.init_transactions(30)
     pending.begin_transaction()
     for i, value in enumerate(sample):
@@ -106,7 +112,7 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
         res.consumer_committed = _consumer_count(conf, topic, Consumer, TopicPartition)
         con = txduck.connect(url, options, topics=[topic])
         try:
-            res.duckdb_committed = con.sql(f'SELECT count(*) FROM "{topic}"').fetchone()[0]
+            res.duckdb_committed = con.sql(f'SELECT count(*) FROM "{topic}"').fetchall()[0][0]
         finally:
             con.close()
         console.print("   starting a local SparkSession ...")
