@@ -480,10 +480,13 @@ def input_partition(state: CatalogState, r: OffsetRange, isolation_level: str,
     """The task reading ``r`` from ``state``: its segments (those the filters cannot rule out)
     and the aborted transactions of the range; None when no segment is left."""
     p = state.partition(r.topic, r.partition)
-    segs = [SegmentRef.of(s) for s in p.segments
-            if s.last_offset >= r.start and s.base_offset < r.end
-            and (filters is None or (filters.offsets_overlap(s.base_offset, s.last_offset)
-                                     and filters.timestamps_overlap(s.min_timestamp, s.max_timestamp)))]
+    segs = []
+    for s in p.segments_from(r.start):  # offset order: from the first segment ending at or after r.start
+        if s.base_offset >= r.end:
+            break
+        if filters is None or (filters.offsets_overlap(s.base_offset, s.last_offset)
+                               and filters.timestamps_overlap(s.min_timestamp, s.max_timestamp)):
+            segs.append(SegmentRef.of(s))
     if not segs:
         return None
     aborted = ([(a.producer_id, a.first_offset, a.last_offset) for a in p.aborted_in(r.start, r.end)]
@@ -607,25 +610,23 @@ def read_input_partition(store, part: TxlakeInputPartition, schema: pa.Schema, i
             if rows != seg.record_count:
                 raise CorruptObjectError(location, f"holds {rows} records of {part.topic} [{part.partition}] in row "
                                                    f"groups {wanted}, the catalog expects {seg.record_count}")
-            names = pf.schema_arrow.names
-            col_index = {n: names.index(n) for n in ("offset", "timestamp")}
+            leaves = {pf.schema.column(i).path: i for i in range(len(pf.schema))}
+            col_index = {n: leaves[n] for n in ("offset", "timestamp")}
             selected = [i for i in wanted if _row_group_may_match(meta.row_group(i), col_index, part.start, part.end, filters)]
             _open_log(open_log, {"object": seg.path, "row_groups": selected, "topic": part.topic,
                                  "partition": part.partition})
-            if not selected:
-                continue
-            table = read_all(pf, location, selected, columns)
-        offsets = table.column("offset").to_numpy()
-        keep = (offsets >= part.start) & (offsets < part.end)
-        extra = filters.row_mask(offsets, table.column("timestamp").to_numpy())
-        if extra is not None:
-            keep &= extra
-        if not keep.all():
-            table = table.filter(pa.array(keep))
-        table = visible_records(table, aborted)
-        if table.num_rows:
-            for batch in _to_spark(table, part, schema, include_headers).to_batches(max_chunksize=BATCH_ROWS):
-                yield batch
+            for rg in selected:  # one row group at a time: memory stays bounded by the row-group size
+                table = read_all(pf, location, [rg], columns)
+                offsets = table.column("offset").to_numpy()
+                keep = (offsets >= part.start) & (offsets < part.end)
+                extra = filters.row_mask(offsets, table.column("timestamp").to_numpy())
+                if extra is not None:
+                    keep &= extra
+                if not keep.all():
+                    table = table.filter(pa.array(keep))
+                table = visible_records(table, aborted)
+                if table.num_rows:
+                    yield from _to_spark(table, part, schema, include_headers).to_batches(max_chunksize=BATCH_ROWS)
 
 
 def _to_spark(table: pa.Table, part: TxlakeInputPartition, schema: pa.Schema, include_headers: bool) -> pa.Table:

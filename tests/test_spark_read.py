@@ -15,6 +15,7 @@ import json
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.datasource import EqualTo, In
 
 from spark_support import spark
 from txlake import AdminClient, Consumer, NewTopic, Producer, TopicPartition
@@ -73,9 +74,10 @@ def create(target, **topics: int) -> None:
 
 
 def rows(df, headers: bool = False) -> list[tuple]:
+    """``(topic, partition, offset, key, value[, headers])`` of a DataFrame (or of collected rows), sorted."""
     cols = ["topic", "partition", "offset", "key", "value"] + (["headers"] if headers else [])
     out = []
-    for r in df.select(*cols).collect():
+    for r in (df if isinstance(df, list) else df.select(*cols).collect()):
         t = (r.topic, r.partition, r.offset, r.key and bytes(r.key), r.value and bytes(r.value))
         if headers:
             t += (None if r.headers is None else [(h.key, bytes(h.value)) for h in r.headers],)
@@ -97,6 +99,15 @@ def consumer_rows(target, topic: str, partitions: int, isolation: str = "read_co
                             None if not hdrs else [(k, v) for k, v in hdrs]))
     c.close()
     return sorted(out)
+
+
+def direct(target, filters=(), **options) -> list[tuple]:
+    """``(topic, partition, offset)`` read by the batch reader in this process, as Spark drives it
+    (pushFilters, partitions, read) -- for option semantics that need no Spark round trip."""
+    reader = TxlakeBatchReader(source_options(target, **options))
+    assert reader.pushFilters(list(filters)) == []
+    return sorted((b["topic"], b["partition"], b["offset"]) for part in reader.partitions()
+                  for batch in reader.read(part) for b in batch.to_pylist())
 
 
 def lease(target):
@@ -142,18 +153,20 @@ def test_committed_read_equals_the_consumer(storage):
 
     df = load(storage, subscribe="orders", includeHeaders="true")
     assert df.schema == kafka_struct(True)
-    got = rows(df, headers=True)
+    collected = df.collect()
+    got = rows(collected, headers=True)
     assert [r[:5] for r in got] == committed
     assert got == consumer_rows(storage, "orders", 3)
     assert {r[2]: r[5] for r in got if r[1] == 0} == {0: [("h", b"1")], 1: None}
     assert [r[5] for r in got if r[1] == 2][0] == [("h", b"2"), ("g", b"")]
-    full = df.filter("value = 'a0'").collect()[0]
-    assert (full.timestamp, full.timestampType) == (dt.datetime(2023, 11, 14, 22, 13, 20, 2000), 0)
+    first = next(r for r in collected if r.value == b"a0")
+    assert (first.timestamp, first.timestampType) == (dt.datetime(2023, 11, 14, 22, 13, 20, 2000), 0)
 
     dirty = load(storage, subscribe="orders", **{"isolation.level": "read_uncommitted"})
-    assert rows(dirty) == uncommitted
-    assert rows(dirty) == [r[:5] for r in consumer_rows(storage, "orders", 3, "read_uncommitted")]
     assert "headers" not in dirty.columns
+    dirty_rows = rows(dirty)
+    assert dirty_rows == uncommitted
+    assert dirty_rows == [r[:5] for r in consumer_rows(storage, "orders", 3, "read_uncommitted")]
     assert lease(storage) == holder               # Spark read without touching the writer lease
 
     # one snapshot at planning: what commits after partitions() is not read by those partitions
@@ -180,26 +193,36 @@ def test_offsets_timestamps_patterns_and_assign(file_storage):
     p.flush(30)
     # orders-0: offsets 0,1,2 at T0, +2 s, +4 s; orders-1: 0,1,2 at +1 s, +3 s, +5 s
 
-    def pos(df):
-        return [(r[0], r[1], r[2]) for r in rows(df)]
-
-    assert {t for t, _, _ in pos(load(file_storage, subscribePattern="orders.*"))} == {"orders", "orders-eu"}
-    assert pos(load(file_storage, subscribePattern="orders")) == [("orders", p_, o) for p_ in (0, 1) for o in range(3)]
-    assert pos(load(file_storage, assign='{"orders": [1]}')) == [("orders", 1, o) for o in range(3)]
-    assert pos(load(file_storage, subscribe="orders", startingOffsets='{"orders": {"0": 2, "1": -2}}',
-                    endingOffsets='{"orders": {"0": -1, "1": 1}}')) == [("orders", 0, 2), ("orders", 1, 0)]
-    assert pos(load(file_storage, subscribe="orders,xorders", startingTimestamp=T0 + 2500,
-                    endingTimestamp=T0 + 4000)) == [("orders", 1, 1), ("xorders", 0, 3)]
-    assert pos(load(file_storage, assign='{"orders": [0]}', startingOffsetsByTimestamp=json.dumps(
-        {"orders": {"0": T0 + 1}}))) == [("orders", 0, 1), ("orders", 0, 2)]
-    with pytest.raises(Exception, match="no offset of orders-0 has a timestamp >= "):
-        load(file_storage, subscribe="orders", startingTimestamp=T0 + 10_000).collect()
-    assert pos(load(file_storage, subscribe="orders", startingTimestamp=T0 + 10_000,
-                    startingOffsetsByTimestampStrategy="latest")) == []
+    through_spark = [(r.topic, r.partition, r.offset)
+                     for r in load(file_storage, subscribePattern="orders.*").select("topic", "partition", "offset")
+                     .collect()]
+    assert sorted(through_spark) == [("orders", p_, o) for p_ in (0, 1) for o in range(3)] + \
+        [("orders-eu", 0, o) for o in range(6)]          # whole-name match: not xorders
     with pytest.raises(Exception, match="starting offset can't be latest for batch queries"):
         load(file_storage, subscribe="orders", startingOffsets="latest").collect()
-    with pytest.raises(Exception, match="unknown topic 'nope'"):
-        load(file_storage, subscribe="nope").collect()
+
+    assert direct(file_storage, subscribePattern="orders") == [("orders", p_, o) for p_ in (0, 1) for o in range(3)]
+    assert direct(file_storage, assign='{"orders": [1]}') == [("orders", 1, o) for o in range(3)]
+    assert direct(file_storage, subscribe="orders", startingOffsets='{"orders": {"0": 2, "1": -2}}',
+                  endingOffsets='{"orders": {"0": -1, "1": 1}}') == [("orders", 0, 2), ("orders", 1, 0)]
+    assert direct(file_storage, subscribe="orders", endingOffsets='{"orders": {"0": 99, "1": 1}}') == \
+        [("orders", 0, 0), ("orders", 0, 1), ("orders", 0, 2), ("orders", 1, 0)]   # past the end: up to the end
+    assert direct(file_storage, subscribe="orders,xorders", startingTimestamp=T0 + 2500,
+                  endingTimestamp=T0 + 4000) == [("orders", 1, 1), ("xorders", 0, 3)]
+    assert direct(file_storage, assign='{"orders": [0]}', startingOffsetsByTimestamp=json.dumps(
+        {"orders": {"0": T0 + 1}})) == [("orders", 0, 1), ("orders", 0, 2)]
+    with pytest.raises(OptionError, match="no offset of orders-0 has a timestamp >= "):
+        direct(file_storage, subscribe="orders", startingTimestamp=T0 + 10_000)
+    assert direct(file_storage, subscribe="orders", startingTimestamp=T0 + 10_000,
+                  startingOffsetsByTimestampStrategy="latest") == []
+    with pytest.raises(OptionError, match="unknown topic 'nope'"):
+        direct(file_storage, subscribe="nope")
+    with pytest.raises(OptionError, match="topic 'orders' has no partition 2"):
+        direct(file_storage, assign='{"orders": [2]}')
+    with pytest.raises(OptionError, match="must name all partitions of the subscription"):
+        direct(file_storage, subscribe="orders", startingOffsets='{"orders": {"0": 1}}')
+    with pytest.raises(OptionError, match="ending offset 3 of orders-0 is before its starting offset 5"):
+        direct(file_storage, subscribe="orders", startingOffsets='{"orders": {"0": 5, "1": 0}}')
     p.close()
 
 
@@ -261,10 +284,14 @@ def test_min_partitions_split_like_spark(file_storage):
     for i in range(40):
         p.produce("big", value=f"v{i}", partition=0 if i < 30 else 1)
     p.flush(30)
-    df = load(file_storage, subscribe="big", minPartitions=5)
-    assert df.rdd.getNumPartitions() == 5          # 30 offsets -> 4 ranges, 10 offsets -> 1
-    assert sorted(r.offset for r in df.filter("partition = 0").collect()) == list(range(30))
-    assert load(file_storage, subscribe="big").rdd.getNumPartitions() == 2
+    assert load(file_storage, subscribe="big", minPartitions=5).rdd.getNumPartitions() == 5   # 30 -> 4, 10 -> 1
+    reader = TxlakeBatchReader(source_options(file_storage, subscribe="big", minPartitions=5))
+    parts = reader.partitions()
+    assert [(x.partition, x.start, x.end) for x in parts] == [(0, 0, 7), (0, 7, 14), (0, 14, 22), (0, 22, 30),
+                                                              (1, 0, 10)]
+    assert sorted(b["offset"] for x in parts[:4] for batch in reader.read(x) for b in batch.to_pylist()) == \
+        list(range(30))
+    assert len(TxlakeBatchReader(source_options(file_storage, subscribe="big")).partitions()) == 2
     p.close()
 
 
@@ -310,9 +337,11 @@ def test_filter_pushdown_skips_segments_and_row_groups(file_storage, tmp_path):
     assert rows(by_time) == [r for r in everything if r[2] >= 25]
     assert opened() == sorted((s.path, (s.row_group_start + 1, s.row_group_start + 2))
                               for s in (segments[(0, 20)], segments[(1, 20)]))
-    assert rows(df.filter(F.col("offset").isin(3, 27) & (F.col("partition") == 0))) == \
-        [r for r in everything if r[1] == 0 and r[2] in (3, 27)]
-    assert len(opened()) == 2
+    # IN on offsets, driven in this process: the segment 10..19 holds neither offset and is not opened
+    assert direct(file_storage, [In(("offset",), (3, 27)), EqualTo(("partition",), 0)], subscribe="ev",
+                  _openLog=str(log_path)) == [("ev", 0, 3), ("ev", 0, 27)]
+    assert opened() == sorted([(segments[(0, 0)].path, (segments[(0, 0)].row_group_start,)),
+                               (segments[(0, 20)].path, (segments[(0, 20)].row_group_start + 1,))])
 
     plain = spark().newSession()
     plain.conf.set("spark.sql.python.filterPushdown.enabled", "false")
