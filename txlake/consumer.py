@@ -6,15 +6,23 @@ catalog (one GET per look for the next commit) and keeps working while a writer 
 offsets. :meth:`Consumer.subscribe` makes it a member of its ``group.id`` (see
 :mod:`txlake.consumer_coordinator`); the group coordinator runs in the storage root's
 writer, so subscribed consumers live in the writer process.
+
+Offset commits (:meth:`Consumer.commit`, auto-commit) are sent by one thread per consumer,
+one at a time in call order, like librdkafka's: an asynchronous commit returns at once and
+its result reaches the ``on_commit(err, partitions)`` callback from the next
+``poll()``/``consume()`` (or ``close()``); a synchronous one waits for its turn and its answer.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from collections import deque
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
 
 
 from txlake.engine.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
@@ -25,7 +33,7 @@ from txlake.engine.registry import acquire_broker, release_broker
 
 from .config import parse_config
 from .consumer_coordinator import ConsumerCoordinator
-from .error import KafkaError, from_api_error, kafka_exception
+from .error import KafkaError, KafkaException, from_api_error, kafka_exception
 from .group_metadata import ConsumerGroupMetadata
 from .types import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, OFFSET_STORED, TIMESTAMP_CREATE_TIME,
                     TIMESTAMP_LOG_APPEND_TIME, Message, TopicPartition)
@@ -38,6 +46,11 @@ _UNSTABLE = -2001
 #: how long a partition waits before asking again for an unstable committed offset (Kafka's retry.backoff.ms)
 UNSTABLE_RETRY_BACKOFF_S = 0.1
 REFRESH_INTERVAL_MS = 50
+
+log = logging.getLogger(__name__)
+
+#: a commit's answer: ``(error or None, the partitions with their offsets and per-partition errors)``
+CommitResult = tuple[KafkaError | None, list[TopicPartition]]
 
 
 class _Fetch:
@@ -81,12 +94,22 @@ class _Fetch:
         self.next = 0
 
 
+@dataclass(frozen=True)
+class _CommitRequest:
+    """An OffsetCommit as the application asked for it: the offsets, and the member identity
+    ``(generation, member id, group instance id)`` at that moment."""
+
+    offsets: tuple[TopicPartition, ...]
+    identity: tuple[int, str, str | None]
+
+
 class Consumer:
     """A Kafka consumer of a txlake storage root (confluent-kafka's ``Consumer``).
 
     Args:
         conf: Kafka-style config; ``isolation.level`` defaults to read_committed
-            (never past the LSO), ``auto.offset.reset`` to latest.
+            (never past the LSO), ``auto.offset.reset`` to latest; ``on_commit(err, partitions)``
+            receives the results of asynchronous commits and auto-commits, from poll()/consume().
 
     Raises:
         KafkaException: ``_INVALID_ARG`` for unknown keys or invalid values.
@@ -104,6 +127,11 @@ class Consumer:
         self._assignment_version = 0    # bumped by every assignment change (rebalance callbacks)
         self._membership: ConsumerCoordinator | None = None
         self._closed = False
+        self._on_commit: Callable | None = self._cfg["on_commit"]
+        #: librdkafka's committed offset per partition: commits of the positions skip partitions not past it
+        self._committed: dict[tuple[str, int], int] = {}
+        self._commit_sender: ThreadPoolExecutor | None = None
+        self._commit_reports: deque[CommitResult] = deque()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -209,6 +237,8 @@ class Consumer:
             if error == Errors.UNSTABLE_OFFSET_COMMIT:
                 return _UNSTABLE   # a transaction holds a pending offset: ask again at the next fetch (KIP-447)
             if stored is not None and stored.offset >= 0:
+                with self._lock:
+                    self._committed[(topic, partition)] = stored.offset
                 return stored.offset
         if offset is None or offset in (OFFSET_INVALID, OFFSET_STORED):
             offset = OFFSET_BEGINNING if self._reset in _EARLIEST else OFFSET_END if self._reset in _LATEST else OFFSET_INVALID
@@ -267,6 +297,7 @@ class Consumer:
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         out: list[Message] = []
         while True:
+            self._serve_commit_reports()
             if self._membership is not None:
                 self._membership.poll()      # rejoin / rebalance callbacks / auto-commit, in this thread
             with self._lock:
@@ -373,34 +404,117 @@ class Consumer:
 
     def commit(self, message: Message | None = None, offsets: list[TopicPartition] | None = None,
                asynchronous: bool = True) -> list[TopicPartition] | None:
-        """OffsetCommit for ``offsets`` (or after ``message``, or the current positions).
+        """OffsetCommit (confluent-kafka's ``Consumer.commit``): the offset after ``message``, or
+        ``offsets`` (each ``TopicPartition`` with its ``offset`` -- the next one to consume -- and
+        ``metadata``, a string that :meth:`committed` returns unchanged), or else the current
+        position of every assigned partition that moved past its last committed offset.
 
-        Without group membership (assign()), the commit carries no generation, as Kafka's
-        simple consumers do. Returns the committed partitions when ``asynchronous=False``.
+        A member commits with its generation and member id; without group membership
+        (assign()) the commit carries generation -1, as Kafka's simple consumers do.
+
+        Commits are sent one at a time, in call order, by the consumer's commit thread.
+
+        Args:
+            asynchronous: True: return None at once; the result, ``(KafkaError or None,
+                [TopicPartition])``, goes to the ``on_commit`` callback, which the next
+                ``poll()``/``consume()`` (or ``close()``) calls -- ``_NO_OFFSET`` when there was
+                nothing to commit. False: wait for the answer.
+
+        Returns:
+            with ``asynchronous=False``, the committed partitions sorted by topic and partition,
+            with their offsets and metadata.
 
         Raises:
-            KafkaException: ``_INVALID_ARG`` without group.id; ``_NO_OFFSET`` when there is nothing to commit.
+            KafkaException: ``_INVALID_ARG`` without group.id; with ``asynchronous=False``,
+                ``_NO_OFFSET`` when there is nothing to commit, or the commit's error (the last
+                failed partition's: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID,
+                REBALANCE_IN_PROGRESS, OFFSET_METADATA_TOO_LARGE, ...; ``args[0]``).
+            ValueError: both ``message`` and ``offsets``.
+            RuntimeError: the consumer is closed.
         """
+        self._check_open()
+        if message is not None and offsets is not None:
+            raise ValueError("message and offsets are mutually exclusive")
         group = self._group()
+        sent = self._send_commit(group, self._commit_request(message, offsets), report=asynchronous)
+        if asynchronous:
+            return None
+        error, partitions = sent.result()
+        if error is not None:
+            raise KafkaException(error)
+        return partitions
+
+    def _auto_commit(self, wait: bool) -> None:
+        """``enable.auto.commit``: commit the positions that moved (librdkafka's auto-commit).
+        The result goes to ``on_commit``; with nothing to commit nothing happens. ``wait``:
+        return once it is answered (before a rebalance and on close, as Kafka's
+        ``maybeAutoCommitOffsetsSync``); else return at once (Kafka's ``maybeAutoCommitOffsetsAsync``)."""
+        request = self._commit_request(None, None)
+        if request.offsets:
+            sent = self._send_commit(self._group(), request, report=True)
+            if wait:
+                sent.result()
+
+    def _commit_request(self, message: Message | None, offsets: list[TopicPartition] | None) -> _CommitRequest:
+        """What a commit() asks for, taken now: copies of the absolute offsets, and the member identity."""
         if message is not None:
-            offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
-        elif offsets is None:
-            offsets = [tp for tp in self.position(self.assignment()) if tp.offset >= 0]
-        if not offsets:
-            raise kafka_exception(KafkaError._NO_OFFSET, "Local: No offset stored")
-        generation, member, instance = (self._membership.commit_identity() if self._membership is not None
-                                        else (-1, "", self._cfg["group.instance.id"]))
-        answer = self._broker.group_offsets().commit(
-            group, {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in offsets},
-            generation, member, instance)
-        out = []
-        for tp in offsets:
-            res = TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata)
-            error = answer[(tp.topic, tp.partition)]
-            if error != Errors.NO_ERROR:
-                raise kafka_exception(error, f"offset commit of {tp.topic} [{tp.partition}] failed: {error.name}")
-            out.append(res)
-        return None if asynchronous else out
+            wanted = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+        elif offsets is not None:
+            wanted = [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in offsets]
+        else:
+            with self._lock:
+                wanted = [tp for tp in self.position(self.assignment())
+                          if tp.offset > self._committed.get((tp.topic, tp.partition), OFFSET_INVALID)]
+        identity = (self._membership.commit_identity() if self._membership is not None
+                    else (-1, "", self._cfg["group.instance.id"]))
+        return _CommitRequest(tuple(sorted(tp for tp in wanted if tp.offset >= 0)), identity)
+
+    def _send_commit(self, group: str, request: _CommitRequest, report: bool) -> Future:
+        """Queue the commit on the commit thread; a Future of its :data:`CommitResult`.
+        ``report``: hand the result to ``on_commit`` too."""
+        with self._lock:
+            if self._commit_sender is None:
+                self._commit_sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txlake-commit")
+            return self._commit_sender.submit(self._run_commit, group, request, report)
+
+    def _run_commit(self, group: str, request: _CommitRequest, report: bool) -> CommitResult:
+        """Send one OffsetCommit (on the commit thread) and note the offsets that were stored."""
+        if not request.offsets:
+            result: CommitResult = (KafkaError(KafkaError._NO_OFFSET, "Local: No offset stored"), [])
+        else:
+            try:
+                answer = self._broker.group_offsets().commit(
+                    group, {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "")
+                            for tp in request.offsets}, *request.identity)
+            except Exception as exc:  # the engine failed: the caller still gets an answer
+                log.error("offset commit of group %s failed: %s", group, exc, exc_info=True)
+                answer = dict.fromkeys(((tp.topic, tp.partition) for tp in request.offsets),
+                                       Errors.UNKNOWN_SERVER_ERROR)
+            error, partitions = None, []
+            for tp in request.offsets:
+                done = TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata)
+                code = answer[(tp.topic, tp.partition)]
+                if code != Errors.NO_ERROR:
+                    # librdkafka: the commit's error is that of the last partition that failed
+                    error = done.error = KafkaError(code, f"offset commit of {tp.topic} [{tp.partition}] "
+                                                          f"failed: {code.name}")
+                else:
+                    with self._lock:
+                        self._committed[(tp.topic, tp.partition)] = tp.offset
+                partitions.append(done)
+            result = (error, partitions)
+        if report:
+            if self._on_commit is not None:
+                self._commit_reports.append(result)
+            elif result[0] is not None and result[0].code() != KafkaError._NO_OFFSET:
+                log.warning("offset commit of group %s failed: %s", group, result[0].str())
+        return result
+
+    def _serve_commit_reports(self) -> None:
+        """Call ``on_commit(err, partitions)`` for every commit answered since the last call, in order."""
+        while self._commit_reports:
+            error, partitions = self._commit_reports.popleft()
+            self._on_commit(error, partitions)
 
     def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
         """OffsetFetch: the group's committed offset of each partition (OFFSET_INVALID if none).
@@ -439,7 +553,8 @@ class Consumer:
         return cluster_metadata(self._broker, topic)
 
     def close(self) -> None:
-        """Leave and release the storage root. Idempotent."""
+        """Leave the group (auto-commit first, if enabled), wait for the commits still queued,
+        serve their ``on_commit`` callbacks, and release the storage root. Idempotent."""
         if self._closed:
             return
         try:
@@ -447,7 +562,12 @@ class Consumer:
                 self._membership.close()
         finally:
             self._closed = True
-            release_broker(self._broker)
+            try:
+                if self._commit_sender is not None:
+                    self._commit_sender.shutdown(wait=True)
+                self._serve_commit_reports()
+            finally:
+                release_broker(self._broker)
 
     def __enter__(self) -> "Consumer":
         return self

@@ -153,7 +153,7 @@ class ConsumerCoordinator:
             self._rebalance()
             self._last_poll = time.monotonic()   # time spent rebalancing inside poll is not "not polling"
         elif self.auto_commit and time.monotonic() - self._last_auto_commit >= self.auto_commit_interval_s:
-            self._auto_commit()
+            self._auto_commit(wait=False)
 
     def commit_identity(self) -> tuple[int, str, str | None]:
         """``(generation, member id, group instance id)`` of the last completed join, for an OffsetCommit."""
@@ -169,7 +169,7 @@ class ConsumerCoordinator:
         try:
             if self.owned and self.generation_id >= 0:
                 if self.auto_commit:
-                    self._auto_commit()
+                    self._auto_commit(wait=True)
                 self._revoke(sorted(self.owned))
             if self.member_id and self.group_instance_id is None:
                 self._leave("the consumer is being closed")
@@ -197,7 +197,7 @@ class ConsumerCoordinator:
         """Join and sync until the member has an assignment of a generation (Kafka's
         ``ensureActiveGroup``), running the callbacks on the way."""
         if self.auto_commit and self.owned and self.generation_id >= 0:
-            self._auto_commit()            # Kafka's onJoinPrepare: commit before rejoining
+            self._auto_commit(wait=True)   # Kafka's onJoinPrepare: commit before rejoining
         if self.protocol is RebalanceProtocol.EAGER and self.owned:
             self._revoke(sorted(self.owned))
         while not self._closed.is_set():
@@ -317,13 +317,12 @@ class ConsumerCoordinator:
             self.consumer.incremental_unassign(tps)
         self.owned -= set(partitions)
 
-    def _auto_commit(self) -> None:
+    def _auto_commit(self, wait: bool) -> None:
+        """``enable.auto.commit``: every ``auto.commit.interval.ms`` from poll without waiting
+        (Kafka's ``maybeAutoCommitOffsetsAsync``), and waiting before a rebalance or close
+        (``maybeAutoCommitOffsetsSync``). Results go to ``on_commit``."""
         self._last_auto_commit = time.monotonic()
-        try:
-            self.consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:
-                log.warning("auto-commit of group %s failed: %s", self.group_id, exc.args[0].str())
+        self.consumer._auto_commit(wait)
 
     def _leave(self, reason: str) -> None:
         with self._lock:
