@@ -20,7 +20,9 @@ How a job is exactly once:
 * ``commit(messages)`` (driver, once every partition succeeded) appends the objects
   named by the messages Spark passes -- exactly one successful attempt per partition --
   as ONE transaction (:func:`~.staged_commit.commit_staged`), then deletes the whole
-  staging folder, including objects of failed, killed or speculative attempts;
+  staging folder, including objects of failed, killed or speculative attempts, and any
+  staged object older than 7 days (:func:`~.staging.delete_stale_staged`: leftovers of
+  drivers that died before committing);
 * ``abort(messages)`` (a task or the commit failed) deletes the staging folder: nothing
   of the job is visible.
 """
@@ -35,8 +37,8 @@ from pyspark.sql.datasource import DataSourceArrowWriter
 from pyspark.sql.types import StructType
 
 from .staged_commit import CommitResult, commit_staged
-from .staging import (STAGING_PREFIX, StagingMessage, TxlakeWriteError, client_conf, committed_files, delete_staged,
-                      stage_task, store_of, write_columns)
+from .staging import (STAGING_PREFIX, StagingMessage, TxlakeWriteError, check_write_options, client_conf,
+                      committed_files, delete_staged, delete_stale_staged, stage_task, store_of, write_columns)
 
 __all__ = ["TxlakeBatchWriter"]
 
@@ -62,6 +64,7 @@ class TxlakeBatchWriter(DataSourceArrowWriter):
         if overwrite:
             raise TxlakeWriteError("Save mode Overwrite not allowed for txlake: use mode(\"append\") (topics are "
                                    "logs, records are only ever appended; Spark's Kafka sink refuses Overwrite too)")
+        check_write_options(options, streaming=False)
         self.conf = client_conf(options)
         self.columns = write_columns(schema, options)
         self.write_id = uuid.uuid4().hex
@@ -84,7 +87,9 @@ class TxlakeBatchWriter(DataSourceArrowWriter):
         """
         files = committed_files(messages)
         self.result = commit_staged(self.conf, self.transactional_id, files)
-        delete_staged(store_of(self.conf), self.folder, [f.key for f in files])
+        store = store_of(self.conf)
+        delete_staged(store, self.folder, [f.key for f in files])
+        delete_stale_staged(store)
 
     def abort(self, messages: list[StagingMessage | None]) -> None:
         """Delete everything staged for this job (of ``messages`` and any other attempt): nothing becomes visible."""

@@ -134,7 +134,8 @@ def _files(files: Iterable[StagedFile | Mapping[str, Any]]) -> list[StagedFile]:
     return [f if isinstance(f, StagedFile) else StagedFile.from_dict(f) for f in files]
 
 
-def last_committed_batch(conf: Mapping[str, Any], group_id: str, timeout: float = 60.0) -> tuple[int | None, str | None]:
+def last_committed_batch(conf: Mapping[str, Any], group_id: str,
+                         timeout: float = 60.0) -> tuple[int | None, str | None]:
     """A streaming sink's progress: ``(last committed batch id or None, query id or None)``.
 
     Reads the group's committed offset of ``__txlake_spark_sink-0`` through a

@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "STAGING_PREFIX", "STAGED_SCHEMA", "DEFAULT_MAX_FILE_BYTES", "TxlakeWriteError", "StagedFile",
-    "StagingMessage", "WriteColumns", "TaskStager", "client_conf", "write_columns", "stage_task",
-    "delete_staged", "read_staged", "murmur2_partitions",
+    "StagingMessage", "WriteColumns", "TaskStager", "check_write_options", "client_conf", "write_columns",
+    "stage_task", "delete_staged", "delete_stale_staged", "read_staged", "murmur2_partitions", "STALE_STAGING_MS",
+    "store_of", "committed_files", "task_property",
 ]
 
 #: every staging folder lives under this prefix of the storage root
@@ -77,6 +78,52 @@ def _option(options: Mapping[str, str], name: str) -> str | None:
         if key.lower() == wanted:
             return value
     return None
+
+
+#: the read options (spark.read/readStream), ignored by writes so one options dict can serve
+#: both, as Spark's Kafka sink ignores its source's options
+_READ_OPTIONS = frozenset({
+    "subscribe", "subscribepattern", "assign", "startingoffsets", "endingoffsets", "startingtimestamp",
+    "endingtimestamp", "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
+    "startingoffsetsbytimestampstrategy", "isolation.level", "includeheaders", "failondataloss", "minpartitions",
+    "maxrecordsperpartition", "maxoffsetspertrigger", "groupidprefix", "fetchoffset.numretries",
+    "fetchoffset.retryintervalms", "kafkaconsumer.polltimeoutms",
+})
+#: the write options besides ``storage.*`` and ``kafka.*`` (lower case, as Spark hands them over)
+_WRITE_OPTIONS = frozenset({"topic", "staging.maxfilebytes"})
+#: streaming writes also take these; Spark adds the last two from writeStream's settings
+_STREAM_OPTIONS = frozenset({"transactional.id", "checkpointlocation", "queryname"})
+_SPELLING = {"staging.maxfilebytes": "staging.maxFileBytes", "checkpointlocation": "checkpointLocation",
+             "queryname": "queryName"}
+
+
+def check_write_options(options: Mapping[str, str], streaming: bool) -> None:
+    """Refuse an option no write knows, naming it (and the closest known name), as the reads do:
+    a misspelt option must not be silently ignored. ``storage.*`` and ``kafka.*`` keys are
+    checked by :func:`client_conf`; the read options are ignored.
+
+    Raises:
+        TxlakeWriteError: an unknown option, or ``transactional.id`` on a batch write.
+    """
+    import difflib
+
+    known = _WRITE_OPTIONS | (_STREAM_OPTIONS if streaming else frozenset())
+    for key in options:
+        low = key.lower()
+        if low.startswith(("storage.", "kafka.")) or low == "storage.options" or low in known or low in _READ_OPTIONS:
+            continue
+        if low == "transactional.id":
+            raise TxlakeWriteError("option 'transactional.id' applies to streaming writes only: a batch write "
+                                   "commits as one transaction with an id of its own")
+        if low == "path":
+            raise TxlakeWriteError("the txlake sink writes to topics, not to a path: use .option(\"topic\", ...) "
+                                   "or a 'topic' column, and save()/start() without a path")
+        names = sorted(_SPELLING.get(k, k) for k in known) + ["storage.url", "storage.options.<name>",
+                                                              "kafka.<producer setting>"]
+        close = difflib.get_close_matches(low, [n.lower() for n in names], n=1, cutoff=0.75)
+        hint = f" (did you mean '{_SPELLING.get(close[0], close[0])}'?)" if close else ""
+        raise TxlakeWriteError(f"unknown option '{key}' for a txlake {'streaming ' if streaming else ''}write{hint}; "
+                               f"the write options are {', '.join(names)}")
 
 
 def client_conf(options: Mapping[str, str]) -> dict[str, Any]:
@@ -182,7 +229,8 @@ def write_columns(schema: StructType, options: Mapping[str, str]) -> WriteColumn
         raise TxlakeWriteError("option 'topic' is empty: name the topic to write to")
     if "topic" in types:
         if not isinstance(types["topic"], StringType):
-            raise TxlakeWriteError(f"Topic type must be a StringType (column 'topic' is {types['topic'].simpleString()})")
+            raise TxlakeWriteError(
+                f"Topic type must be a StringType (column 'topic' is {types['topic'].simpleString()})")
     elif topic_option is None:
         raise TxlakeWriteError("topic option required when no 'topic' attribute is present. "
                                "Use the topic option for setting a topic.")
@@ -351,7 +399,8 @@ class _Topics:
         if t is None:
             raise TxlakeWriteError(
                 f"Unknown topic {topic!r} in {self.store.url}: the txlake sink does not create topics; create it "
-                f"first (txlake.AdminClient.create_topics or `txlake topics create {topic} --storage {self.store.url}`)")
+                "first (txlake.AdminClient.create_topics or "
+                f"`txlake topics create {topic} --storage {self.store.url}`)")
         n = self._counts[topic] = len(t.partitions)
         return n
 
@@ -395,7 +444,8 @@ class TaskStager:
         self._writer.write_batch(staged)
         self._rows += staged.num_rows
         if self.columns.topic_option is not None:
-            self._topic_rows[self.columns.topic_option] = self._topic_rows.get(self.columns.topic_option, 0) + staged.num_rows
+            topic = self.columns.topic_option
+            self._topic_rows[topic] = self._topic_rows.get(topic, 0) + staged.num_rows
         else:
             counts = pc.value_counts(staged.column(0))
             for item in counts.to_pylist():
@@ -447,7 +497,8 @@ class TaskStager:
             bad = explicit & (parts >= count) | sel & (parts < -1)
             if bad.any():
                 p = int(parts[np.argmax(bad)])
-                raise TxlakeWriteError(f"partition {p} out of range for topic {topic!r} ({count} partitions: 0..{count - 1})")
+                raise TxlakeWriteError(
+                    f"partition {p} out of range for topic {topic!r} ({count} partitions: 0..{count - 1})")
             todo = sel & (parts == -1)
             if todo.any():
                 parts[todo] = self._default_partitions(keys, todo, topic, count)
@@ -599,6 +650,39 @@ def delete_staged(store: ObjectStore, folder: str, keys: Iterable[str] = (),
             deleted += 1
         except Exception as exc:  # noqa: BLE001
             log.warning("could not delete staged object %s: %s", store.uri(key), exc)
+    return deleted
+
+
+#: staged objects older than this (ms) are leftovers of writes that never finished (a driver
+#: that died between its tasks and its commit, a speculative attempt still writing after the
+#: commit); every commit sweeps them away
+STALE_STAGING_MS = 7 * 24 * 3600 * 1000
+
+
+def delete_stale_staged(store: ObjectStore, older_than_ms: int = STALE_STAGING_MS) -> int:
+    """Delete every staged object (of any write) last modified more than ``older_than_ms`` ago.
+
+    Best effort (never raises); objects whose store reports no modification time are kept.
+    A write whose objects are swept before its commit fails that commit (the staged object
+    is gone, the transaction is aborted): nothing half-written ever becomes visible.
+    """
+    import time
+
+    cutoff = int(time.time() * 1000) - older_than_ms
+    deleted = 0
+    try:
+        stale = [o.key for o in store.list(STAGING_PREFIX) if 0 < o.mtime_ms < cutoff]
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not list %s: %s", store.uri(STAGING_PREFIX.rstrip("/")), exc)
+        return 0
+    for key in stale:
+        try:
+            store.delete(key)
+            deleted += 1
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not delete stale staged object %s: %s", store.uri(key), exc)
+    if deleted:
+        log.info("deleted %d stale staged objects under %s", deleted, store.uri(STAGING_PREFIX.rstrip("/")))
     return deleted
 
 

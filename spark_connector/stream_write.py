@@ -42,8 +42,9 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter
 from pyspark.sql.types import StructType
 
 from .staged_commit import CommitResult, SinkProgress, commit_staged
-from .staging import (STAGING_PREFIX, StagingMessage, TxlakeWriteError, _option, client_conf, committed_files,
-                      delete_staged, stage_task, store_of, task_property, write_columns)
+from .staging import (STAGING_PREFIX, StagingMessage, TxlakeWriteError, _option, check_write_options, client_conf,
+                      committed_files, delete_staged, delete_stale_staged, stage_task, store_of, task_property,
+                      write_columns)
 
 __all__ = ["TxlakeStreamWriter", "QUERY_ID_PROPERTY", "BATCH_ID_PROPERTY"]
 
@@ -80,6 +81,7 @@ class TxlakeStreamWriter(DataSourceStreamArrowWriter):
     """
 
     def __init__(self, options: dict, schema: StructType, overwrite: bool):
+        check_write_options(options, streaming=True)
         self.conf = client_conf(options)
         self.columns = write_columns(schema, options)
         explicit = _option(options, "transactional.id")
@@ -141,6 +143,7 @@ class TxlakeStreamWriter(DataSourceStreamArrowWriter):
         self.result = commit_staged(self.conf, identity, files,
                                     progress=SinkProgress(identity, batchId, query_id))
         self._cleanup(identity, batchId, [f.key for f in files], upto=True)
+        delete_stale_staged(store_of(self.conf))
 
     def abort(self, messages: list[StagingMessage | None], batchId: int) -> None:
         """Delete what was staged for micro-batch ``batchId``: nothing of it becomes visible."""

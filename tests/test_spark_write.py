@@ -34,7 +34,7 @@ from txlake.engine import registry
 from txlake.engine.partitioner import partition_for_key
 from txlake.spark_connector.batch_write import TxlakeBatchWriter
 from txlake.spark_connector.staged_commit import (BatchFenceError, commit_staged, last_committed_batch)
-from txlake.spark_connector.staging import STAGING_PREFIX, murmur2_partitions
+from txlake.spark_connector.staging import STAGING_PREFIX, delete_stale_staged, murmur2_partitions
 from txlake.spark_connector.stream_write import TxlakeStreamWriter
 
 
@@ -175,6 +175,10 @@ def test_topic_column_and_topic_option_overriding_it(file_storage):
     ("value string, headers array<string>", {"topic": "t"}, "append", "headers attribute type must be"),
     ("value string", {"topic": "t"}, "overwrite", "Save mode Overwrite not allowed"),
     ("value string", {"topic": "t", "kafka.linger.ms": "soon"}, "append", "linger.ms"),
+    ("value string", {"topic": "t", "staging.maxFileByte": "9"}, "append",
+     "unknown option 'staging.maxfilebyte' .*did you mean 'staging.maxFileBytes'"),
+    ("value string", {"topic": "t", "storage.uri": "x"}, "append", "storage.uri"),
+    ("value string", {"topic": "t", "transactional.id": "x"}, "append", "applies to streaming writes only"),
 ])
 def test_bad_input_is_refused_at_planning_as_by_the_kafka_sink(file_storage, ddl, options, mode, message):
     create_topics(file_storage, t=1)
@@ -188,7 +192,8 @@ def test_bad_input_is_refused_at_planning_as_by_the_kafka_sink(file_storage, ddl
 @pytest.mark.parametrize("rows, ddl, options, message", [
     ([("x", "v")], "topic string, value string", {}, "Unknown topic 'x'"),
     ([(None, "v")], "topic string, value string", {}, "null topic present in the data"),
-    ([("v", 7)], "value string, partition int", {"topic": "t"}, r"partition 7 out of range for topic 't' \(2 partitions"),
+    ([("v", 7)], "value string, partition int", {"topic": "t"},
+     r"partition 7 out of range for topic 't' \(2 partitions"),
     ([("v" * 1_000_001, 0)], "value string, partition int", {"topic": "t"},
      "a record of 1000001 bytes .* is larger than message.max.bytes=1000000"),
 ])
@@ -255,6 +260,32 @@ def test_a_killed_and_retried_task_attempt_writes_no_duplicates(file_storage, tm
     got = read_committed(file_storage, "events", 2, expected=10 + n1)
     assert len(got) == 10 + n1
     assert len({k for k, _, _, _ in got}) == 10 + n1
+    assert staged_objects(file_storage) == []
+
+
+def test_a_task_failing_once_and_retried_writes_no_duplicates(file_storage):
+    """The first attempt of partition 1 raises after yielding some rows; Spark retries it.
+    Needs a master that retries tasks (``local[N,F]`` with F > 1): ``local[2]`` fails the job at once."""
+    master = spark().sparkContext.master
+    retries = master.startswith("local[") and "," in master and int(master[:-1].split(",")[1]) > 1
+    if not retries:
+        pytest.skip(f"master {master} does not retry failed tasks; see "
+                    "test_a_killed_and_retried_task_attempt_writes_no_duplicates for the retried attempt")
+    create_topics(file_storage, events=2)
+
+    def rows(index, it):
+        from pyspark import TaskContext
+
+        for i in range(50):
+            if index == 1 and i == 30 and TaskContext.get().attemptNumber() == 0:
+                raise RuntimeError("first attempt fails")
+            yield (f"p{index}-{i}", str(i))
+
+    df = spark().createDataFrame(spark().sparkContext.parallelize([0], 2).mapPartitionsWithIndex(rows),
+                                 "key string, value string")
+    write(df, file_storage, topic="events")
+    got = read_committed(file_storage, "events", 2, expected=100)
+    assert sorted(k for k, _, _, _ in got) == sorted(f"p{p}-{i}".encode() for p in range(2) for i in range(50))
     assert staged_objects(file_storage) == []
 
 
@@ -409,6 +440,17 @@ def test_stream_commit_twice_for_one_batch_id_writes_once(file_storage):
     with pytest.raises(BatchFenceError, match="keeps its id only with its checkpoint"):
         run(0, ["x"], query_id="q-2")
     release()
+
+
+def test_every_commit_sweeps_staged_objects_older_than_seven_days(file_storage):
+    """Leftovers of writes whose driver died before committing are deleted by a later commit."""
+    store = file_storage.object_store()
+    store.put(f"{STAGING_PREFIX}dead-job/00000-0-1-abc-00000.arrows", b"old")
+    store.put(f"{STAGING_PREFIX}running-job/00000-0-2-def-00000.arrows", b"new")
+    old = time.time() - 8 * 24 * 3600
+    os.utime(store.fs_path(f"{STAGING_PREFIX}dead-job/00000-0-1-abc-00000.arrows"), (old, old))
+    assert delete_stale_staged(store) == 1
+    assert staged_objects(file_storage) == [f"{STAGING_PREFIX}running-job/00000-0-2-def-00000.arrows"]
 
 
 def test_commit_staged_with_nothing_staged_commits_nothing(file_storage):
