@@ -423,7 +423,7 @@ class Broker:
             if self._group_coordinator is None:
                 offsets = self.group_offsets()
                 offsets.ensure_topic()
-                coordinator = GroupCoordinator(offsets.append_group_record, self._group_config)
+                coordinator = GroupCoordinator(offsets.append_group_record, self._group_config, offsets=offsets)
                 for partition in range(self._group_config.offsets_topic_num_partitions):
                     coordinator.load(offsets.records(partition), f"{CONSUMER_OFFSETS_TOPIC}-{partition}")
                 coordinator.startup()

@@ -350,8 +350,6 @@ class GroupCoordinator:
                  offsets: OffsetStore | None = None):
         self.config = config or GroupConfig()
         self._append = append or (lambda group_id, key, value: Errors.NO_ERROR)
-        if offsets is None and isinstance(getattr(append, "__self__", None), OffsetStore):
-            offsets = append.__self__
         self._offsets = offsets
         self._offsets_guard = _PartitionGuard()
         self._expiration: threading.Thread | None = None
