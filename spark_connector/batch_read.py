@@ -57,8 +57,9 @@ __all__ = [
     "resolve_offsets", "split_ranges", "subscribed_partitions",
 ]
 
-#: rows per RecordBatch a task yields
-BATCH_ROWS = 10_000
+#: at most this many rows, and about this many bytes, per RecordBatch a task yields
+BATCH_ROWS = 65_536
+BATCH_BYTES = 32 * 1024 * 1024
 _MS = 1000  # microseconds per millisecond
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
@@ -580,7 +581,7 @@ def _row_group_may_match(rg_meta, col_index: dict[str, int], start: int, end: in
 def read_input_partition(store, part: TxlakeInputPartition, schema: pa.Schema, include_headers: bool,
                          filters: PushedFilters | None = None, open_log: str | None = None) -> Iterator[pa.RecordBatch]:
     """The committed records of one input partition as RecordBatches of ``schema`` (at most
-    :data:`BATCH_ROWS` rows each), in offset order.
+    :data:`BATCH_ROWS` rows and about :data:`BATCH_BYTES` bytes each), in offset order.
 
     Raises:
         CorruptObjectError / UnsupportedFormatVersionError: a segment object is unreadable
@@ -626,7 +627,9 @@ def read_input_partition(store, part: TxlakeInputPartition, schema: pa.Schema, i
                     table = table.filter(pa.array(keep))
                 table = visible_records(table, aborted)
                 if table.num_rows:
-                    yield from _to_spark(table, part, schema, include_headers).to_batches(max_chunksize=BATCH_ROWS)
+                    out = _to_spark(table, part, schema, include_headers)
+                    rows_per_batch = max(1, min(BATCH_ROWS, BATCH_BYTES * out.num_rows // max(out.nbytes, 1)))
+                    yield from out.to_batches(max_chunksize=rows_per_batch)
 
 
 def _to_spark(table: pa.Table, part: TxlakeInputPartition, schema: pa.Schema, include_headers: bool) -> pa.Table:
