@@ -35,10 +35,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from txlake.catalog.storage import ObjectStore
+
 from .staging import StagedFile, read_staged, store_of
 
 __all__ = ["PROGRESS_TOPIC", "DEFAULT_TRANSACTION_TIMEOUT_MS", "SinkProgress", "CommitResult",
-           "WriterLeaseUnavailable", "BatchFenceError", "commit_staged", "last_committed_batch"]
+           "WriterLeaseUnavailable", "BatchFenceError", "HandedOverCommitError", "commit_staged",
+           "last_committed_batch", "run_handed_over"]
 
 #: the pseudo topic whose partition 0 holds a streaming sink's progress in its consumer group
 PROGRESS_TOPIC = "__txlake_spark_sink"
@@ -162,8 +165,15 @@ def last_committed_batch(conf: Mapping[str, Any], group_id: str,
 
 
 def commit_staged(conf: Mapping[str, Any], transactional_id: str, files: Iterable[StagedFile | Mapping[str, Any]],
-                  *, progress: SinkProgress | None = None, timeout: float = 120.0) -> CommitResult:
+                  *, progress: SinkProgress | None = None, timeout: float = 120.0,
+                  hand_over: bool = True) -> CommitResult:
     """Append the records of ``files`` to their topics as one transaction (see the module docstring).
+
+    When another live process holds the storage root's writer lease, the commit is handed
+    to that process (engine/handoff.py): it runs this same function and answers with the
+    result. A holder that does not take the request within ``storage.handoff.timeout.ms``
+    (default 30 s) -- an engine too busy, or a txlake without hand-over -- leaves the
+    commit undone and :class:`WriterLeaseUnavailable` is raised.
 
     Args:
         conf: txlake client config: ``storage.url``, ``storage.*`` and producer keys
@@ -174,26 +184,42 @@ def commit_staged(conf: Mapping[str, Any], transactional_id: str, files: Iterabl
         files: the staged objects to append (:class:`StagedFile` or its ``to_dict()``), in order.
         progress: for a streaming micro-batch, its batch-id fence; None for a batch job.
         timeout: seconds each transactional step (init, each append, commit) may take.
+        hand_over: hand the commit to the lease holder when the lease is held elsewhere
+            (False: raise :class:`WriterLeaseUnavailable` at once; the holder itself runs it so).
 
     Returns:
         :class:`CommitResult`. The staged objects are not deleted here (the caller does,
         once this returned: they are committed, or were of an already committed batch).
 
     Raises:
-        WriterLeaseUnavailable: another process holds the writer lease (the message names
-            it and says what to do); nothing was written.
+        WriterLeaseUnavailable: another process holds the writer lease and did not take the
+            handed-over commit (the message names it and says what to do); nothing was written.
+        HandedOverCommitError: the holder ran the commit and it failed (the message carries
+            its error); as for a local failure, its transaction was aborted.
         BatchFenceError: the sink's progress belongs to another streaming query.
         KafkaException: the transaction failed (it was aborted: nothing is visible), e.g.
             ``_UNKNOWN_TOPIC`` for a topic deleted since the tasks ran.
         ObjectNotFoundError: a staged object is gone (the transaction was aborted).
     """
+    staged = _files(files)
+    try:
+        return _commit_here(conf, transactional_id, staged, progress, timeout)
+    except WriterLeaseUnavailable as held:
+        if not hand_over:
+            raise
+        return _hand_over(conf, transactional_id, staged, progress, timeout, held)
+
+
+def _commit_here(conf: Mapping[str, Any], transactional_id: str, staged: list[StagedFile],
+                 progress: SinkProgress | None, timeout: float) -> CommitResult:
+    """:func:`commit_staged` in this process (it takes the writer lease)."""
     from txlake import Producer, TopicPartition
     from txlake.error import KafkaError, KafkaException
 
-    staged = _files(files)
     if not staged or sum(f.rows for f in staged) == 0:
         return CommitResult(last_batch_id=None)
     pconf = {**conf, "transactional.id": transactional_id}
+    pconf.pop(HANDOFF_TIMEOUT_KEY, None)
     pconf.setdefault("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)
     producer = Producer(pconf)
     try:
@@ -238,3 +264,82 @@ def commit_staged(conf: Mapping[str, Any], transactional_id: str, files: Iterabl
         return result
     finally:
         producer.close(timeout)
+
+
+# ---------------------------------------------------------------------------- hand-over
+#: the hand-over kind the lease holder runs (registered in txlake/handoff_handlers.py)
+HANDOFF_KIND = "spark.commit_staged"
+#: config key: ms a commit waits for the lease holder to take it (default :data:`HANDOFF_TIMEOUT_MS`)
+HANDOFF_TIMEOUT_KEY = "storage.handoff.timeout.ms"
+HANDOFF_TIMEOUT_MS = 30_000
+#: s between looks at the lease while a handed-over commit waits to be taken
+_LEASE_LOOK_S = 2.0
+
+
+class HandedOverCommitError(RuntimeError):
+    """The writer-lease holder ran a handed-over commit and it failed; nothing of it is visible."""
+
+
+def _result_to_dict(result: CommitResult) -> dict[str, Any]:
+    return {"records": result.records, "skipped": result.skipped, "last_batch_id": result.last_batch_id,
+            "offsets": {t: {str(p): list(r) for p, r in parts.items()} for t, parts in result.offsets.items()}}
+
+
+def _result_from_dict(data: Mapping[str, Any]) -> CommitResult:
+    return CommitResult(records=int(data["records"]), skipped=bool(data["skipped"]), last_batch_id=data["last_batch_id"],
+                        offsets={t: {int(p): (r[0], r[1]) for p, r in parts.items()}
+                                 for t, parts in data["offsets"].items()})
+
+
+def _hand_over(conf: Mapping[str, Any], transactional_id: str, staged: list[StagedFile],
+               progress: SinkProgress | None, timeout: float, held: WriterLeaseUnavailable) -> CommitResult:
+    """Hand the commit to the lease holder and wait for its answer; if nobody takes it (the
+    lease lapsed meanwhile, or the holder serves no hand-overs), try here once more."""
+    import time
+
+    from txlake.catalog.catalog import Catalog
+    from txlake.catalog.writer_lease import WriterLease
+    from txlake.engine.handoff import HandoffCancelled, HandoffError, submit
+
+    store = store_of(conf)
+    wait_ms = int(conf.get(HANDOFF_TIMEOUT_KEY, HANDOFF_TIMEOUT_MS))
+    payload = {"conf": {k: v for k, v in conf.items() if not k.startswith("storage.")},
+               "transactional_id": transactional_id, "files": [f.to_dict() for f in staged], "timeout": timeout,
+               "progress": None if progress is None else {"group_id": progress.group_id, "batch_id": progress.batch_id,
+                                                           "query_id": progress.query_id}}
+    looked = [time.monotonic()]
+
+    def lease_lapsed() -> bool:
+        """Polled while the request waits: True once nobody holds a live lease."""
+        if time.monotonic() - looked[0] < _LEASE_LOOK_S:
+            return False
+        looked[0] = time.monotonic()
+        _, expires_in = WriterLease(Catalog.open(store)).describe_holder()
+        return expires_in <= 0
+
+    try:
+        return _result_from_dict(submit(store, HANDOFF_KIND, payload, wait_ms / 1000, give_up=lease_lapsed))
+    except HandoffError as exc:
+        raise HandedOverCommitError(f"txlake: the writer-lease holder of {store.url} ran the commit of "
+                                    f"transactional.id {transactional_id!r} for this process and it failed: {exc}") from None
+    except HandoffCancelled:
+        pass
+    try:
+        return _commit_here(conf, transactional_id, staged, progress, timeout)
+    except WriterLeaseUnavailable as again:
+        raise WriterLeaseUnavailable(
+            f"{again} The commit was also handed to that process, which did not take it within {wait_ms / 1000:.0f} s "
+            f"({HANDOFF_TIMEOUT_KEY}): its engine may be busy or a txlake without hand-over.",
+            again.storage_url, again.holder, again.expires_in_ms) from None
+
+
+def run_handed_over(store: ObjectStore, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The lease holder's side of a handed-over commit (engine/handoff.py handler): run
+    :func:`commit_staged` here, on the holder's own storage root and options, and return
+    the :class:`CommitResult` as JSON."""
+    conf = {**payload["conf"], "storage.url": store.url, "storage.options": dict(store.storage_options)}
+    progress = payload.get("progress")
+    result = commit_staged(conf, payload["transactional_id"], payload["files"],
+                           progress=None if progress is None else SinkProgress(**progress),
+                           timeout=float(payload.get("timeout", 120.0)), hand_over=False)
+    return _result_to_dict(result)

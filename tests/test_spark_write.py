@@ -8,9 +8,9 @@ Facts these tests live with:
 * One process per storage root may write (the writer lease). This test process creates
   the topics through an AdminClient, whose engine would hold the lease while open, so
   every test calls :func:`txlake.engine.registry.close_all` before a Spark write (the
-  ``release`` helper): the Spark worker that commits can then take the lease. Only
-  :func:`test_commit_refused_while_this_process_holds_the_lease_names_it` keeps it, to check
-  the error.
+  ``release`` helper): the Spark worker that commits can then take the lease. Two tests
+  keep it: the commit is then handed to this process (engine/handoff.py), or refused with
+  an error naming it when this process does not take it in time.
 * The session is ``local[2]``: Spark does not retry failed tasks in local mode, so the
   retried attempt is made by killing the first attempt (``SparkContext.killTaskAttempt``
   kills and reschedules it, as speculation does to a losing attempt).
@@ -330,19 +330,52 @@ def test_a_job_failing_after_some_tasks_finished_leaves_nothing(file_storage):
     assert staged_objects(file_storage) == []
 
 
-def test_commit_refused_while_this_process_holds_the_lease_names_it(file_storage):
-    """The one test that keeps its engine open: the Spark worker cannot take the writer
-    lease, and the error names this process and says what to do. Nothing becomes visible."""
+def test_commit_is_handed_to_this_process_while_it_holds_the_lease(file_storage):
+    """Issue 5 "Writer processes": this process keeps its engine open -- it created the topic
+    and a producer is still writing -- so the Spark worker cannot take the writer lease. Its
+    commit is handed to this process (engine/handoff.py), which runs it: the rows become
+    visible as one transaction, this process stays the writer and keeps producing."""
+    from txlake import Producer
+    from txlake.catalog.catalog import Catalog
+
     admin = AdminClient(file_storage.conf())
+    producer = Producer(file_storage.conf())
+    try:
+        admin.create_topics([NewTopic("t", 1)])["t"].result()
+        producer.produce("t", b"before", key=b"notebook")
+        producer.flush(10)
+        epoch = Catalog.open(file_storage.object_store()).state.lease.epoch
+        df = spark().createDataFrame([("a", "1"), ("b", "2")], "key string, value string")
+        write(df, file_storage, topic="t")
+        producer.produce("t", b"after", key=b"notebook")
+        producer.flush(10)
+        lease = Catalog.open(file_storage.object_store()).state.lease
+        assert (lease.epoch, lease.info["pid"]) == (epoch, os.getpid())  # no takeover: this process wrote the rows
+        assert staged_objects(file_storage) == []
+    finally:
+        producer.close()
+        admin.close()
+        release()
+    got = read_committed(file_storage, "t", 1, expected=4)
+    assert [(k, v) for k, v, _, _ in got] == [(b"notebook", b"before"), (b"a", b"1"), (b"b", b"2"),
+                                             (b"notebook", b"after")]
+
+
+def test_commit_refused_when_the_holder_does_not_take_it_names_it(file_storage):
+    """A lease holder that does not take the handed-over commit in time (it looks for
+    hand-overs only every 60 s here): the error names the holder and says what to do.
+    Nothing becomes visible."""
+    admin = AdminClient({**file_storage.conf(), "storage.handoff.poll.ms": 60_000})
     try:
         admin.create_topics([NewTopic("t", 1)])["t"].result()
         df = spark().createDataFrame([("a", "1"), ("b", "2")], "key string, value string")
         with pytest.raises(Exception) as info:
-            write(df, file_storage, topic="t")
+            write(df, file_storage, topic="t", **{"storage.handoff.timeout.ms": 1500})
         text = str(info.value)
         assert "writer lease is held by" in text
         assert f"pid {os.getpid()}" in text
         assert "close its txlake Producer/Consumer/AdminClient" in text and "wait for the lease to lapse" in text
+        assert "did not take it within 2 s (storage.handoff.timeout.ms)" in text
         assert staged_objects(file_storage) == []
     finally:
         admin.close()

@@ -10,6 +10,7 @@ from .admin import AdminClient, ClusterMetadata, NewTopic, PartitionMetadata, To
 from .consumer import Consumer
 from .error import KafkaError, KafkaException
 from .group_metadata import ConsumerGroupMetadata
+from . import handoff_handlers  # noqa: F401 - registers the writes this process runs for others
 from .producer import BulkResult, Producer
 from .types import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, OFFSET_STORED, TIMESTAMP_CREATE_TIME,
                     TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message, TopicPartition)

@@ -98,6 +98,7 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "storage.producer.snapshot.interval": (_int(1), 50),
     "storage.orphan.grace.ms": (_int(0), 3_600_000),
     "storage.handoff.poll.ms": (_int(10, 60_000), 500),
+    "storage.handoff.timeout.ms": (_int(100, 3_600_000), 30_000),
     "num.partitions": (_int(1), 1),
     # the embedded transaction coordinator's broker configs (Kafka's names and defaults)
     "transaction.max.timeout.ms": (_int(1), 900_000),

@@ -75,6 +75,10 @@ def spark_session(app: str = "txlake-demo"):
              .config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    # explicit registration: discovery (pyspark_txlake) depends on how txlake was installed
+    from txlake.spark_connector.source import TxlakeDataSource
+
+    spark.dataSource.register(TxlakeDataSource)
     return spark
 
 
