@@ -8,7 +8,9 @@ Layout -- one concept per module:
 * :mod:`.options` -- the options, parsed and checked as Spark's Kafka source does;
 * :mod:`.batch_read` / :mod:`.stream_read` -- committed reads bounded by the LSO from one
   catalog snapshot (:mod:`txlake.committed_view`);
-* :mod:`.batch_write` / :mod:`.stream_write` -- exactly-once writes.
+* :mod:`.batch_write` / :mod:`.stream_write` -- exactly-once writes: tasks stage their rows
+  (:mod:`.staging`), the driver's commit appends them as one transaction
+  (:mod:`.staged_commit`), handed to the writer-lease holder when another process holds it.
 
 docs/spark.md describes every option and guarantee.
 """
