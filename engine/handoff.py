@@ -180,11 +180,15 @@ class HandoffServer:
         self._thread = None
 
     def _loop(self) -> None:
+        failing = False
         while not self._stop.wait(self.poll_ms / 1000):
             try:
                 self.run_pending()
+                failing = False
             except Exception as exc:  # noqa: BLE001 - keep serving; the next round retries
-                log.warning("hand-over poll of %s failed: %s", self.store.url, exc)
+                # once per outage, not every poll (the writer's own commits report storage errors)
+                (log.debug if failing else log.warning)("hand-over poll of %s failed: %s", self.store.url, exc)
+                failing = True
 
     def run_pending(self, now_ms: int | None = None) -> int:
         """Claim and run every request waiting now; returns how many were run. Requests older
