@@ -20,7 +20,7 @@ import time
 import duckdb
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import fresh_root, machine, records_table  # noqa: E402
+from common import best, fresh_root, machine, records_table  # noqa: E402
 
 from txlake import AdminClient, Consumer, NewTopic, Producer, TopicPartition  # noqa: E402
 from txlake.catalog.catalog import Catalog  # noqa: E402
@@ -28,16 +28,6 @@ from txlake.catalog.storage import ObjectStore  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
 
 PARTITIONS = 8
-
-
-def best(fn, repeat: int = 5) -> float:
-    """Best wall time (s) of ``repeat`` runs."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import fresh_root, machine, records_table  # noqa: E402
+from common import best, fresh_root, machine, records_table  # noqa: E402
 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.duckdb import committed_files  # noqa: E402
@@ -41,33 +41,10 @@ PARTITIONS = 4
 
 
 def session():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    """The demo's local SparkSession (txlake source registered), with more driver memory."""
+    from txlake.demo_spark import spark_session
 
-    spark = (SparkSession.builder.master("local[2]").appName("bench_spark")
-             .config("spark.sql.python.filterPushdown.enabled", "true")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.driver.memory", "2g")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    from txlake.spark_connector.source import TxlakeDataSource
-    spark.dataSource.register(TxlakeDataSource)
-    return spark
-
-
-def best(fn, repeat: int) -> float:
-    """Best wall time (s) of ``repeat`` runs, after one untimed warm-up run."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return spark_session("bench_spark", **{"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4"})
 
 
 def create_topic(url: str, topic: str, partitions: int) -> None:
@@ -96,8 +73,8 @@ def bench_read(spark, url: str, n: int, repeat: int, results: dict) -> None:
         assert (total, rows) == (expected, n), (total, rows)
 
     results["read_objects"] = len(files)
-    results["read_parquet_s"] = best(parquet_read, repeat)
-    results["read_txlake_s"] = best(txlake_read, repeat)
+    results["read_parquet_s"] = best(parquet_read, repeat, warmup=True)
+    results["read_txlake_s"] = best(txlake_read, repeat, warmup=True)
     results["read_ratio_parquet_over_txlake"] = results["read_parquet_s"] / results["read_txlake_s"]
 
 
@@ -121,8 +98,8 @@ def bench_write(spark, url: str, n: int, repeat: int, results: dict) -> None:
         written[0] += n
 
     try:
-        results["write_parquet_s"] = best(parquet_write, repeat)
-        results["write_txlake_s"] = best(txlake_write, repeat)
+        results["write_parquet_s"] = best(parquet_write, repeat, warmup=True)
+        results["write_txlake_s"] = best(txlake_write, repeat, warmup=True)
     finally:
         shutil.rmtree(out, True)
         df.unpersist()

@@ -56,3 +56,15 @@ def peak_rss_mb() -> float:
 def machine() -> str:
     """A one-line description of the machine."""
     return f"{os.cpu_count()} cores, Python {'.'.join(map(str, __import__('sys').version_info[:3]))}, pyarrow {pa.__version__}"
+
+
+def best(fn, repeat: int = 5, warmup: bool = False) -> float:
+    """Best wall time (s) of ``repeat`` runs of ``fn()`` (after one untimed run if ``warmup``)."""
+    if warmup:
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)

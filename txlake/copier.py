@@ -19,8 +19,8 @@ is rewound to where that transaction started, so a later transaction copies thos
 records again), ``in-transaction <txn>`` (with --pause-in-txn: records of transaction N
 are produced and flushed -- durable but undecided -- and the worker waits to be
 killed), ``offsets-sent <txn>`` (with --pause-before-commit N: transaction N has sent its
-input offsets with send_offsets_to_transaction, its commit is not requested, and the
-worker waits to be killed), ``done <records>``. ``<txn>`` counts the transactions of this
+input offsets with send_offsets_to_transaction and flushed its records, its commit is not
+requested, and the worker waits to be killed), ``done <records>``. ``<txn>`` counts the transactions of this
 run from 1.
 With --json-events each event is a JSON object instead, e.g.
 ``{"event": "committed", "txn": 3, "records": 20000}``.
@@ -111,6 +111,7 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
                 continue
             producer.send_offsets_to_transaction(consumer.position(assigned), group, 60)
             if pause_before_commit == txn:
+                producer.flush(60)       # its records too are durable (sending offsets does not flush)
                 emit(f"offsets-sent {txn}")
                 time.sleep(600)          # a test kills the process here
             producer.commit_transaction(60)

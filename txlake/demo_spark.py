@@ -60,9 +60,10 @@ class SparkStageResult:
                 and len(self.carriers) > 0)
 
 
-def spark_session(app: str = "txlake-demo"):
+def spark_session(app: str = "txlake-demo", **conf: str):
     """A local SparkSession set up for the txlake source (filter pushdown on, workers on this
-    interpreter so they import this txlake)."""
+    interpreter so they import this txlake, the source registered); ``conf`` adds or overrides
+    Spark settings (dotted keys: pass them as ``**{"spark.driver.memory": "2g"}``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -70,13 +71,13 @@ def spark_session(app: str = "txlake-demo"):
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName(app)
-             .config("spark.sql.python.filterPushdown.enabled", "true")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "8")
-             .config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
+    settings = {"spark.sql.python.filterPushdown.enabled": "true", "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "8",
+                "spark.sql.session.timeZone": "UTC", **conf}
+    builder = SparkSession.builder.master("local[2]").appName(app)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     # explicit registration: discovery (pyspark_txlake) depends on how txlake was installed
     from txlake.spark_connector.source import TxlakeDataSource
