@@ -1,8 +1,8 @@
 """One local SparkSession per test process (xdist worker), shared by every Spark test.
 
 Starting a JVM costs seconds, so the session is created on first use and kept until the
-process exits. It runs ``local[2]`` with the txlake data source registered by discovery
-(``pyspark_txlake``), filter pushdown to Python data sources enabled, no UI, and the Python
+process exits. It runs ``local[2,2]`` (2 threads; a failed task is retried once, as on a
+cluster) with the txlake data source registered by discovery (``pyspark_txlake``), filter pushdown to Python data sources enabled, no UI, and the Python
 workers running this very interpreter (so they import the same txlake).
 """
 
@@ -36,7 +36,7 @@ def spark():
             os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
             from pyspark.sql import SparkSession
 
-            builder = SparkSession.builder.master("local[2]").appName("txlake-tests")
+            builder = SparkSession.builder.master("local[2,2]").appName("txlake-tests")
             for key, value in SPARK_CONF.items():
                 builder = builder.config(key, value)
             _session = builder.getOrCreate()

@@ -11,9 +11,10 @@ Facts these tests live with:
   ``release`` helper): the Spark worker that commits can then take the lease. Two tests
   keep it: the commit is then handed to this process (engine/handoff.py), or refused with
   an error naming it when this process does not take it in time.
-* The session is ``local[2]``: Spark does not retry failed tasks in local mode, so the
-  retried attempt is made by killing the first attempt (``SparkContext.killTaskAttempt``
-  kills and reschedules it, as speculation does to a losing attempt).
+* The session is ``local[2,2]`` (tests/spark_support.py): a task that raises is retried
+  once, as on a cluster. A retried attempt is also made by killing the first attempt
+  (``SparkContext.killTaskAttempt`` kills and reschedules it, as speculation does to a
+  losing attempt).
 """
 
 from __future__ import annotations
