@@ -642,9 +642,15 @@ def delete_staged(store: ObjectStore, folder: str, keys: Iterable[str] = (),
     except Exception as exc:  # noqa: BLE001
         log.warning("could not list staging folder %s: %s", store.uri(folder.rstrip("/")), exc)
         listed = []
-    todo += [k for k in listed if k not in set(todo) and (only is None or only(k))]
+    known = set(todo)
+    todo += [k for k in listed if k not in known and (only is None or only(k))]
+    return _delete_each(store, todo)
+
+
+def _delete_each(store: ObjectStore, keys: Iterable[str]) -> int:
+    """Delete ``keys``, best effort (a failure is logged, never raised); returns how many went."""
     deleted = 0
-    for key in todo:
+    for key in keys:
         try:
             store.delete(key)
             deleted += 1
@@ -669,18 +675,12 @@ def delete_stale_staged(store: ObjectStore, older_than_ms: int = STALE_STAGING_M
     import time
 
     cutoff = int(time.time() * 1000) - older_than_ms
-    deleted = 0
     try:
         stale = [o.key for o in store.list(STAGING_PREFIX) if 0 < o.mtime_ms < cutoff]
     except Exception as exc:  # noqa: BLE001
         log.warning("could not list %s: %s", store.uri(STAGING_PREFIX.rstrip("/")), exc)
         return 0
-    for key in stale:
-        try:
-            store.delete(key)
-            deleted += 1
-        except Exception as exc:  # noqa: BLE001
-            log.warning("could not delete stale staged object %s: %s", store.uri(key), exc)
+    deleted = _delete_each(store, stale)
     if deleted:
         log.info("deleted %d stale staged objects under %s", deleted, store.uri(STAGING_PREFIX.rstrip("/")))
     return deleted

@@ -8,9 +8,12 @@ workers running this very interpreter (so they import the same txlake).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
+
+import pytest
 
 _lock = threading.Lock()
 _session = None
@@ -42,3 +45,37 @@ def spark():
             _session = builder.getOrCreate()
             _session.sparkContext.setLogLevel("ERROR")
         return _session
+
+
+# ---------------------------------------------------------------------------- shared fixtures
+# (a Spark test module imports them: ``from spark_support import backend, file_storage, ...``)
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def backend(request) -> str:
+    """Spark tests run on ``file`` and ``s3`` (``memory://`` is not shared with Spark's workers)."""
+    return request.param
+
+
+@pytest.fixture
+def file_storage(tmp_path):
+    """A local storage root, for the tests that need no S3 variant."""
+    from conftest import StorageTarget
+
+    return StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file")
+
+
+@pytest.fixture
+def close_engines():
+    """Close this process's txlake engines after the test (no writer lease left behind)."""
+    yield
+    from txlake.engine import registry
+
+    registry.close_all()
+
+
+def source_options(target, **extra) -> dict[str, str]:
+    """Spark options of a storage root: its fsspec options as one JSON ``storage.options``."""
+    out = {"storage.url": target.url}
+    if target.options:
+        out["storage.options"] = json.dumps(target.options)
+    out.update({k: str(v) for k, v in extra.items()})
+    return out

@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import EqualTo, In
 
-from spark_support import spark
+from spark_support import backend, close_engines, file_storage, source_options, spark  # noqa: F401
 from txlake import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from txlake.catalog.catalog import Catalog
 from txlake.engine import registry
@@ -27,37 +27,10 @@ from txlake.spark_connector.batch_read import (OffsetRange, TxlakeBatchReader, k
 from txlake.spark_connector.options import OptionError, parse_read_options, parse_storage_options
 from txlake.spark_connector.source import TxlakeDataSource
 
+pytestmark = pytest.mark.usefixtures("close_engines")  # no writer lease left behind
+
 T0 = 1_700_000_000_000  # ms
 TXN_CONF = {"transaction.state.log.num.partitions": 3, "storage.flush.linger.ms": 1}
-
-
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def backend(request) -> str:
-    """Spark tests run on ``file`` and ``s3`` (``memory://`` is not shared with Spark's workers)."""
-    return request.param
-
-
-@pytest.fixture
-def file_storage(tmp_path):
-    """A local storage root, for the tests that need no S3 variant."""
-    from conftest import StorageTarget
-
-    return StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file")
-
-
-@pytest.fixture(autouse=True)
-def _close_engines():
-    yield
-    registry.close_all()
-
-
-def source_options(target, **extra) -> dict[str, str]:
-    """Spark options of a storage root: its fsspec options as one JSON ``storage.options``."""
-    out = {"storage.url": target.url}
-    if target.options:
-        out["storage.options"] = json.dumps(target.options)
-    out.update({k: str(v) for k, v in extra.items()})
-    return out
 
 
 def load(target, session=None, **options):

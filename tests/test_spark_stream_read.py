@@ -18,43 +18,15 @@ import time
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from spark_support import spark
+from spark_support import backend, close_engines, file_storage, source_options, spark  # noqa: F401
 from txlake import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from txlake.engine import registry
 from txlake.spark_connector.batch_read import DataLossError
 from txlake.spark_connector.stream_read import TxlakeStreamReader, offset_json, parse_offset, rate_limit
 
+pytestmark = pytest.mark.usefixtures("close_engines")  # no writer lease left behind
+
 TXN_CONF = {"transaction.state.log.num.partitions": 3, "storage.flush.linger.ms": 1}
-
-
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def backend(request) -> str:
-    """Spark tests run on ``file`` and ``s3`` (``memory://`` is not shared with Spark's workers)."""
-    return request.param
-
-
-@pytest.fixture
-def file_storage(tmp_path):
-    """A local storage root, for the tests that need no S3 variant."""
-    from conftest import StorageTarget
-
-    return StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file")
-
-
-@pytest.fixture(autouse=True)
-def _close_engines():
-    yield
-    registry.close_all()
-
-
-def source_options(target, **extra) -> dict[str, str]:
-    import json
-
-    out = {"storage.url": target.url}
-    if target.options:
-        out["storage.options"] = json.dumps(target.options)
-    out.update({k: str(v) for k, v in extra.items()})
-    return out
 
 
 def create(target, **topics: int) -> None:

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import StructType
 
-from spark_support import spark
+from spark_support import backend, file_storage, spark  # noqa: F401
 from txlake import AdminClient, Consumer, NewTopic, TopicPartition
 from txlake.engine import registry
 from txlake.engine.partitioner import partition_for_key
@@ -37,20 +37,6 @@ from txlake.spark_connector.batch_write import TxlakeBatchWriter
 from txlake.spark_connector.staged_commit import (BatchFenceError, commit_staged, last_committed_batch)
 from txlake.spark_connector.staging import STAGING_PREFIX, delete_stale_staged, murmur2_partitions
 from txlake.spark_connector.stream_write import TxlakeStreamWriter
-
-
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def backend(request) -> str:
-    """Spark tests run on ``file`` and ``s3`` only (``memory://`` is not shared with Spark's workers)."""
-    return request.param
-
-
-@pytest.fixture
-def file_storage(tmp_path):
-    """A local storage root (for the tests that need no S3 variant)."""
-    from conftest import StorageTarget
-
-    return StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file")
 
 
 def release() -> None:
