@@ -227,6 +227,7 @@ def test_restart_completes_a_half_done_commit(storage, crash_after, monkeypatch)
     real = b.append_txn_markers
 
     def crash(markers, *args, **kwargs):
+        b.flush()  # PrepareCommit is only queued when the markers are appended; a real crash point is after it commits
         if crash_after == "some_markers":
             m = markers[0]
             b.await_txn_markers(real([type(m)(m.producer_id, m.producer_epoch, m.coordinator_epoch, m.committed,
