@@ -596,6 +596,15 @@ class Broker:
             else:
                 self.lease.stop_heartbeats()
 
+    # ---------------------------------------------------------------- transaction admin (KIP-664)
+    def producer_state_rows(self, topic: str, partition: int) -> list[dict] | None:
+        """The partition's producer state as this writer holds it now (what DescribeProducers reads):
+        one snapshot row per producer id (:meth:`ProducerStateManager.snapshot_rows`), copied under
+        the append lock. None when this process is not the writer or has no such partition."""
+        with self._append_lock:
+            wp = self._partitions.get((topic, partition)) if self.is_writer else None
+            return None if wp is None else wp.producers.snapshot_rows()
+
 
 def _done(result: ProduceResult) -> Future:
     fut: Future = Future()

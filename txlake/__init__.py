@@ -6,7 +6,8 @@ change::
     from txlake import Producer, Consumer, AdminClient, NewTopic, TopicPartition
 """
 
-from .admin import AdminClient, ClusterMetadata, NewTopic, PartitionMetadata, TopicMetadata
+from .admin import (AdminClient, ClusterMetadata, HangingTransaction, NewTopic, PartitionMetadata, PartitionProducerState,
+                    ProducerState, TopicMetadata, TransactionDescription, TransactionListing)
 from .consumer import Consumer
 from .error import KafkaError, KafkaException
 from .group_metadata import ConsumerGroupMetadata
@@ -26,8 +27,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AdminClient", "BulkResult", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "KafkaError",
-    "KafkaException", "Message", "NewTopic", "PartitionMetadata", "Producer", "TopicMetadata", "TopicPartition",
+    "AdminClient", "BulkResult", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "HangingTransaction",
+    "KafkaError", "KafkaException", "Message", "NewTopic", "PartitionMetadata", "PartitionProducerState", "Producer",
+    "ProducerState", "TopicMetadata", "TopicPartition", "TransactionDescription", "TransactionListing",
     "OFFSET_BEGINNING", "OFFSET_END", "OFFSET_INVALID", "OFFSET_STORED", "TIMESTAMP_CREATE_TIME",
     "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE",
 ]

@@ -6,6 +6,7 @@
     txlake topics list | describe [NAME] | delete NAME
     txlake produce orders --file orders.csv --key-column customer_id
     txlake consume orders --from-beginning --max-messages 10
+    txlake transactions list | describe --transactional-id ID | find-hanging --topic orders
     txlake sql 'SELECT partition, count(*) FROM orders GROUP BY ALL'
     txlake demo
 
@@ -367,6 +368,206 @@ def _human_bytes(n: int) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"  # pragma: no cover
+
+
+# ------------------------------------------------------------------ transactions
+@main.group(cls=_Group)
+@storage_options
+def transactions() -> None:
+    """Transactions (as kafka-transactions.sh, KIP-664): list and describe transactional ids,
+    describe a partition's producers, find and abort hanging transactions.
+
+    The reading commands never take the writer lease: in a process that is not the writer
+    they show the last committed state. `abort` writes a marker and takes the lease.
+    """
+
+
+def _print_columns(headers: list[str], rows: list[list[str]]) -> None:
+    """Columns padded to their widest cell, each followed by a tab, header first: the layout
+    of the Kafka tools' tables (kafka-transactions.sh), never wrapped, easy to parse."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    for row in [headers] + rows:
+        click.echo("".join(cell.ljust(w) + "\t" for cell, w in zip(row, widths)))
+
+
+def _failed(what: str, exc: Exception) -> Exception:
+    """``exc`` (a KafkaException) with ``what`` before its message, as the Kafka tool reports failures."""
+    from .error import KafkaError, KafkaException
+
+    if not isinstance(exc, KafkaException):
+        return exc
+    err = exc.args[0]
+    return KafkaException(KafkaError(err.code(), f"{what}: {err.str()}"))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@transactions.command("list")
+@click.option("--duration-filter", type=int, default=None, metavar="MS",
+              help="List only the transactions running for more than MS milliseconds (KIP-994); "
+                   "a negative value lists all [default: all].")
+@storage_options
+@click.pass_context
+def transactions_list(ctx: click.Context, duration_filter: int | None) -> None:
+    """List the transactional ids the coordinator knows, with producer id and state."""
+    from . import AdminClient
+
+    with AdminClient(client_conf(ctx)) as admin:
+        try:
+            listings = admin.list_transactions(duration_filter=duration_filter).result()
+        except Exception as exc:  # noqa: BLE001 - a KafkaException gets the tool's prefix, anything else goes on
+            raise _failed("Failed to list transactions", exc) from None
+    _print_columns(["TransactionalId", "Coordinator", "ProducerId", "TransactionState"],
+                   [[t.transactional_id, "0", str(t.producer_id), t.state] for t in listings])
+
+
+@transactions.command("describe")
+@click.option("--transactional-id", required=True, help="The transactional id to describe.")
+@storage_options
+@click.pass_context
+def transactions_describe(ctx: click.Context, transactional_id: str) -> None:
+    """Describe a transactional id: producer id and epoch, state, timeout, when its
+    transaction started and for how long it has run, and its partitions."""
+    from . import AdminClient
+
+    with AdminClient(client_conf(ctx)) as admin:
+        try:
+            d = admin.describe_transactions([transactional_id])[transactional_id].result()
+        except Exception as exc:  # noqa: BLE001
+            raise _failed(f"Failed to describe transaction state of transactional-id `{transactional_id}`", exc) from None
+    start = "None" if d.transaction_start_time_ms is None else str(d.transaction_start_time_ms)
+    duration = "None" if d.transaction_start_time_ms is None else str(_now_ms() - d.transaction_start_time_ms)
+    _print_columns(["CoordinatorId", "TransactionalId", "ProducerId", "ProducerEpoch", "TransactionState",
+                    "TransactionTimeoutMs", "CurrentTransactionStartTimeMs", "TransactionDurationMs", "TopicPartitions"],
+                   [[str(d.coordinator_id), transactional_id, str(d.producer_id), str(d.producer_epoch), d.state,
+                     str(d.transaction_timeout_ms), start, duration,
+                     ",".join(f"{tp.topic}-{tp.partition}" for tp in d.topic_partitions)]])
+
+
+@transactions.command("describe-producers")
+@click.option("--topic", required=True, help="Topic name.")
+@click.option("--partition", type=click.IntRange(min=0), required=True, help="Partition number.")
+@click.option("--broker-id", type=int, default=None,
+              help="The replica to ask; a storage root has one broker, id 0 [default: the leader, 0].")
+@storage_options
+@click.pass_context
+def transactions_describe_producers(ctx: click.Context, topic: str, partition: int, broker_id: int | None) -> None:
+    """Describe the active producers of a partition: epoch, coordinator epoch of their last
+    marker, last sequence and timestamp, and where their open transaction starts."""
+    from . import AdminClient, TopicPartition
+
+    where = f"{topic}-{partition} on " + ("leader" if broker_id is None else f"broker {broker_id}")
+    if broker_id not in (None, 0):
+        raise click.ClickException(f"Failed to describe producers for partition {where}: there is no broker "
+                                   f"{broker_id}; the embedded broker of a storage root has id 0")
+    tp = TopicPartition(topic, partition)
+    with AdminClient(client_conf(ctx)) as admin:
+        try:
+            state = admin.describe_producers([tp])[tp].result()
+        except Exception as exc:  # noqa: BLE001
+            raise _failed(f"Failed to describe producers for partition {where}", exc) from None
+    _print_columns(["ProducerId", "ProducerEpoch", "LatestCoordinatorEpoch", "LastSequence", "LastTimestamp",
+                    "CurrentTransactionStartOffset"],
+                   [[str(p.producer_id), str(p.producer_epoch), str(p.coordinator_epoch), str(p.last_sequence),
+                     str(p.last_timestamp),
+                     str(p.current_transaction_start_offset) if p.current_transaction_start_offset >= 0 else "None"]
+                    for p in state.active_producers])
+
+
+@transactions.command("find-hanging")
+@click.option("--broker-id", type=int, default=None,
+              help="Search every partition of this broker (a storage root has one, id 0).")
+@click.option("--max-transaction-timeout", type=click.IntRange(min=0), default=15, show_default=True, metavar="MINUTES",
+              help="Only open transactions whose producer wrote nothing to the partition for longer than "
+                   "this are candidates (the coordinator's transaction.max.timeout.ms).")
+@click.option("--topic", default=None, help="Search only this topic (needed for --partition).")
+@click.option("--partition", type=click.IntRange(min=0), default=None, help="Search only this partition of --topic.")
+@storage_options
+@click.pass_context
+def transactions_find_hanging(ctx: click.Context, broker_id: int | None, max_transaction_timeout: int,
+                              topic: str | None, partition: int | None) -> None:
+    """Find hanging transactions: open on a partition for longer than the maximum transaction
+    timeout while the coordinator knows no transaction of that producer holding the partition.
+    They hold the partition's LSO (read_committed consumers stop there) until aborted."""
+    from . import AdminClient, TopicPartition
+
+    if topic is None and broker_id is None:
+        raise click.UsageError("find-hanging needs --topic or --broker-id to limit the scope of the search")
+    if partition is not None and topic is None:
+        raise click.UsageError("--partition needs --topic")
+    if topic is None:
+        partitions = None if broker_id == 0 else []  # broker 0 holds every partition; another broker none
+    else:
+        partitions = [TopicPartition(topic, -1 if partition is None else partition)]
+    found = []
+    with AdminClient(client_conf(ctx)) as admin:
+        if partitions != []:
+            try:
+                found = admin.find_hanging_transactions(partitions, max_transaction_timeout * 60_000)
+            except Exception as exc:  # noqa: BLE001
+                raise _failed("Failed to find hanging transactions", exc) from None
+    now = _now_ms()
+    _print_columns(["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch", "StartOffset",
+                    "LastTimestamp", "Duration(min)"],
+                   [[h.topic_partition.topic, str(h.topic_partition.partition), str(h.producer_state.producer_id),
+                     str(h.producer_state.producer_epoch), str(h.producer_state.coordinator_epoch),
+                     str(h.producer_state.current_transaction_start_offset), str(h.producer_state.last_timestamp),
+                     str((now - h.producer_state.last_timestamp) // 60_000)] for h in found])
+
+
+@transactions.command("abort")
+@click.option("--topic", required=True, help="Topic name.")
+@click.option("--partition", type=click.IntRange(min=0), required=True, help="Partition number.")
+@click.option("--start-offset", type=click.IntRange(min=0), default=None,
+              help="First offset of the transaction to abort (as find-hanging shows it); the producer, "
+                   "its epoch and coordinator epoch are looked up.")
+@click.option("--producer-id", type=click.IntRange(min=0), default=None,
+              help="Or name the transaction by producer id (with --producer-epoch and --coordinator-epoch).")
+@click.option("--producer-epoch", type=click.IntRange(min=0, max=32767), default=None, help="The producer's epoch.")
+@click.option("--coordinator-epoch", type=int, default=None,
+              help="Coordinator epoch written into the marker (a negative one is taken as 0).")
+@storage_options
+@writer_options
+@click.pass_context
+def transactions_abort(ctx: click.Context, topic: str, partition: int, start_offset: int | None,
+                       producer_id: int | None, producer_epoch: int | None, coordinator_epoch: int | None) -> None:
+    """Abort a hanging transaction on one partition: write the ABORT marker its coordinator
+    never will. Its records become aborted (read_committed skips them) and the partition's
+    LSO moves past them. Takes the writer lease."""
+    from . import AdminClient, TopicPartition
+
+    if start_offset is None and producer_id is None:
+        raise click.UsageError("name the transaction to abort with --start-offset, or with --producer-id, "
+                               "--producer-epoch and --coordinator-epoch")
+    if start_offset is None and producer_epoch is None:
+        raise click.UsageError("--producer-id needs --producer-epoch")
+    if start_offset is None and coordinator_epoch is None:
+        raise click.UsageError("--producer-id needs --coordinator-epoch")
+    tp = TopicPartition(topic, partition)
+    with AdminClient(client_conf(ctx)) as admin:
+        if start_offset is not None:
+            try:
+                state = admin.describe_producers([tp])[tp].result()
+            except Exception as exc:  # noqa: BLE001
+                raise _failed(f"Failed to validate producer state for partition {topic}-{partition}", exc) from None
+            match = [p for p in state.active_producers if p.current_transaction_start_offset == start_offset]
+            if not match:
+                raise click.ClickException(f"Could not find any open transactions starting at offset {start_offset} "
+                                           f"on partition {topic}-{partition}")
+            producer_id, producer_epoch, coordinator_epoch = (match[0].producer_id, match[0].producer_epoch,
+                                                              match[0].coordinator_epoch)
+        coordinator_epoch = max(0, coordinator_epoch)  # -1: no marker yet; 0 is at most any coordinator epoch
+        try:
+            admin.abort_transaction(tp, producer_id, producer_epoch, coordinator_epoch).result()
+        except Exception as exc:  # noqa: BLE001
+            raise _failed(f"Failed to abort the transaction of producer {producer_id} (epoch {producer_epoch}) "
+                          f"on {topic}-{partition}", exc) from None
+    p = _catalog(ctx).state.partition(topic, partition)
+    click.echo(f"Aborted the transaction of producer {producer_id} (epoch {producer_epoch}, coordinator epoch "
+               f"{coordinator_epoch}) on {topic}-{partition}: LSO {p.last_stable_offset}, high watermark "
+               f"{p.high_watermark}.")
 
 
 # ------------------------------------------------------------------ produce
