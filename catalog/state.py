@@ -208,6 +208,10 @@ class CatalogState:
         elif kind == LOG_START_OFFSET:
             p = self.partition(action["topic"], action["partition"])
             p.log_start_offset = max(p.log_start_offset, action["offset"])
+            if p.log_start_offset > p.high_watermark:
+                raise CatalogError(f"log start offset {p.log_start_offset} of {p.topic} [{p.partition}] is past its "
+                                   f"high watermark {p.high_watermark}")
+            p.last_stable_offset = max(p.last_stable_offset, p.log_start_offset)
         elif kind == PARTITION_STATE:
             p = self.partition(action["topic"], action["partition"])
             p.log_start_offset = action["offset"]

@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 from txlake.catalog.catalog import Catalog, commit_key
 from txlake.catalog.errors import (CatalogError, InvalidConfigError, InvalidTopicError, UnknownTopicError,
                                    WriterFencedError, WriterLeaseHeldError)
-from txlake.catalog.state import CREATE_TOPIC, DELETE_TOPIC, PRODUCER_ID_BLOCK, TopicState
+from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK, REMOVE_SEGMENT,
+                                  TopicState)
 from txlake.catalog.storage import ObjectStore
 from txlake.catalog.topic_config import effective_config, validate_topic_config
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, unify_collision_chars, validate_topic_name
@@ -110,6 +111,8 @@ class Broker:
         self._producer_id_block_end = 0
         self._last_refresh = 0.0
         self._handoff: HandoffServer | None = None
+        self._expiration_stop = threading.Event()
+        self._expiration_thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------- writer start-up
     @property
@@ -145,6 +148,9 @@ class Broker:
             self._load_writer_state()
             self._committer.start()
             self._flusher_started = True
+            self._expiration_thread = threading.Thread(target=self._expire_producers_loop, daemon=True,
+                                                       name="txlake-producer-id-expiration")
+            self._expiration_thread.start()
             # writes other processes hand over while this one holds the lease (engine/handoff.py)
             self._handoff = HandoffServer(self.store, self.config.handoff_poll_ms,
                                           lambda: self.is_writer and not self._closed)
@@ -162,6 +168,9 @@ class Broker:
         state = self.catalog.state
         self._next_producer_id = self._producer_id_block_end = state.next_producer_id
         managers = log_loader.load_producer_states(self.store, state, self.reader)
+        now = now_ms()
+        for psm in managers.values():  # Kafka drops expired entries while loading, too
+            psm.remove_expired_producers(now, self.config.producer_id_expiration_ms)
         for topic in state.topics.values():
             for p in topic.partitions:
                 self._partitions[(topic.name, p.partition)] = _WriterPartition(
@@ -383,6 +392,99 @@ class Broker:
         """Wait until every batch queued so far is committed (or failed)."""
         self._committer.flush(timeout_ms)
 
+    # ---------------------------------------------------------------- producer state retention
+    def remove_expired_producers(self, now: int | None = None) -> dict[tuple[str, int], list[int]]:
+        """Forget, on every partition, the producers idle for ``producer.id.expiration.ms``
+        with no transaction open (Kafka's ``UnifiedLog.removeExpiredProducers``, run every
+        ``producer.id.expiration.check.interval.ms``). The next snapshot no longer holds them.
+
+        Args:
+            now: the current time (ms since the epoch); the wall clock when None.
+
+        Returns:
+            ``{(topic, partition): [expired producer ids]}`` for the partitions that lost any.
+        """
+        now = now_ms() if now is None else now
+        expired: dict[tuple[str, int], list[int]] = {}
+        with self._append_lock:
+            for tp, wp in self._partitions.items():
+                gone = wp.producers.remove_expired_producers(now, self.config.producer_id_expiration_ms)
+                if gone:
+                    expired[tp] = gone
+        return expired
+
+    def _expire_producers_loop(self) -> None:
+        interval = self.config.producer_id_expiration_check_interval_ms / 1000
+        while not self._expiration_stop.wait(interval):
+            try:
+                self.remove_expired_producers()
+            except Exception as exc:  # one bad round must not end the job
+                log.warning("removing expired producers failed: %s", exc)
+
+    # ---------------------------------------------------------------- DeleteRecords
+    def delete_records(self, requests: list[tuple[str, int, int]],
+                       timeout_ms: int = 30_000) -> list[tuple[Errors, int, str | None]]:
+        """DeleteRecords: advance each partition's log start offset (Kafka's
+        ``ReplicaManager.deleteRecords`` / ``UnifiedLog.maybeIncrementLogStartOffset``).
+
+        Args:
+            requests: ``(topic, partition, offset)``; offset -1 means the high watermark
+                (Kafka's ``DeleteRecordsRequest.HIGH_WATERMARK``).
+
+        Returns:
+            ``(error, low_watermark, message)`` per request, in order: the partition's log
+            start offset after the call (it never moves back), or -1 with UNKNOWN_TOPIC_OR_PART,
+            OFFSET_OUT_OF_RANGE (an offset below -1 or past the high watermark) or
+            POLICY_VIOLATION (the topic's ``cleanup.policy`` lacks ``delete``).
+
+        Records below the new log start offset become unreadable at once (Fetch answers
+        OFFSET_OUT_OF_RANGE, committed views start there); segments wholly below it leave
+        the catalog. The producer state they produced stays (KIP-360): the same catalog
+        commit holds a producer-state snapshot, so a restart does not need those segments.
+
+        Raises:
+            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer;
+                REQUEST_TIMED_OUT when the commit does not happen within ``timeout_ms``.
+        """
+        self.ensure_writer()
+        answers: list[tuple[Errors, int, str | None]] = []
+        actions: list[dict] = []
+        targets: dict[tuple[str, int], int] = {}
+        with self.catalog.lock:
+            state = self.catalog.state
+            for topic, partition, offset in requests:
+                try:
+                    p = state.partition(topic, partition)
+                except UnknownTopicError as exc:
+                    answers.append((Errors.UNKNOWN_TOPIC_OR_PART, -1, str(exc)))
+                    continue
+                policy = effective_config(state.topics[topic].config)["cleanup.policy"].split(",")
+                if "delete" not in [x.strip() for x in policy]:
+                    answers.append((Errors.POLICY_VIOLATION, -1, f"Records of partition {topic}-{partition} can not "
+                                    "be deleted due to the configured policy (cleanup.policy has no 'delete')"))
+                    continue
+                target = p.high_watermark if offset == -1 else offset
+                if target < 0 or target > p.high_watermark:
+                    answers.append((Errors.OFFSET_OUT_OF_RANGE, -1, f"Cannot increment the log start offset of "
+                                    f"{topic}-{partition} to {offset}: it is past the high watermark {p.high_watermark}"))
+                    continue
+                new_start = max(targets.get((topic, partition), p.log_start_offset), target)
+                targets[(topic, partition)] = new_start
+                answers.append((Errors.NO_ERROR, new_start, None))
+            for (topic, partition), new_start in targets.items():
+                p = state.partition(topic, partition)
+                if new_start <= p.log_start_offset:
+                    continue
+                actions.append({"action": LOG_START_OFFSET, "topic": topic, "partition": partition, "offset": new_start})
+                actions.extend({"action": REMOVE_SEGMENT, "topic": topic, "partition": partition, "path": seg.path,
+                                "base_offset": seg.base_offset} for seg in p.segments if seg.last_offset < new_start)
+        if actions:
+            try:
+                self._committer.commit_with_snapshot(actions).result(timeout=timeout_ms / 1000)
+            except TimeoutError:
+                raise ApiError(Errors.REQUEST_TIMED_OUT, f"DeleteRecords was not committed within {timeout_ms} ms") from None
+        return answers
+
     # ---------------------------------------------------------------- transaction coordinator
     def transaction_coordinator(self) -> TransactionCoordinator:
         """The transaction coordinator of this storage root (started on first use, in the writer).
@@ -583,6 +685,7 @@ class Broker:
             return
         if self._handoff is not None:
             self._handoff.stop()
+        self._expiration_stop.set()
         if self._txn_coordinator is not None:
             self._txn_coordinator.shutdown()
         if self._group_coordinator is not None:

@@ -74,6 +74,8 @@ class _FlushWork:
     aborted: list[tuple[str, int, AbortedTxn]] = field(default_factory=list)
     snapshot_key: str | None = None
     snapshot_data: bytes | None = None
+    #: catalog actions committed with this flush (:meth:`GroupCommitter.commit_with_snapshot`), with their futures
+    extra: list[tuple[list[dict[str, Any]], Future]] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     #: key of the batches this flush took from the queue in :attr:`GroupCommitter._taken`
     taken: int = 0
@@ -119,6 +121,7 @@ class GroupCommitter:
         self.commit_lock = threading.RLock()
         self._wake = threading.Condition(self.lock)
         self._pending: list[PendingBatch] = []
+        self._extra: list[tuple[list[dict[str, Any]], Future]] = []
         #: batches taken from the queue by a flush that has not finished (flush() waits for them too)
         self._taken: dict[int, list[PendingBatch]] = {}
         self._pending_bytes = 0
@@ -150,6 +153,21 @@ class GroupCommitter:
             self._wake.notify_all()
         elif self._pending_bytes >= self.config.flush_max_bytes:
             self._wake.notify_all()
+
+    def commit_with_snapshot(self, actions: list[dict[str, Any]]) -> Future:
+        """Commit catalog ``actions`` with the next flush, in the same catalog commit as a
+        producer-state snapshot (e.g. a log start offset that drops segments: the state
+        they produced must outlive them, KIP-360). Ordered after every batch queued before.
+
+        Returns:
+            A future set to None once committed, or to the ``ApiError`` that stopped the writer.
+        """
+        future: Future = Future()
+        with self.lock:
+            self._extra.append((actions, future))
+            self._flush_requested = True
+            self._wake.notify_all()
+        return future
 
     def flush(self, timeout_ms: int = 60_000) -> None:
         """Wait until every batch queued so far is committed (or failed), including the batches
@@ -183,7 +201,7 @@ class GroupCommitter:
                     if self._pending:
                         timeout = max(0.0, self._first_pending_at + self.config.flush_linger_ms / 1000 - time.monotonic())
                     self._wake.wait(timeout)
-                if self._stopped and not self._pending:
+                if self._stopped and not self._pending and not self._extra:
                     self._uploads.put(None)  # the uploader finishes what is queued, then stops
                     return
             work = self._prepare(force_snapshot=False)
@@ -199,7 +217,7 @@ class GroupCommitter:
 
     def _due(self) -> bool:
         if not self._pending:
-            return False
+            return bool(self._extra)
         return (self._flush_requested or self._pending_bytes >= self.config.flush_max_bytes
                 or (time.monotonic() - self._first_pending_at) * 1000 >= self.config.flush_linger_ms)
 
@@ -221,8 +239,9 @@ class GroupCommitter:
             live = [p for p in pending if self._is_live(p.batch.topic, p.batch.partition)]
             dropped = [p for p in pending if p not in live] if len(live) != len(pending) else []
             self._flushes += 1
+            extra, self._extra = self._extra, []
             snapshot = None
-            if force_snapshot or (live and self._flushes % self.config.producer_snapshot_interval == 0):
+            if force_snapshot or extra or (live and self._flushes % self.config.producer_snapshot_interval == 0):
                 snapshot = self._capture_snapshot()
             unstable = {(p.batch.topic, p.batch.partition): None for p in live}
             for tp in unstable:
@@ -231,7 +250,7 @@ class GroupCommitter:
         if not live and snapshot is None:
             self._untake(id(pending))
             return None
-        work = _FlushWork(live, unstable=unstable, taken=id(pending))
+        work = _FlushWork(live, unstable=unstable, taken=id(pending), extra=extra)
         work.aborted = [(p.batch.topic, p.batch.partition, AbortedTxn(p.batch.producer_id, p.aborted_first_offset, p.base_offset))
                         for p in live if p.aborted_first_offset is not None]
         try:
@@ -276,10 +295,14 @@ class GroupCommitter:
                     hw = seg.last_offset + 1
                     first_unstable = work.unstable.get((seg.topic, seg.partition))
                     lso = hw if first_unstable is None else min(first_unstable, hw)
+                    # records below the log start offset are gone: the LSO never points below it (Kafka's
+                    # UnifiedLog.maybeIncrementFirstUnstableOffset)
+                    lso = max(lso, state.partition(seg.topic, seg.partition).log_start_offset)
                     actions.append(seg.to_action(hw, lso))
                 actions.extend(a.to_action(topic, partition) for topic, partition, a in work.aborted)
                 if work.snapshot_key is not None:
                     actions.append({"action": PRODUCER_SNAPSHOT, "path": work.snapshot_key})
+                actions.extend(a for extra_actions, _ in work.extra for a in extra_actions)
                 self._commit(actions)
             for seg, table in zip(work.segments, work.tables):
                 self.cache.put((work.path, seg.row_group_start), table)
@@ -290,6 +313,9 @@ class GroupCommitter:
             self._fail(work, exc)
         finally:
             _complete(completions)
+            for _, future in work.extra:
+                if not future.done():
+                    future.set_result(None)
             self._untake(work.taken)
             work.done.set()
 
@@ -305,6 +331,9 @@ class GroupCommitter:
             self._on_fatal(exc)
         code = Errors._FENCED if isinstance(exc, (WriterFencedError, ApiError)) else Errors.KAFKA_STORAGE_ERROR
         _complete([(p.future, ProduceResult(code, message=str(exc))) for p in work.pending])
+        for _, future in work.extra:
+            if not future.done():
+                future.set_exception(ApiError(code, str(exc)))
         self._untake(work.taken)
         work.done.set()
 

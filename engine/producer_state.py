@@ -10,8 +10,10 @@ appended:
 * a newer epoch must start at sequence 0 -> else OUT_OF_ORDER_SEQUENCE_NUMBER;
 * the same epoch must continue at ``last_seq + 1`` (with wrap-around from 2^31-1 to 0)
   -> else OUT_OF_ORDER_SEQUENCE_NUMBER (a gap or a partial overlap);
-* a producer with no state left (e.g. its segments were deleted) may write any sequence
-  (Kafka's behaviour since KIP-360);
+* a producer with no state left (it expired after ``producer.id.expiration.ms`` without a
+  write) may write any sequence (Kafka's behaviour since KIP-360); a transactional write
+  is still verified with the transaction coordinator first (KIP-890), so a zombie whose
+  state expired can never write into a transaction that has ended;
 * a non-transactional batch from a producer with a transaction open on the partition
   -> INVALID_TXN_STATE.
 
@@ -195,6 +197,24 @@ class ProducerStateManager:
         entry.last_timestamp = timestamp
         first, entry.current_txn_first_offset = entry.current_txn_first_offset, None
         return first
+
+    def remove_expired_producers(self, now_ms: int, expiration_ms: int) -> list[int]:
+        """Forget producers idle for ``expiration_ms`` (``producer.id.expiration.ms``) or more.
+
+        A producer expires when it has no transaction open on this partition and its last
+        write (the newest batch's max timestamp, ms) is at least ``expiration_ms`` before
+        ``now_ms`` (Kafka's ``ProducerStateManager.removeExpiredProducers`` /
+        ``isProducerExpired``). Nothing else removes an entry: since KIP-360 the state
+        outlives the segments that produced it (retention, DeleteRecords, compaction).
+
+        Returns:
+            The expired producer ids, in ascending order.
+        """
+        expired = sorted(pid for pid, e in self.producers.items()
+                         if e.current_txn_first_offset is None and now_ms - e.last_timestamp >= expiration_ms)
+        for pid in expired:
+            del self.producers[pid]
+        return expired
 
     def first_unstable_offset(self) -> int | None:
         """The first offset of the oldest open transaction on this partition, if any."""

@@ -29,6 +29,11 @@ class BrokerConfig:
         handoff_poll_ms: how often (ms) the lease holder looks for writes handed over to it
             by other processes (engine/handoff.py).
         row_group_rows: rows per Parquet row group; compression: Parquet codec.
+        producer_id_expiration_ms: a producer's state on a partition is forgotten after this
+            long (ms) without a write and with no transaction open (Kafka's
+            ``producer.id.expiration.ms``, 1 day).
+        producer_id_expiration_check_interval_ms: how often (ms) the writer looks for expired
+            producers (Kafka's ``producer.id.expiration.check.interval.ms``, 10 minutes).
     """
 
     flush_linger_ms: int = 5
@@ -42,6 +47,8 @@ class BrokerConfig:
     handoff_poll_ms: int = 500
     row_group_rows: int = 1024 * 1024
     compression: str = "snappy"
+    producer_id_expiration_ms: int = 86_400_000
+    producer_id_expiration_check_interval_ms: int = 600_000
     #: the transaction coordinator's Kafka configs (``transaction.max.timeout.ms``, ...), dotted keys
     transaction: dict = field(default_factory=dict)
     #: the group coordinator's Kafka configs (``group.initial.rebalance.delay.ms``, ...), dotted keys

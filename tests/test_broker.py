@@ -2,21 +2,13 @@
 
 import time
 
-import pyarrow as pa
 import pytest
 
 from txlake.catalog.storage import ObjectStore
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.errors import Errors
 from txlake.engine.producer_state import INT32_MAX
-from txlake.formats.records import PAYLOAD_SCHEMA
-
-
-def payload(n, start=0, size=10, ts=1_000):
-    return pa.Table.from_pydict({
-        "timestamp": [ts + i for i in range(n)], "key": [b"k%d" % (start + i) for i in range(n)],
-        "value": [(b"v%d-" % (start + i)).ljust(size, b"x") for i in range(n)], "headers": [None] * n,
-    }, schema=PAYLOAD_SCHEMA)
+from helpers import payload
 
 
 @pytest.fixture
@@ -148,7 +140,8 @@ def test_duplicate_detected_after_restart(storage, snapshot_interval):
     b = Broker(storage.object_store(), BrokerConfig(**cfg))
     b.create_topics([("t", 1, {})])
     _, pid, _ = b.init_producer_id()
-    batches = [ProduceBatch("t", 0, payload(3, i * 3), pid, 0, i * 3) for i in range(4)]
+    now = int(time.time() * 1000)  # a producer idle for producer.id.expiration.ms (1 day) is dropped on load
+    batches = [ProduceBatch("t", 0, payload(3, i * 3, ts=now), pid, 0, i * 3) for i in range(4)]
     for batch in batches:
         b.produce([batch])
     b._closed = True           # simulate a crash: no clean close, no final snapshot

@@ -100,6 +100,9 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "storage.handoff.poll.ms": (_int(10, 60_000), 500),
     "storage.handoff.timeout.ms": (_int(100, 3_600_000), 30_000),
     "num.partitions": (_int(1), 1),
+    # producer state retention (KIP-360; Kafka's broker configs and defaults)
+    "producer.id.expiration.ms": (_int(1, 2**31 - 1), 86_400_000),
+    "producer.id.expiration.check.interval.ms": (_int(1, 2**31 - 1), 600_000),
     # the embedded transaction coordinator's broker configs (Kafka's names and defaults)
     "transaction.max.timeout.ms": (_int(1), 900_000),
     "transaction.state.log.num.partitions": (_int(1), 50),
@@ -204,6 +207,8 @@ class ClientConfig:
             checkpoint_interval=v["storage.checkpoint.interval"],
             producer_snapshot_interval=v["storage.producer.snapshot.interval"],
             orphan_grace_ms=v["storage.orphan.grace.ms"], handoff_poll_ms=v["storage.handoff.poll.ms"],
+            producer_id_expiration_ms=v["producer.id.expiration.ms"],
+            producer_id_expiration_check_interval_ms=v["producer.id.expiration.check.interval.ms"],
             transaction={k: v[k] for k in TRANSACTION_BROKER_KEYS},
             group={k: v[k] for k in GROUP_BROKER_KEYS},
         )

@@ -263,3 +263,16 @@ def consume_all(consumer, expected: int, timeout: float = 20.0) -> list:
             assert msg.error() is None, msg.error()
             out.append(msg)
     return out
+
+
+def payload(n: int, start: int = 0, size: int = 10, ts: int = 1_000):
+    """``n`` records of :data:`PAYLOAD_SCHEMA`: keys ``k<i>``, values ``v<i>-`` padded to ``size``
+    bytes, timestamps ``ts + i`` (ms), for ``i`` from ``start``."""
+    import pyarrow as pa
+
+    from txlake.formats.records import PAYLOAD_SCHEMA
+
+    return pa.Table.from_pydict({
+        "timestamp": [ts + i for i in range(n)], "key": [b"k%d" % (start + i) for i in range(n)],
+        "value": [(b"v%d-" % (start + i)).ljust(size, b"x") for i in range(n)], "headers": [None] * n,
+    }, schema=PAYLOAD_SCHEMA)
