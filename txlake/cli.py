@@ -497,8 +497,10 @@ def transactions_find_hanging(ctx: click.Context, broker_id: int | None, max_tra
         raise click.UsageError("find-hanging needs --topic or --broker-id to limit the scope of the search")
     if partition is not None and topic is None:
         raise click.UsageError("--partition needs --topic")
-    if topic is None:
-        partitions = None if broker_id == 0 else []  # broker 0 holds every partition; another broker none
+    if broker_id not in (None, 0):
+        partitions = []  # broker 0 holds every partition, any other broker none
+    elif topic is None:
+        partitions = None
     else:
         partitions = [TopicPartition(topic, -1 if partition is None else partition)]
     found = []
