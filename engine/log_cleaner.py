@@ -1,0 +1,583 @@
+"""Key compaction (``cleanup.policy=compact``): which records a cleaning keeps, and when a
+partition is due for one -- Kafka's log cleaner as pure functions over plain data.
+
+Two questions, two functions. The caller (the segment rewrite machinery) reads the
+records, writes the survivors into new segments and commits the result with the new
+:class:`CleanerCheckpoint`; nothing here touches storage.
+
+* :func:`cleanable_range` -- *when and how far* (Kafka's ``LogCleanerManager``:
+  ``cleanableOffsets``, ``calculateCleanableBytes``, ``maxCompactionDelay``,
+  ``grabFilthiestCompactedLog``): the first dirty offset (the persisted clean point), the
+  first uncleanable offset (the *cleaning point*: never past the LSO, the high watermark,
+  the first unstable offset, an active segment, or segments younger than
+  ``min.compaction.lag.ms``), the dirty ratio against ``min.cleanable.dirty.ratio`` and the
+  ``max.compaction.lag.ms`` override.
+* :func:`clean_records` -- *what stays* (Kafka's ``Cleaner``: ``buildOffsetMap``,
+  ``cleanSegments``/``cleanInto``, ``shouldDiscardBatch``, ``shouldRetainRecord`` and
+  ``CleanedTransactionMetadata``, with the KIP-534 delete horizon of tombstones and
+  transaction markers).
+
+The rules, in Kafka's words where it has them (docs/key-compaction.md gives each rule its
+Kafka reference):
+
+1. Only records below the cleaning point are cleaned; records at or after it pass through
+   untouched and do not take part in the offset map.
+2. The offset map holds, for every key, the offset of its latest record below the cleaning
+   point, counting only data records that are not part of an aborted transaction. A keyed
+   data record stays only if it is the latest for its key.
+3. A tombstone (null value) that is the latest for its key stays until its *delete horizon*
+   (the time of the cleaning that first kept it + ``delete.retention.ms``) has passed; a
+   cleaning at or after the horizon removes it. A tombstone always survives its first
+   cleaning, even with ``delete.retention.ms=0`` (KIP-534).
+4. Records of aborted transactions (the aborted-transaction index) are removed.
+5. A COMMIT/ABORT marker stays while any record of its transaction is in the log being
+   cleaned. The first cleaning that finds none sets the marker's delete horizon
+   (now + ``delete.retention.ms``); a cleaning at or after it removes the marker, and the
+   aborted-transaction index entry of a removed ABORT marker goes with it.
+6. Records with a null key: Kafka refuses them on a compacted topic at produce time, and
+   its cleaner drops any it meets. Here they are kept by default (a topic switched from
+   ``delete`` to ``compact`` may hold them, and a compaction should not lose data the
+   producer was allowed to write); ``discard_null_keys=True`` drops them as Kafka does.
+7. Offsets never change: the output is a subset of the input rows, gaps appear.
+
+Kafka keeps the delete horizon in each rewritten batch header (``deleteHorizonMs``). Our
+rows have no batch header, so the horizon lives in the :class:`CleanerCheckpoint` the
+caller persists per partition next to the clean point (Kafka's
+``cleaner-offset-checkpoint``): for tombstones one ``(end_offset, horizon_ms)`` entry per
+cleaning run (the run that first cleaned an offset range sets the horizon of every
+tombstone in it, which is exactly when Kafka stamps the batch), and for markers one
+``(offset, horizon_ms)`` entry per marker whose transaction is empty but whose horizon has
+not yet passed.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txlake.catalog.state import AbortedTxn, PartitionState, SegmentInfo
+from txlake.catalog.topic_config import effective_config
+
+__all__ = [
+    "CleanerCheckpoint", "CleanStats", "CleanResult", "CleanableRange",
+    "clean_records", "cleanable_range", "grab_filthiest", "is_compacted",
+]
+
+_REQUIRED_COLUMNS = ("offset", "key", "value", "producer_id", "is_transactional", "is_control")
+
+
+# ----------------------------------------------------------------------------- state
+@dataclass(frozen=True)
+class CleanerCheckpoint:
+    """What the cleaner of one partition remembers between runs; the caller persists it.
+
+    Kafka keeps the clean point in ``cleaner-offset-checkpoint`` and the KIP-534 delete
+    horizons in the headers of the batches it rewrote. txlake's rows have no batch
+    header, so both live here (plain ints, JSON-able through :meth:`to_dict`).
+
+    Attributes:
+        clean_offset: the first dirty offset, i.e. the cleaning point of the last run
+            (an offset; ``None`` = never cleaned, the log start offset is used).
+        tombstone_horizons: ``((end_offset, delete_horizon_ms), ...)`` with ascending
+            ``end_offset``. Entry ``i`` covers offsets ``[end_offset[i-1], end_offset[i])``
+            (the first from 0): the run that first cleaned that range stamped its
+            tombstones with ``delete_horizon_ms`` (ms since the epoch). Offsets at or
+            above the last ``end_offset`` have never been cleaned.
+        marker_horizons: ``((marker_offset, delete_horizon_ms), ...)`` with ascending
+            offsets: COMMIT/ABORT markers whose transaction has no record left, and the
+            time from which a cleaning may remove them.
+    """
+
+    clean_offset: int | None = None
+    tombstone_horizons: tuple[tuple[int, int], ...] = ()
+    marker_horizons: tuple[tuple[int, int], ...] = ()
+
+    def tombstone_horizon(self, offset: int) -> int | None:
+        """The delete horizon (ms) of a tombstone at ``offset``; None if never cleaned."""
+        ends = [e for e, _ in self.tombstone_horizons]
+        i = bisect.bisect_right(ends, offset)
+        return self.tombstone_horizons[i][1] if i < len(ends) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form (lists of ``[offset, ms]`` pairs)."""
+        return {"clean_offset": self.clean_offset,
+                "tombstone_horizons": [list(p) for p in self.tombstone_horizons],
+                "marker_horizons": [list(p) for p in self.marker_horizons]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "CleanerCheckpoint":
+        """The inverse of :meth:`to_dict`; ``None`` or ``{}`` gives a never-cleaned checkpoint.
+
+        Raises:
+            ValueError: pairs that are not ``[int, int]`` or not in ascending offset order.
+        """
+        if not data:
+            return cls()
+        clean = data.get("clean_offset")
+
+        def pairs(name: str) -> tuple[tuple[int, int], ...]:
+            out = tuple((int(a), int(b)) for a, b in data.get(name) or ())
+            if any(out[i][0] >= out[i + 1][0] for i in range(len(out) - 1)):
+                raise ValueError(f"cleaner checkpoint: {name} must have strictly ascending offsets, got {out}")
+            return out
+
+        return cls(None if clean is None else int(clean), pairs("tombstone_horizons"), pairs("marker_horizons"))
+
+
+@dataclass(frozen=True)
+class CleanStats:
+    """Counts of one :func:`clean_records` call (Kafka's ``CleanerStats``), in records.
+
+    Attributes:
+        records_read: rows below the cleaning point that were examined.
+        records_retained: of those, how many stay.
+        superseded: keyed data records with a later record for the same key.
+        tombstones: tombstones whose delete horizon had passed.
+        aborted: records of aborted transactions.
+        markers: COMMIT/ABORT markers of empty transactions whose horizon had passed.
+        null_keys: data records without a key (only with ``discard_null_keys``).
+        passed_through: rows at or after the cleaning point (kept untouched).
+    """
+
+    records_read: int = 0
+    records_retained: int = 0
+    superseded: int = 0
+    tombstones: int = 0
+    aborted: int = 0
+    markers: int = 0
+    null_keys: int = 0
+    passed_through: int = 0
+
+    @property
+    def removed(self) -> int:
+        """Records removed, all reasons together."""
+        return self.records_read - self.records_retained
+
+
+@dataclass(frozen=True)
+class CleanResult:
+    """The outcome of :func:`clean_records`.
+
+    Attributes:
+        table: the rows that stay, same schema and offsets as the input, in offset order.
+        stats: counts by reason.
+        checkpoint: the new :class:`CleanerCheckpoint` (persist it with the rewrite).
+        aborted_transactions: the aborted-transaction index after cleaning (input entries
+            minus those whose ABORT marker was removed).
+        removed_aborted_transactions: the entries that went with their marker.
+    """
+
+    table: pa.Table
+    stats: CleanStats
+    checkpoint: CleanerCheckpoint
+    aborted_transactions: list[AbortedTxn] = field(default_factory=list)
+    removed_aborted_transactions: list[AbortedTxn] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- cleaning
+def _np(table: pa.Table, name: str, n: int) -> np.ndarray:
+    """The first ``n`` values of a non-null column as a numpy array."""
+    col = table.column(name)
+    if n != table.num_rows:
+        col = col.slice(0, n)
+    return col.to_numpy()
+
+
+def _null_mask(table: pa.Table, name: str, n: int) -> np.ndarray:
+    col = table.column(name)
+    if n != table.num_rows:
+        col = col.slice(0, n)
+    if col.null_count == 0:
+        return np.zeros(n, dtype=bool)
+    return col.is_null().to_numpy()
+
+
+def _aborted_rows(offsets: np.ndarray, pids: np.ndarray, txn_data: np.ndarray,
+                  aborted: Sequence[AbortedTxn]) -> np.ndarray:
+    """Rows that belong to an aborted transaction: transactional data rows of
+    ``producer_id`` with ``first_offset <= offset <= last_offset`` of some index entry
+    (what Kafka's ``CleanedTransactionMetadata.onBatchRead`` answers from the index).
+
+    Vectorized: entries and rows sorted together by (producer id, offset); each row looks
+    at the last entry before it. A producer has one transaction at a time, so its entries
+    do not overlap and the last one starting at or before the row is the only candidate.
+    """
+    out = np.zeros(len(offsets), dtype=bool)
+    rows = np.flatnonzero(txn_data)
+    if not len(aborted) or not len(rows):
+        return out
+    e_pid = np.fromiter((a.producer_id for a in aborted), np.int64, len(aborted))
+    e_first = np.fromiter((a.first_offset for a in aborted), np.int64, len(aborted))
+    e_last = np.fromiter((a.last_offset for a in aborted), np.int64, len(aborted))
+    m = len(aborted)
+    pid_all = np.concatenate([e_pid, pids[rows].astype(np.int64, copy=False)])
+    off_all = np.concatenate([e_first, offsets[rows]])
+    kind = np.concatenate([np.zeros(m, np.int8), np.ones(len(rows), np.int8)])  # entries sort first
+    order = np.lexsort((kind, off_all, pid_all))
+    is_entry = order < m
+    pos = np.arange(len(order))
+    last_entry_pos = np.maximum.accumulate(np.where(is_entry, pos, -1))
+    row_pos = np.flatnonzero(~is_entry)
+    ep = last_entry_pos[row_pos]
+    found = ep >= 0
+    entry_id = np.where(found, order[np.maximum(ep, 0)], 0)
+    row_id = order[row_pos] - m
+    hit = found & (e_pid[entry_id] == pid_all[m + row_id]) & (off_all[m + row_id] <= e_last[entry_id])
+    out[rows[row_id[hit]]] = True
+    return out
+
+
+def _empty_txn_markers(offsets: np.ndarray, pids: np.ndarray, transactional: np.ndarray,
+                       control: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Markers below the cleaning point, and for each whether its transaction is empty.
+
+    A marker's transaction is the producer's transactional data rows after its previous
+    marker; it is *empty* when no such row is in the log being cleaned (Kafka's
+    ``onControlBatchRead``: an ABORT with no batch observed, a COMMIT whose producer has
+    no ongoing committed batch).
+
+    Returns:
+        ``(marker_rows, empty)``: row indexes of the markers (ascending) and a bool array.
+    """
+    txn_rows = np.flatnonzero(transactional | control)
+    if not len(txn_rows):
+        return np.empty(0, np.int64), np.empty(0, bool)
+    order = np.argsort(pids[txn_rows], kind="stable")  # offsets ascend, so (pid, offset) order
+    sorted_rows = txn_rows[order]
+    sp = pids[sorted_rows]
+    sc = control[sorted_rows]
+    prev_is_data = np.zeros(len(sorted_rows), dtype=bool)
+    prev_is_data[1:] = (sp[1:] == sp[:-1]) & ~sc[:-1]
+    markers = sorted_rows[sc]
+    empty = ~prev_is_data[sc]
+    back = np.argsort(markers, kind="stable")
+    return markers[back], empty[back]
+
+
+def _latest_per_key(keys: pa.ChunkedArray | pa.Array, offsets: np.ndarray) -> np.ndarray:
+    """For each (non-null) key, whether its row holds the key's greatest offset (the offset map)."""
+    if len(offsets) == 0:
+        return np.zeros(0, dtype=bool)
+    small = pa.table({"key": keys, "offset": pa.array(offsets, pa.int64())})
+    latest = small.group_by("key", use_threads=True).aggregate([("offset", "max")]).column("offset_max")
+    return pc.is_in(small.column("offset"), value_set=latest.combine_chunks()).to_numpy(zero_copy_only=False)
+
+
+def _lookup(sorted_keys: np.ndarray, values: np.ndarray, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Exact-match lookup of ``probe`` in ``sorted_keys``: ``(found, value)``."""
+    if not len(sorted_keys):
+        return np.zeros(len(probe), bool), np.zeros(len(probe), np.int64)
+    i = np.searchsorted(sorted_keys, probe)
+    ic = np.minimum(i, len(sorted_keys) - 1)
+    found = (i < len(sorted_keys)) & (sorted_keys[ic] == probe)
+    return found, values[ic]
+
+
+def _next_tombstone_horizons(previous: tuple[tuple[int, int], ...], cleaning_point: int, now_ms: int,
+                             delete_retention_ms: int) -> tuple[tuple[int, int], ...]:
+    """The tombstone horizon ranges after a run: the run's new range is added, and ranges
+    whose horizon has passed (every tombstone in them was just removed) are dropped,
+    except the last, which marks how far cleaning has reached."""
+    entries = list(previous)
+    if cleaning_point > (entries[-1][0] if entries else 0):
+        entries.append((cleaning_point, now_ms + delete_retention_ms))
+    kept = [(end, h) for i, (end, h) in enumerate(entries)
+            if i == len(entries) - 1 or not (h <= now_ms and end <= cleaning_point)]
+    merged: list[tuple[int, int]] = []
+    for end, h in kept:  # neighbours with one horizon are one range
+        if merged and merged[-1][1] == h:
+            merged[-1] = (end, h)
+        else:
+            merged.append((end, h))
+    return tuple(merged)
+
+
+def clean_records(table: pa.Table, aborted: Iterable[AbortedTxn], cleaning_point: int, now_ms: int,
+                  delete_retention_ms: int, *, checkpoint: CleanerCheckpoint | None = None,
+                  last_stable_offset: int | None = None, discard_null_keys: bool = False) -> CleanResult:
+    """Key-compact the records of one partition (Kafka's ``Cleaner.doClean`` over one log).
+
+    Args:
+        table: the partition's committed records in ascending offset order, with at least
+            the columns ``offset, key, value, producer_id, is_transactional, is_control``
+            (normally :data:`~txlake.formats.records.RECORD_SCHEMA`). It must hold every
+            record from the log start offset up to ``cleaning_point`` (Kafka cleans the
+            whole log below the cleaning point, clean section included). Rows at or after
+            ``cleaning_point`` may be included: they are returned untouched and do not take
+            part in the offset map (Kafka maps only up to the first uncleanable offset).
+        aborted: the aborted-transaction index of the partition -- at least every entry
+            with records below ``cleaning_point`` (``PartitionState.aborted_transactions``).
+        cleaning_point: the first uncleanable offset (exclusive end of the cleaning), e.g.
+            :attr:`CleanableRange.first_uncleanable_offset`; at most the LSO.
+        now_ms: the time of this cleaning, ms since the epoch (Kafka's ``currentTime``).
+        delete_retention_ms: the topic's ``delete.retention.ms`` (ms, >= 0).
+        checkpoint: the partition's :class:`CleanerCheckpoint` from the previous run (None:
+            never cleaned -- every tombstone then survives this run).
+        last_stable_offset: when given, ``cleaning_point`` is checked against it.
+        discard_null_keys: drop data records with a null key, as Kafka's cleaner does
+            (default: keep them; see the module notes).
+
+    Returns:
+        A :class:`CleanResult`: the rows that stay (same schema and offsets), counts by
+        reason, the new checkpoint (``clean_offset = cleaning_point``) and the aborted
+        index after cleaning.
+
+    Raises:
+        ValueError: a missing column, offsets not strictly ascending, a negative
+            ``delete_retention_ms`` or a cleaning point past ``last_stable_offset``.
+    """
+    missing = [c for c in _REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"clean_records: the records table lacks the column(s) {missing}")
+    if delete_retention_ms < 0:
+        raise ValueError(f"delete.retention.ms must be at least 0, got {delete_retention_ms}")
+    if last_stable_offset is not None and cleaning_point > last_stable_offset:
+        raise ValueError(f"the cleaning point {cleaning_point} is past the last stable offset {last_stable_offset}: "
+                         "records of open transactions would be cleaned; clean below the LSO")
+    checkpoint = checkpoint or CleanerCheckpoint()
+    aborted = list(aborted)
+
+    all_offsets = table.column("offset").to_numpy()
+    if len(all_offsets) > 1 and not np.all(all_offsets[1:] > all_offsets[:-1]):
+        raise ValueError("clean_records: offsets must be strictly ascending (one partition, sorted by offset)")
+    nb = int(np.searchsorted(all_offsets, cleaning_point))  # rows [0, nb) are below the cleaning point
+    offsets = all_offsets[:nb]
+    control = _np(table, "is_control", nb).astype(bool, copy=False)
+    transactional = _np(table, "is_transactional", nb).astype(bool, copy=False)
+    pids = _np(table, "producer_id", nb)
+    key_null = _null_mask(table, "key", nb)
+    value_null = _null_mask(table, "value", nb)
+    data = ~control
+
+    # 4. records of aborted transactions (the aborted-transaction index)
+    is_aborted = _aborted_rows(offsets, pids, transactional & data, aborted)
+
+    # 2. the offset map: latest record per key among committed, keyed data records
+    mapped = data & ~is_aborted & ~key_null
+    mapped_idx = np.flatnonzero(mapped)
+    keys = table.column("key").slice(0, nb) if nb != table.num_rows else table.column("key")
+    mapped_keys = keys.take(pa.array(mapped_idx)) if len(mapped_idx) != nb else keys
+    latest = np.zeros(nb, dtype=bool)
+    latest[mapped_idx] = _latest_per_key(mapped_keys, offsets[mapped_idx])
+    superseded = mapped & ~latest
+
+    # 3. tombstones past their delete horizon
+    tomb = mapped & latest & value_null
+    expired_tomb = np.zeros(nb, dtype=bool)
+    if tomb.any() and checkpoint.tombstone_horizons:
+        ends = np.fromiter((e for e, _ in checkpoint.tombstone_horizons), np.int64)
+        horizons = np.fromiter((h for _, h in checkpoint.tombstone_horizons), np.int64)
+        t_idx = np.flatnonzero(tomb)
+        i = np.searchsorted(ends, offsets[t_idx], side="right")
+        cleaned_before = i < len(ends)
+        h = horizons[np.minimum(i, len(ends) - 1)]
+        expired_tomb[t_idx[cleaned_before & (now_ms >= h)]] = True
+
+    # 5. markers of empty transactions past their delete horizon
+    marker_rows, empty = _empty_txn_markers(offsets, pids, transactional, control)
+    removed_marker = np.zeros(nb, dtype=bool)
+    new_marker_horizons: list[tuple[int, int]] = []
+    if len(marker_rows):
+        prev = checkpoint.marker_horizons
+        mo = np.fromiter((o for o, _ in prev), np.int64, len(prev))
+        mh = np.fromiter((h for _, h in prev), np.int64, len(prev))
+        m_off = offsets[marker_rows]
+        found, h = _lookup(mo, mh, m_off)
+        remove = empty & found & (now_ms >= h)
+        removed_marker[marker_rows[remove]] = True
+        stay_empty = empty & ~remove
+        horizon = np.where(found, h, now_ms + delete_retention_ms)
+        new_marker_horizons = list(zip(m_off[stay_empty].tolist(), horizon[stay_empty].tolist()))
+    # horizons of markers at or after the cleaning point were not looked at: they stay
+    new_marker_horizons += [(o, h) for o, h in checkpoint.marker_horizons if o >= cleaning_point]
+
+    # 6. null keys
+    null_data = data & ~is_aborted & key_null
+    dropped_null = null_data if discard_null_keys else np.zeros(nb, dtype=bool)
+
+    removed = is_aborted | superseded | expired_tomb | removed_marker | dropped_null
+    n_removed = int(removed.sum())
+    if n_removed:
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[:nb] = ~removed
+        out = table.filter(pa.array(keep))
+    else:
+        out = table
+
+    removed_marker_offsets = set(offsets[removed_marker].tolist())
+    kept_aborted = [a for a in aborted if a.last_offset not in removed_marker_offsets]
+    gone_aborted = [a for a in aborted if a.last_offset in removed_marker_offsets]
+
+    stats = CleanStats(
+        records_read=nb, records_retained=nb - n_removed, superseded=int(superseded.sum()),
+        tombstones=int(expired_tomb.sum()), aborted=int(is_aborted.sum()), markers=int(removed_marker.sum()),
+        null_keys=int(dropped_null.sum()), passed_through=table.num_rows - nb,
+    )
+    new_checkpoint = CleanerCheckpoint(
+        clean_offset=cleaning_point,
+        tombstone_horizons=_next_tombstone_horizons(checkpoint.tombstone_horizons, cleaning_point, now_ms,
+                                                    delete_retention_ms),
+        marker_horizons=tuple(new_marker_horizons),
+    )
+    return CleanResult(out, stats, new_checkpoint, kept_aborted, gone_aborted)
+
+
+# ----------------------------------------------------------------------------- when
+@dataclass(frozen=True)
+class CleanableRange:
+    """The cleanable part of one partition's log (Kafka's ``OffsetsToClean`` + ``LogToClean``).
+
+    Attributes:
+        topic, partition: the partition.
+        compact: whether ``cleanup.policy`` includes ``compact``.
+        first_dirty_offset: where the dirty section starts (the clean point to use).
+        first_uncleanable_offset: the cleaning point: the exclusive end of this cleaning,
+            on a segment boundary, ``>= first_dirty_offset`` (pass it to :func:`clean_records`).
+        force_update_checkpoint: the persisted clean point was invalid (below the log start
+            or past the high watermark) and was reset to the log start offset: persist
+            ``first_dirty_offset`` even if no cleaning runs.
+        bound: what set the cleaning point: ``"last_stable_offset"``, ``"high_watermark"``,
+            ``"first_unstable_offset"``, ``"active_segment"``, ``"min_compaction_lag"`` or
+            ``"first_dirty_offset"`` (nothing cleanable).
+        clean_bytes: bytes of the segments wholly below the first dirty offset.
+        cleanable_bytes: bytes of the segments from the first dirty offset to the cleaning point.
+        total_bytes: ``clean_bytes + cleanable_bytes``.
+        cleanable_ratio: ``cleanable_bytes / total_bytes`` (0.0 when empty): the dirty ratio.
+        min_cleanable_ratio: the topic's ``min.cleanable.dirty.ratio``.
+        max_compaction_delay_ms: how long past ``max.compaction.lag.ms`` the oldest dirty
+            record is (ms; 0 = not overdue).
+        should_clean: a compacted topic with bytes to clean whose dirty ratio exceeds
+            ``min.cleanable.dirty.ratio``, or that is overdue by ``max.compaction.lag.ms``.
+    """
+
+    topic: str
+    partition: int
+    compact: bool
+    first_dirty_offset: int
+    first_uncleanable_offset: int
+    force_update_checkpoint: bool
+    bound: str
+    clean_bytes: int
+    cleanable_bytes: int
+    total_bytes: int
+    cleanable_ratio: float
+    min_cleanable_ratio: float
+    max_compaction_delay_ms: int
+    should_clean: bool
+
+    @property
+    def needs_compaction_now(self) -> bool:
+        """``max.compaction.lag.ms`` has passed for the oldest dirty record (Kafka's ``needCompactionNow``)."""
+        return self.max_compaction_delay_ms > 0
+
+
+def is_compacted(topic_config: Mapping[str, str]) -> bool:
+    """Whether ``cleanup.policy`` (overrides or an effective config) includes ``compact``."""
+    policy = effective_config(topic_config)["cleanup.policy"]
+    return "compact" in [p.strip() for p in policy.split(",")]
+
+
+def _live_segments(p: PartitionState) -> list[SegmentInfo]:
+    return [s for s in p.segments if s.last_offset >= p.log_start_offset]
+
+
+def _segment_floor(segments: list[SegmentInfo], offset: int) -> int:
+    """``offset`` moved down to the base offset of the segment holding it (Kafka cleans
+    whole segments: ``calculateCleanableBytes`` rounds the uncleanable offset down)."""
+    i = bisect.bisect_left([s.last_offset for s in segments], offset)
+    if i < len(segments) and segments[i].base_offset < offset:
+        return segments[i].base_offset
+    return offset
+
+
+def cleanable_range(partition: PartitionState, topic_config: Mapping[str, str], now_ms: int,
+                    first_unstable_offset: int | None = None, *, last_clean_offset: int | None = None,
+                    active_segment_base_offset: int | None = None) -> CleanableRange:
+    """How far a cleaning of ``partition`` may go now, and whether it is due.
+
+    Follows Kafka's ``LogCleanerManager.cleanableOffsets`` (first dirty and first
+    uncleanable offsets), ``calculateCleanableBytes`` and ``LogToClean`` (dirty ratio),
+    ``maxCompactionDelay`` (``max.compaction.lag.ms``) and the selection test of
+    ``grabFilthiestCompactedLog``.
+
+    Args:
+        partition: the partition's catalog state (segments, log start, high watermark, LSO).
+        topic_config: the topic's config overrides or effective config (Kafka's names).
+        now_ms: the current time, ms since the epoch.
+        first_unstable_offset: the first offset of the earliest open transaction, if the
+            caller knows one fresher than ``partition.last_stable_offset`` (None: none).
+        last_clean_offset: the persisted clean point (``CleanerCheckpoint.clean_offset``);
+            None = never cleaned, start at the log start offset.
+        active_segment_base_offset: the base offset of a segment still being appended to,
+            which Kafka never cleans. txlake segments are immutable objects, so by default
+            there is none and the high watermark / LSO bound the cleaning instead.
+
+    Returns:
+        A :class:`CleanableRange`. Sizes are in bytes (``SegmentInfo.size_bytes``),
+        times in ms. Segments are judged by ``SegmentInfo.max_timestamp`` for
+        ``min.compaction.lag.ms`` and ``min_timestamp`` for ``max.compaction.lag.ms``.
+
+    Raises:
+        ValueError: a config value that is not a number (a catalog's configs are validated).
+    """
+    config = effective_config(topic_config)
+    compact = is_compacted(config)
+    segments = _live_segments(partition)
+    log_start, hw = partition.log_start_offset, partition.high_watermark
+
+    # first dirty offset: the checkpoint, reset to the log start when it is out of range
+    checkpoint = log_start if last_clean_offset is None else last_clean_offset
+    force = False
+    if checkpoint < log_start or checkpoint > hw:
+        first_dirty, force = log_start, last_clean_offset is not None
+    else:
+        first_dirty = checkpoint
+
+    # first uncleanable offset: the least of the bounds (Kafka: LSO, active segment, min lag)
+    bounds: list[tuple[int, str]] = [(partition.last_stable_offset, "last_stable_offset"), (hw, "high_watermark")]
+    if first_unstable_offset is not None:
+        bounds.append((first_unstable_offset, "first_unstable_offset"))
+    if active_segment_base_offset is not None:
+        bounds.append((active_segment_base_offset, "active_segment"))
+    min_lag = max(int(config["min.compaction.lag.ms"]), 0)
+    dirty_segments = [s for s in segments if s.last_offset >= first_dirty]
+    if active_segment_base_offset is not None:
+        dirty_segments = [s for s in dirty_segments if s.base_offset < active_segment_base_offset]
+    if min_lag > 0:
+        young = next((s for s in dirty_segments if s.max_timestamp > now_ms - min_lag), None)
+        if young is not None:
+            bounds.append((young.base_offset, "min_compaction_lag"))
+    raw, bound = min(bounds, key=lambda b: b[0])
+    uncleanable = _segment_floor(segments, max(first_dirty, raw))
+    if uncleanable <= first_dirty:
+        uncleanable, bound = first_dirty, ("first_dirty_offset" if raw < first_dirty else bound)
+
+    # sizes and the dirty ratio (LogToClean.cleanableRatio)
+    clean_bytes = sum(s.size_bytes for s in segments if s.last_offset < first_dirty)
+    cleanable_bytes = sum(s.size_bytes for s in segments if s.last_offset >= first_dirty and s.base_offset < uncleanable)
+    total = clean_bytes + cleanable_bytes
+    ratio = cleanable_bytes / total if total > 0 else 0.0
+    min_ratio = float(config["min.cleanable.dirty.ratio"])
+
+    # max.compaction.lag.ms (maxCompactionDelay): the oldest dirty record's overdue time
+    max_lag = max(int(config["max.compaction.lag.ms"]), 0)
+    stamps = [s.min_timestamp for s in dirty_segments if s.min_timestamp > 0]
+    clean_until = now_ms - max_lag
+    earliest = min(stamps) if stamps else None
+    delay = clean_until - earliest if earliest is not None and earliest < clean_until else 0
+
+    should = compact and total > 0 and ((delay > 0 and cleanable_bytes > 0) or ratio > min_ratio)
+    return CleanableRange(partition.topic, partition.partition, compact, first_dirty, uncleanable, force, bound,
+                          clean_bytes, cleanable_bytes, total, ratio, min_ratio, delay, should)
+
+
+def grab_filthiest(ranges: Iterable[CleanableRange]) -> CleanableRange | None:
+    """The partition to clean next: the highest dirty ratio among those that should be
+    cleaned (Kafka's ``grabFilthiestCompactedLog``); None when none should."""
+    due = [r for r in ranges if r.should_clean]
+    return max(due, key=lambda r: r.cleanable_ratio) if due else None
