@@ -8,6 +8,12 @@ actions that rebuild the state from nothing.
 Per partition the catalog keeps what a reader needs to build the committed view
 without scanning records: the segments (object, row groups, offset range, stats), the
 log start offset, the high watermark and the last stable offset (LSO).
+
+Per object it counts the segments naming it. When a commit drops the last one (a
+compaction swap, DeleteRecords, DeleteTopics) the object is *retired*: no new reader finds
+it, but scans that started earlier may still read it, so it is deleted only a grace period
+after it was retired (Kafka's ``file.delete.delay.ms``) and then *forgotten*
+(``retire_object`` / ``forget_object`` actions; :mod:`txlake.engine.object_cleaner`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ LEASE_RELEASE = "lease_release"
 PRODUCER_ID_BLOCK = "producer_id_block"
 PRODUCER_SNAPSHOT = "producer_snapshot"
 ABORTED_TXN = "aborted_txn"
+#: an object no segment references any more, and since when (ms): deleted after the grace period
+RETIRE_OBJECT = "retire_object"
+#: a retired object was deleted: the catalog stops tracking it
+FORGET_OBJECT = "forget_object"
 
 
 @dataclass(frozen=True)
@@ -144,13 +154,24 @@ class LeaseState:
 
 @dataclass
 class CatalogState:
-    """Everything the catalog knows at one version."""
+    """Everything the catalog knows at one version.
+
+    ``retired`` maps objects no segment names any more to the time (ms) they stopped being
+    named (None until the object cleaner stamps them); they stay until ``forget_object``.
+    """
 
     version: int = 0
     topics: dict[str, TopicState] = field(default_factory=dict)
     lease: LeaseState | None = None
     next_producer_id: int = 0
     producer_snapshot: str | None = None
+    #: objects no segment references any more -> when they stopped being referenced (ms since the
+    #: epoch), or None when the commit that dropped their last segment did not say (DeleteRecords,
+    #: DeleteTopics): the object cleaner (engine/object_cleaner.py) stamps those with a
+    #: ``retire_object`` action, and deletes an object ``file.delete.delay.ms`` after its stamp.
+    retired: dict[str, int | None] = field(default_factory=dict)
+    #: object key -> number of segments naming it (kept by :meth:`apply`; see :meth:`reference_count`)
+    _path_refs: dict[str, int] = field(default_factory=dict, repr=False)
 
     # -- reading -------------------------------------------------------------------
     def partition(self, topic: str, partition: int) -> PartitionState:
@@ -173,6 +194,20 @@ class CatalogState:
             paths.add(self.producer_snapshot)
         return paths
 
+    def reference_count(self, path: str) -> int:
+        """How many segments (of any topic and partition) name the object ``path``."""
+        return self._path_refs.get(path, 0)
+
+    def _unreference(self, path: str, timestamp_ms: int | None) -> None:
+        """One segment naming ``path`` left the catalog; the last one retires the object."""
+        left = self._path_refs.get(path, 0) - 1
+        if left > 0:
+            self._path_refs[path] = left
+            return
+        self._path_refs.pop(path, None)
+        if self.retired.get(path) is None:
+            self.retired[path] = timestamp_ms
+
     # -- changing ------------------------------------------------------------------
     def apply(self, action: dict[str, Any]) -> None:
         """Apply one action. Raises CatalogError for an action that breaks an invariant."""
@@ -185,7 +220,10 @@ class CatalogState:
                 [PartitionState(name, i) for i in range(n)],
             )
         elif kind == DELETE_TOPIC:
-            self.topics.pop(action["topic"], None)
+            gone = self.topics.pop(action["topic"], None)
+            for p in gone.partitions if gone is not None else ():
+                for s in p.segments:
+                    self._unreference(s.path, action.get("timestamp_ms"))
         elif kind == ADD_SEGMENT:
             p = self.partition(action["topic"], action["partition"])
             seg = SegmentInfo(
@@ -200,11 +238,16 @@ class CatalogState:
                 p.segments.insert(idx, seg)
             else:
                 p.segments.append(seg)
+            self._path_refs[seg.path] = self._path_refs.get(seg.path, 0) + 1
+            self.retired.pop(seg.path, None)
             p.high_watermark = max(p.high_watermark, action.get("high_watermark", seg.last_offset + 1))
             p.last_stable_offset = action.get("last_stable_offset", p.high_watermark)
         elif kind == REMOVE_SEGMENT:
             p = self.partition(action["topic"], action["partition"])
-            p.segments = [s for s in p.segments if not (s.path == action["path"] and s.base_offset == action["base_offset"])]
+            kept = [s for s in p.segments if not (s.path == action["path"] and s.base_offset == action["base_offset"])]
+            for _ in range(len(p.segments) - len(kept)):
+                self._unreference(action["path"], action.get("timestamp_ms"))
+            p.segments = kept
         elif kind == LOG_START_OFFSET:
             p = self.partition(action["topic"], action["partition"])
             p.log_start_offset = max(p.log_start_offset, action["offset"])
@@ -230,6 +273,15 @@ class CatalogState:
         elif kind == ABORTED_TXN:
             p = self.partition(action["topic"], action["partition"])
             p.aborted_transactions.append(AbortedTxn(action["producer_id"], action["base_offset"], action["last_offset"]))
+        elif kind == RETIRE_OBJECT:
+            # a stamp for an object still named by a segment is ignored: its grace starts when its
+            # last segment goes (the remove_segment actions precede this action in their commit)
+            path, stamp = action["path"], action.get("timestamp_ms")
+            if path not in self._path_refs:
+                known = self.retired.get(path)
+                self.retired[path] = stamp if known is None else (known if stamp is None else min(known, stamp))
+        elif kind == FORGET_OBJECT:
+            self.retired.pop(action["path"], None)
         else:
             raise CatalogError(f"unknown catalog action {kind!r}")
 
@@ -257,4 +309,6 @@ class CatalogState:
                 out.append({"action": PARTITION_STATE, "topic": t.name, "partition": p.partition,
                             "offset": p.log_start_offset, "high_watermark": p.high_watermark,
                             "last_stable_offset": p.last_stable_offset})
+        for path, stamp in sorted(self.retired.items()):  # after the segments: they must not name these
+            out.append({"action": RETIRE_OBJECT, "path": path, "timestamp_ms": stamp})
         return out

@@ -32,7 +32,7 @@ from txlake.catalog.catalog import Catalog, commit_key
 from txlake.catalog.errors import (CatalogError, InvalidConfigError, InvalidTopicError, UnknownTopicError,
                                    WriterFencedError, WriterLeaseHeldError)
 from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK, REMOVE_SEGMENT,
-                                  TopicState)
+                                  CatalogState, TopicState)
 from txlake.catalog.storage import ObjectStore
 from txlake.catalog.topic_config import effective_config, validate_topic_config
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, unify_collision_chars, validate_topic_name
@@ -42,6 +42,7 @@ from txlake.formats.records import (CONTROL_ABORT, CONTROL_COMMIT, HEADER_TYPE, 
                                     TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME)
 
 from . import log_loader
+from .compaction import CompactionThread
 from .errors import ApiError, Errors
 from .group_coordinator import GroupConfig, GroupCoordinator
 from .group_offsets import GroupOffsets
@@ -113,6 +114,7 @@ class Broker:
         self._handoff: HandoffServer | None = None
         self._expiration_stop = threading.Event()
         self._expiration_thread: threading.Thread | None = None
+        self._compaction: CompactionThread | None = None  # engine/compaction.py, started with the writer
 
     # ---------------------------------------------------------------- writer start-up
     @property
@@ -162,6 +164,9 @@ class Broker:
                     log.info("deleted %d orphaned objects under %s", len(removed), self.store.url)
             except Exception as exc:  # cleaning is best effort; it never blocks writing
                 log.warning("orphan cleanup failed: %s", exc)
+            if self.config.compaction_interval_ms > 0:
+                self._compaction = CompactionThread(self, self.config.compaction_interval_ms)
+                self._compaction.start()
 
     def _load_writer_state(self) -> None:
         """Producer ids continue after the last block; producer state = snapshot + log replay."""
@@ -296,6 +301,25 @@ class Broker:
         except (WriterFencedError, CatalogError) as exc:
             self._set_fatal(exc)
             raise ApiError(Errors._FENCED, str(exc)) from exc
+
+    def commit_under_lock(self, build: Callable[[CatalogState], list[dict] | None]) -> int | None:
+        """Commit the actions ``build(state)`` computes from the current catalog state, under the
+        commit lock (so nothing commits in between) and the writer lease: compaction's segment
+        swaps and object retirement (engine/compaction.py). ``build`` returns None to commit nothing
+        and may raise to refuse (nothing is committed).
+
+        Returns:
+            The new catalog version, or None when nothing was committed.
+
+        Raises:
+            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED / _STATE when this process cannot commit.
+        """
+        self.ensure_writer()
+        with self._commit_lock:
+            if self._closed:
+                raise ApiError(Errors._STATE, f"the engine of {self.store.url} is closed")
+            actions = build(self.catalog.state)
+            return self._commit(actions) if actions else None
 
     # ---------------------------------------------------------------- producer ids
     def init_producer_id(self) -> tuple[Errors, int, int]:
@@ -685,6 +709,8 @@ class Broker:
             return
         if self._handoff is not None:
             self._handoff.stop()
+        if self._compaction is not None:
+            self._compaction.stop()
         self._expiration_stop.set()
         if self._txn_coordinator is not None:
             self._txn_coordinator.shutdown()

@@ -26,6 +26,11 @@ class BrokerConfig:
         checkpoint_interval: catalog checkpoint every this many commits.
         producer_snapshot_interval: producer-state snapshot every this many flushes.
         orphan_grace_ms: unreferenced objects younger than this are never deleted.
+        file_delete_delay_ms: an object a commit stopped referencing (compaction, DeleteRecords,
+            DeleteTopics) is deleted this long (ms) after that commit, so scans that started
+            before it finish (Kafka's ``file.delete.delay.ms``; 1 hour here: object-store scans are long).
+        compaction_interval_ms: how often (ms) the writer runs compaction in the background
+            (small-file merge, key compaction, retention, object cleaning); 0 disables it.
         handoff_poll_ms: how often (ms) the lease holder looks for writes handed over to it
             by other processes (engine/handoff.py).
         row_group_rows: rows per Parquet row group; compression: Parquet codec.
@@ -44,6 +49,8 @@ class BrokerConfig:
     checkpoint_interval: int = 100
     producer_snapshot_interval: int = 50
     orphan_grace_ms: int = 3_600_000
+    file_delete_delay_ms: int = 3_600_000
+    compaction_interval_ms: int = 300_000
     handoff_poll_ms: int = 500
     row_group_rows: int = 1024 * 1024
     compression: str = "snappy"

@@ -1,0 +1,397 @@
+"""The compaction runner: retention, key compaction, small-file merge and object cleaning.
+
+One round (:func:`compact`) does, in the writer and in this order:
+
+1. **Retention** (``cleanup.policy=delete``): :func:`txlake.engine.log_retention.retention_targets`
+   decides which leading segments ``retention.ms`` / ``retention.bytes`` delete, and
+   ``Broker.delete_records`` applies it (Kafka's ``UnifiedLog.deleteOldSegments``).
+2. **Key compaction** (``cleanup.policy=compact``): the seam to
+   :mod:`txlake.engine.log_cleaner` (see :func:`key_compaction`).
+3. **Small-file merge**: :func:`txlake.engine.segment_merge.plan_merges` /
+   :func:`~txlake.engine.segment_merge.replace_segments`.
+4. **Object cleaning**: retired objects past ``file.delete.delay.ms`` and orphans past
+   ``storage.orphan.grace.ms`` are deleted (:mod:`.object_cleaner`).
+
+Every commit goes through the writer's lease and commit lock (``Broker.commit_under_lock``,
+``Broker.delete_records``), so it serialises with flushes; only segments already in the
+catalog are ever touched. Offsets never change, readers are never disturbed (old objects
+stay for the grace period) and a crash at any point leaves the log as before or as after
+the swap in progress (docs/compaction.md).
+
+The writer runs a round every ``storage.compaction.interval.ms`` (:class:`CompactionThread`);
+``txlake compact`` runs one on demand.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from txlake.catalog.errors import UnknownTopicError
+from txlake.catalog.state import CatalogState, PartitionState, SegmentInfo
+from txlake.catalog.topic_config import effective_config
+
+from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX
+from .log_reader import LogReader, SegmentCache
+from .object_cleaner import ObjectCleanup, clean_objects
+from .segment_merge import MergeRun, RowFilter, plan_merges, replace_segments
+
+if TYPE_CHECKING:  # the broker imports this module
+    from .broker import Broker
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CompactionSummary", "CompactionThread", "ProgressCallback", "compact", "key_compaction"]
+
+#: ``progress(phase, done, total)``: phase is "retention" (partitions), "key compaction" and
+#: "merge" (bytes of input segments) or "cleaning" (steps); called as work completes.
+ProgressCallback = Callable[[str, int, int], None]
+
+#: one compaction at a time per broker (the background thread and an on-demand call)
+_round_locks: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
+_round_locks_guard = threading.Lock()
+
+
+@dataclass
+class CompactionSummary:
+    """What a compaction round did (or, with ``dry_run``, would do).
+
+    Objects and bytes are those of the data objects the selected topics' segments name
+    (bytes: object sizes from a listing); objects retired this round still occupy storage
+    until their grace passes (``pending_deletion``).
+
+    Attributes:
+        objects_before / objects_after: distinct data objects named by the selected topics.
+        bytes_before / bytes_after: their total size (bytes).
+        segments_before / segments_after: segments of the selected topics.
+        records_before / records_after: records in those segments.
+        merges: segment rewrites committed (planned, with ``dry_run``).
+        retention_partitions: partitions whose log start offset retention moved.
+        key_compacted_partitions: partitions key compaction rewrote.
+        deleted_objects: retired objects deleted (their grace had passed).
+        orphans_deleted: never-committed objects deleted (older than ``storage.orphan.grace.ms``).
+        pending_deletion: retired objects still within their grace.
+        skipped: rewrites not committed because their segments changed meanwhile.
+    """
+
+    dry_run: bool = False
+    objects_before: int = 0
+    objects_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    segments_before: int = 0
+    segments_after: int = 0
+    records_before: int = 0
+    records_after: int = 0
+    merges: int = 0
+    retention_partitions: int = 0
+    key_compacted_partitions: int = 0
+    deleted_objects: int = 0
+    orphans_deleted: int = 0
+    pending_deletion: int = 0
+    skipped: int = 0
+
+    @property
+    def records_removed(self) -> int:
+        """Records retention and key compaction removed (the merge removes none)."""
+        return self.records_before - self.records_after
+
+
+def _round_lock(broker: "Broker") -> threading.Lock:
+    with _round_locks_guard:
+        lock = _round_locks.get(broker)
+        if lock is None:
+            lock = _round_locks[broker] = threading.Lock()
+        return lock
+
+
+def _selected(state: CatalogState, topics: Iterable[str] | None) -> list[str]:
+    if topics is None:
+        return sorted(state.topics)
+    names = sorted(set(topics))
+    missing = [n for n in names if n not in state.topics]
+    if missing:
+        raise UnknownTopicError(f"Unknown topic: {', '.join(missing)}")
+    return names
+
+
+def _segments(state: CatalogState, names: list[str]) -> dict[tuple[str, int], list[SegmentInfo]]:
+    return {(n, p.partition): list(p.segments) for n in names if n in state.topics for p in state.topics[n].partitions}
+
+
+def _footprint(segments: dict[tuple[str, int], list[SegmentInfo]], sizes: dict[str, int]) -> tuple[int, int, int, int]:
+    """``(objects, bytes, segments, records)`` of a segment layout; an object's bytes come from
+    ``sizes`` (the listing), else the sum of its segments' catalog sizes."""
+    objects: dict[str, int] = {}
+    n_segments = records = 0
+    for segs in segments.values():
+        for s in segs:
+            objects[s.path] = objects.get(s.path, 0) + s.size_bytes
+            n_segments += 1
+            records += s.record_count
+    return len(objects), sum(sizes.get(k, v) for k, v in objects.items()), n_segments, records
+
+
+def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms: int,
+                   progress: ProgressCallback | None, cancel: threading.Event | None) -> tuple[int, int]:
+    """THE SEAM to key compaction (:mod:`txlake.engine.log_cleaner`, written separately).
+
+    When that module exists and defines ``row_filter(partition, config, reader, now_ms) ->
+    RowFilter | None``, every partition of a topic whose ``cleanup.policy`` includes
+    ``compact`` is offered for cleaning. ``partition`` is a snapshot
+    (:class:`~txlake.catalog.state.PartitionState` with copies of its segment list and
+    aborted-transaction index) whose ``segments`` are only the cleanable ones: wholly below
+    the LSO (Kafka's first uncleanable offset: records of open transactions are never
+    cleaned); ``config`` is the topic's effective config; ``reader`` reads segments
+    (``reader.segment_table(segment)``), e.g. to build Kafka's offset map. The factory
+    returns the filter for this round, or None when nothing is worth cleaning (e.g. below
+    ``min.cleanable.dirty.ratio``). The cleanable segments are then cut into groups of at
+    most ``segment.bytes`` (Kafka's ``groupSegmentsBySize``) and each group is rewritten
+    through the filter and swapped in with
+    :func:`~txlake.engine.segment_merge.replace_segments`. The filter sees one group's
+    records (RECORD_SCHEMA, offset order) and returns the ones to keep.
+
+    Returns:
+        ``(partitions rewritten, groups skipped because their segments changed meanwhile)``.
+    """
+    try:
+        from . import log_cleaner  # type: ignore[attr-defined]
+    except ImportError:
+        return 0, 0
+    make_filter: Callable[..., RowFilter | None] | None = getattr(log_cleaner, "row_filter", None)
+    if make_filter is None:
+        log.debug("engine/log_cleaner.py has no row_filter(partition, config, reader, now_ms): key compaction skipped")
+        return 0, 0
+    offered: list[tuple[PartitionState, dict[str, str]]] = []
+    with broker.catalog.lock:  # snapshots only: the factory may read, and must not hold up commits
+        for name in names:
+            t = broker.catalog.state.topics[name]
+            config = effective_config(t.config)
+            if "compact" not in [x.strip() for x in config["cleanup.policy"].split(",")]:
+                continue
+            for p in t.partitions:
+                cleanable = [s for s in p.segments if s.last_offset < p.last_stable_offset]
+                if cleanable:
+                    offered.append((PartitionState(name, p.partition, p.log_start_offset, p.high_watermark,
+                                                   p.last_stable_offset, cleanable, list(p.aborted_transactions)),
+                                    config))
+    work: list[tuple[RowFilter, MergeRun]] = []
+    for snapshot, config in offered:
+        row_filter = make_filter(snapshot, config, reader, now_ms)
+        if row_filter is None:
+            continue
+        target = int(config["segment.bytes"])
+        group: list[SegmentInfo] = []
+        for s in snapshot.segments:
+            if group and sum(x.size_bytes for x in group) + s.size_bytes > target:
+                work.append((row_filter, MergeRun(snapshot.topic, snapshot.partition, tuple(group), target)))
+                group = []
+            group.append(s)
+        work.append((row_filter, MergeRun(snapshot.topic, snapshot.partition, tuple(group), target)))
+    total = sum(run.size_bytes for _, run in work)
+    done = skipped = 0
+    partitions: set[tuple[str, int]] = set()
+    for row_filter, run in work:
+        if cancel is not None and cancel.is_set():
+            break
+        result = replace_segments(reader, broker.commit_under_lock, run.segments, target_bytes=run.target_bytes,
+                                  row_filter=row_filter, compression=broker.config.compression,
+                                  max_row_group_rows=broker.config.row_group_rows, now_ms=now_ms)
+        if result is None:
+            skipped += 1
+        else:
+            partitions.add((run.topic, run.partition))
+        done += run.size_bytes
+        if progress is not None:
+            progress("key compaction", done, total)
+    return len(partitions), skipped
+
+
+def _retention(broker: "Broker", names: list[str], now_ms: int, dry_run: bool,
+               progress: ProgressCallback | None) -> list[tuple[str, int, int]]:
+    """Retention's ``(topic, partition, new log start offset)`` targets, applied unless ``dry_run``."""
+    try:
+        from .log_retention import retention_targets
+    except ImportError:
+        return []
+    with broker.catalog.lock:
+        found = retention_targets(broker.catalog.state, now_ms)
+    wanted = set(names)
+    targets = [(t.topic, t.partition, t.log_start_offset) for t in found if t.topic in wanted]
+    if targets and not dry_run:
+        for (topic, partition, _), (error, _, message) in zip(targets, broker.delete_records(targets)):
+            if error:
+                log.warning("retention of %s [%d] failed: %s %s", topic, partition, error.name, message or "")
+    if progress is not None:
+        progress("retention", len(targets), len(targets))
+    return targets
+
+
+def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: bool = False,
+            progress: ProgressCallback | None = None, now_ms: int | None = None,
+            cancel: threading.Event | None = None) -> CompactionSummary:
+    """Run one compaction round on ``broker``'s storage root (see the module docstring).
+
+    Args:
+        broker: the embedded broker; it becomes the writer (takes the lease) unless ``dry_run``.
+        topics: topics to retain, key-compact and merge (all when None). Object cleaning
+            always covers the whole root.
+        dry_run: plan only: nothing is written, committed or deleted; the summary's "after"
+            figures are estimates (merged outputs sized from the inputs; key compaction not
+            estimated).
+        progress: called as work completes (:data:`ProgressCallback`).
+        now_ms: the current time (ms since the epoch; wall clock when None): retention, the
+            retirement stamps and the grace of retired objects use it.
+        cancel: when set, the round stops after the rewrite in progress (the writer's close).
+
+    Returns:
+        A :class:`CompactionSummary`.
+
+    Raises:
+        UnknownTopicError: a name in ``topics`` is not a topic.
+        ApiError: NOT_LEADER_OR_FOLLOWER when another process holds the writer lease;
+            _FENCED when this one lost it.
+        CorruptObjectError / ObjectNotFoundError / StorageError: an object could not be
+            read or written (what was committed before stays committed).
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if dry_run:
+        if not broker.is_writer:
+            broker.refresh()
+    else:
+        broker.ensure_writer()
+    summary = CompactionSummary(dry_run=dry_run)
+    with _round_lock(broker):
+        store = broker.store
+        with broker.catalog.lock:
+            names = _selected(broker.catalog.state, topics)
+            before = _segments(broker.catalog.state, names)
+        sizes = {o.key: o.size for o in store.list(DATA_PREFIX)}
+        (summary.objects_before, summary.bytes_before, summary.segments_before,
+         summary.records_before) = _footprint(before, sizes)
+        reader = LogReader(broker.catalog, SegmentCache(0))  # compaction reads once: keep the cache for consumers
+
+        # 1. retention
+        targets = _retention(broker, names, now, dry_run, progress)
+        summary.retention_partitions = len(targets)
+        # 2. key compaction
+        if not dry_run:
+            summary.key_compacted_partitions, skipped = key_compaction(broker, reader, names, now, progress, cancel)
+            summary.skipped += skipped
+        # 3. merge
+        with broker.catalog.lock:
+            state = broker.catalog.state
+            runs = plan_merges(state, names, sizes)
+            planned = _segments(state, names)
+        total = sum(r.size_bytes for r in runs if not r.drop)
+        done = 0
+        if dry_run:
+            summary.merges = len(runs)
+            for topic, partition, start in targets:
+                planned[(topic, partition)] = [s for s in planned[(topic, partition)] if s.last_offset >= start]
+            _estimate_merges(planned, runs, sizes)
+        else:
+            for run in runs:
+                if cancel is not None and cancel.is_set():
+                    break
+                result = replace_segments(reader, broker.commit_under_lock, run.segments,
+                                          target_bytes=run.target_bytes, compression=broker.config.compression,
+                                          max_row_group_rows=broker.config.row_group_rows, now_ms=now, drop=run.drop)
+                if result is None:
+                    summary.skipped += 1
+                else:
+                    summary.merges += 1
+                    for s in result.segments:
+                        sizes[s.path] = s.size_bytes
+                if not run.drop:
+                    done += run.size_bytes
+                    if progress is not None:
+                        progress("merge", done, total)
+        if progress is not None and not runs:
+            progress("merge", 0, 0)
+        # 4. object cleaning (not when the writer is closing)
+        if cancel is None or not cancel.is_set():
+            cleanup: ObjectCleanup = clean_objects(
+                store, broker.catalog, broker.commit_under_lock, delete_delay_ms=broker.config.file_delete_delay_ms,
+                orphan_grace_ms=broker.config.orphan_grace_ms, orphan_prefixes=[DATA_PREFIX, SNAPSHOT_PREFIX],
+                now_ms=now, dry_run=dry_run)
+            summary.deleted_objects = len(cleanup.deleted)
+            summary.orphans_deleted = len(cleanup.orphans)
+            summary.pending_deletion = len(cleanup.pending)
+        if progress is not None:
+            progress("cleaning", 1, 1)
+        if not dry_run:
+            with broker.catalog.lock:
+                planned = _segments(broker.catalog.state, names)
+        (summary.objects_after, summary.bytes_after, summary.segments_after,
+         summary.records_after) = _footprint(planned, sizes)
+    return summary
+
+
+def _estimate_merges(planned: dict[tuple[str, int], list[SegmentInfo]], runs: list[MergeRun],
+                     sizes: dict[str, int]) -> None:
+    """Dry run: replace each run's segments in ``planned`` by the segments it would produce
+    (``ceil(bytes / segment.bytes)`` objects of equal share; sizes entered in ``sizes``)."""
+    for i, run in enumerate(runs):
+        key = (run.topic, run.partition)
+        gone = set(run.segments)
+        segs = [s for s in planned.get(key, []) if s not in gone]
+        if not run.drop:
+            n = max(1, math.ceil(run.size_bytes / max(run.target_bytes, 1)))
+            for j in range(n):
+                path = f"(planned {i}.{j})"
+                size = run.size_bytes // n
+                sizes[path] = size
+                segs.append(SegmentInfo(run.topic, run.partition, path, run.segments[0].base_offset + j,
+                                        run.segments[0].base_offset + j, run.record_count // n + (j < run.record_count % n),
+                                        size, 0, 0, 0, 1))
+        planned[key] = segs
+
+
+class CompactionThread:
+    """The writer's background compaction: a round every ``interval_ms`` (Kafka's cleaner and
+    retention threads in one). Started when the broker becomes the writer, stopped by its
+    close; it ends by itself when the process stops being the writer.
+
+    Args:
+        broker: the writer.
+        interval_ms: time between rounds (ms), from the end of one to the start of the next.
+    """
+
+    def __init__(self, broker: "Broker", interval_ms: int):
+        assert interval_ms > 0
+        self.broker = broker
+        self.interval_ms = interval_ms
+        self.stopped = threading.Event()
+        self.rounds = 0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread (daemon, named ``txlake-compaction``)."""
+        self._thread = threading.Thread(target=self._loop, name="txlake-compaction", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask the thread to stop (after the rewrite in progress) and wait for it."""
+        self.stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.interval_ms / 1000):
+            if not self.broker.is_writer:
+                return
+            try:
+                summary = compact(self.broker, cancel=self.stopped)
+                self.rounds += 1
+                if summary.merges or summary.deleted_objects or summary.retention_partitions:
+                    log.info("compaction of %s: %d merges, objects %d -> %d, %d retired objects deleted",
+                             self.broker.store.url, summary.merges, summary.objects_before, summary.objects_after,
+                             summary.deleted_objects)
+            except Exception as exc:  # one bad round must not end the job
+                log.warning("compaction of %s failed: %s", self.broker.store.url, exc)

@@ -1,0 +1,368 @@
+"""Rewriting a partition's segments: the small-file merge, and the primitive key compaction uses.
+
+A flush writes ONE object holding the new records of every partition that changed
+(:mod:`.group_commit`), so a busy root accumulates many small objects, each naming a
+few row groups of many partitions. Compaction rewrites them into per-partition segments
+of about ``segment.bytes`` (the topic config), sorted by offset, in row groups sized for
+Spark and DuckDB scans. This is Kafka's ``Cleaner.cleanSegments`` +
+``UnifiedLog.replaceSegments`` on object storage:
+
+* **The primitive** -- :func:`rewrite_segments`: read consecutive segments of one
+  partition, pass their records through an optional row filter (``pa.Table -> pa.Table``
+  that only drops rows: key compaction's), and write the survivors as new per-partition
+  objects. Nothing else changes: offsets, timestamps, timestamp types, keys, values,
+  headers, producer fields and control records are copied as they are; offsets may then
+  have gaps, and a range that became empty simply has no segment.
+* **The swap** -- :func:`swap_actions`: ONE catalog commit removes the old segments, adds
+  the new ones (carrying the partition's current high watermark and LSO, so neither moves;
+  the log start offset is untouched) and retires every object no segment names any more,
+  stamped with the commit's time. The commit is computed under the writer's commit lock
+  from the current state, and refused (:class:`StaleRewriteError`) when the old segments
+  are no longer exactly there (DeleteRecords or a deleted topic got there first); the new
+  objects are then deleted at once, since nothing ever named them.
+* **The merge policy** -- :func:`plan_merges` (see its docstring).
+
+Crash safety: new objects are written before the commit, old ones are deleted only a
+grace period after it (:mod:`.object_cleaner`). A crash before the commit leaves orphans
+(deleted by age, :mod:`.orphans`) and the log exactly as before; after it, the log is
+exactly as after.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from txlake.catalog.errors import UnknownTopicError
+from txlake.catalog.state import REMOVE_SEGMENT, RETIRE_OBJECT, CatalogState, SegmentInfo
+from txlake.catalog.topic_config import effective_config
+from txlake.formats.records import DEFAULT_ROW_GROUP_ROWS, RECORD_SCHEMA, encode_segments
+
+from .group_commit import DATA_PREFIX
+from .log_reader import LogReader
+from .object_cleaner import Committer
+
+__all__ = ["DEAD_OBJECT_FRACTION", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "MergeRun", "RowFilter",
+           "SegmentRewrite", "StaleRewriteError", "discard_rewrite", "plan_merges", "replace_segments",
+           "rewrite_segments", "swap_actions"]
+
+#: ``row_filter(records) -> records``: RECORD_SCHEMA rows in offset order in, a subset of them out
+#: (same schema, same order, rows unchanged). Key compaction's log cleaner is one.
+RowFilter = Callable[[pa.Table], pa.Table]
+
+#: a segment smaller than ``segment.bytes`` times this is small: a candidate for merging
+SMALL_SEGMENT_FRACTION = 0.5
+#: a segment whose object's live bytes fall below this share of its size is rewritten even alone
+DEAD_OBJECT_FRACTION = 0.5
+#: target in-memory (uncompressed Arrow) bytes of a row group: Parquet's and Spark's 128 MiB block
+ROW_GROUP_BYTES = 128 * 1024 * 1024
+
+
+class StaleRewriteError(Exception):
+    """The segments a rewrite replaces are no longer exactly in the catalog (DeleteRecords, a
+    deleted topic or another rewrite changed them): the rewrite is not committed."""
+
+
+@dataclass(frozen=True)
+class MergeRun:
+    """Consecutive segments of one partition to rewrite together.
+
+    Attributes:
+        segments: in offset order, adjacent in the partition's segment list.
+        target_bytes: the topic's ``segment.bytes``: the size the output segments aim at (bytes).
+        drop: the segments lie wholly below the log start offset: they are removed, not rewritten.
+    """
+
+    topic: str
+    partition: int
+    segments: tuple[SegmentInfo, ...]
+    target_bytes: int
+    drop: bool = False
+
+    @property
+    def size_bytes(self) -> int:
+        """Catalog size of the segments (compressed bytes)."""
+        return sum(s.size_bytes for s in self.segments)
+
+    @property
+    def record_count(self) -> int:
+        """Records in the segments."""
+        return sum(s.record_count for s in self.segments)
+
+
+@dataclass
+class SegmentRewrite:
+    """The outcome of :func:`rewrite_segments`: new objects written but not yet committed.
+
+    Attributes:
+        run: what was rewritten.
+        segments: the new segments (one object each), in offset order; empty when the row
+            filter dropped every record (or the run was a drop).
+        records_in / records_out: records read / written.
+        bytes_in / bytes_out: catalog size of the old segments / size of the new objects (bytes).
+    """
+
+    run: MergeRun
+    segments: list[SegmentInfo]
+    records_in: int
+    records_out: int
+    bytes_in: int
+    bytes_out: int
+
+    @property
+    def records_removed(self) -> int:
+        """Records the row filter dropped (all of them for a drop)."""
+        return self.records_in - self.records_out
+
+
+# ------------------------------------------------------------------ policy
+def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
+                object_sizes: Mapping[str, int] | None = None) -> list[MergeRun]:
+    """The merges worth doing now, per partition, in topic / partition / offset order.
+
+    The policy (documented in docs/compaction.md):
+
+    1. Segments wholly below the log start offset are dropped (a DeleteRecords that raced a
+       compaction swap can leave one; Kafka's ``deleteLogStartOffsetBreachedSegments``).
+    2. A segment smaller than ``segment.bytes * SMALL_SEGMENT_FRACTION`` is *small*. Stretches
+       of consecutive small segments are cut into groups of at most ``segment.bytes`` (Kafka's
+       ``groupSegmentsBySize``).
+    3. Size tiering: a group's first segment is left out while it is bigger than the rest of
+       the group together, so a merged segment is rewritten only once at least as many new
+       bytes join it (each byte is rewritten O(log(segment.bytes / flush size)) times).
+    4. Groups of two or more segments are merged.
+    5. A segment not merged by 4 whose object is mostly dead -- the bytes still named in the
+       object (after this round's merges) are below ``DEAD_OBJECT_FRACTION`` of its size --
+       is rewritten alone, so the object can go (needs ``object_sizes``).
+
+    Args:
+        state: the catalog state (the caller holds the catalog lock or owns the state).
+        topics: topics to consider (all when None); unknown names are skipped.
+        object_sizes: object key -> size in bytes (from a listing), for rule 5.
+    """
+    live_bytes: dict[str, int] = defaultdict(int)
+    for t in state.topics.values():
+        for p in t.partitions:
+            for s in p.segments:
+                live_bytes[s.path] += s.size_bytes
+    runs: list[MergeRun] = []
+    singles: list[tuple[str, int, SegmentInfo, int]] = []
+    for name in sorted(state.topics if topics is None else set(topics)):
+        t = state.topics.get(name)
+        if t is None:
+            continue
+        target = int(effective_config(t.config)["segment.bytes"])
+        small = target * SMALL_SEGMENT_FRACTION
+        for p in t.partitions:
+            dead = tuple(s for s in p.segments if s.last_offset < p.log_start_offset)
+            if dead:
+                runs.append(MergeRun(name, p.partition, dead, target, drop=True))
+            groups: list[list[SegmentInfo]] = [[]]
+            merged: set[SegmentInfo] = set(dead)
+            for s in p.segments:
+                if s in merged:
+                    continue
+                if s.size_bytes >= small:
+                    groups.append([])
+                    continue
+                if groups[-1] and sum(x.size_bytes for x in groups[-1]) + s.size_bytes > target:
+                    groups.append([])
+                groups[-1].append(s)
+            for group in groups:
+                while len(group) >= 2 and group[0].size_bytes > sum(x.size_bytes for x in group[1:]):
+                    group = group[1:]
+                if len(group) >= 2:
+                    runs.append(MergeRun(name, p.partition, tuple(group), target))
+                    merged.update(group)
+            singles.extend((name, p.partition, s, target) for s in p.segments if s not in merged)
+    for run in runs:
+        for s in run.segments:
+            live_bytes[s.path] -= s.size_bytes
+    if object_sizes:
+        for name, partition, s, target in singles:
+            size = object_sizes.get(s.path)
+            if size and live_bytes[s.path] < DEAD_OBJECT_FRACTION * size:
+                runs.append(MergeRun(name, partition, (s,), target))
+                live_bytes[s.path] -= s.size_bytes
+    runs.sort(key=lambda r: (r.topic, r.partition, r.segments[0].base_offset))
+    return runs
+
+
+# ------------------------------------------------------------------ the primitive
+def _check_run(segments: Sequence[SegmentInfo]) -> None:
+    assert segments, "a rewrite names at least one segment"
+    first = segments[0]
+    for prev, seg in zip(segments, segments[1:]):
+        if (seg.topic, seg.partition) != (first.topic, first.partition):
+            raise ValueError(f"segments of {first.topic} [{first.partition}] and {seg.topic} [{seg.partition}] "
+                             "cannot be rewritten together")
+        if seg.base_offset <= prev.last_offset:
+            raise ValueError(f"segments {prev.path} and {seg.path} of {seg.topic} [{seg.partition}] are not in "
+                             "offset order")
+
+
+def _filtered(table: pa.Table, row_filter: RowFilter) -> pa.Table:
+    """Apply ``row_filter`` and check it only dropped rows (offsets kept, in order)."""
+    out = row_filter(table)
+    if not isinstance(out, pa.Table) or out.schema.names != RECORD_SCHEMA.names:
+        raise ValueError(f"row filter {row_filter!r} must return a table of the record columns {RECORD_SCHEMA.names}")
+    if out.num_rows:
+        offsets = out.column("offset").to_numpy()
+        if (len(offsets) > 1 and not bool((np.diff(offsets) > 0).all())) or \
+                not bool(np.isin(offsets, table.column("offset").to_numpy()).all()):
+            raise ValueError(f"row filter {row_filter!r} may only drop records: it returned offsets that are not "
+                             "a subset of its input in offset order")
+    return out
+
+
+def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, target_bytes: int,
+                     row_filter: RowFilter | None = None, compression: str = "snappy",
+                     max_row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, row_group_bytes: int = ROW_GROUP_BYTES,
+                     now_ms: int | None = None) -> SegmentRewrite:
+    """Rewrite consecutive segments of one partition into new per-partition segment objects.
+
+    The records are read (each segment's record count checked against the catalog), put in
+    offset order, passed through ``row_filter`` when given, and split into segments of about
+    ``target_bytes`` each (estimated from the old segments' bytes per record), each its own
+    object under ``data/`` with row groups of at most ``max_row_group_rows`` rows and about
+    ``row_group_bytes`` of uncompressed data. Nothing is committed: see :func:`swap_actions`
+    / :func:`replace_segments`. Kafka's ``Cleaner.cleanSegments``.
+
+    Args:
+        reader: reads the old segments (its store receives the new objects).
+        segments: consecutive segments of one partition, in offset order.
+        target_bytes: the topic's ``segment.bytes`` (bytes).
+        row_filter: drops records (key compaction); None keeps them all.
+        compression: Parquet codec of the new objects.
+        now_ms: time used in the new object names (ms since the epoch; wall clock when None).
+
+    Raises:
+        ValueError: segments of several partitions, out of offset order, or a row filter that
+            did more than drop records.
+        CorruptObjectError / UnsupportedFormatVersionError / ObjectNotFoundError: an old
+            segment is unreadable (names its object).
+        StorageError: writing a new object failed (the ones already written are deleted).
+    """
+    _check_run(segments)
+    first = segments[0]
+    run = MergeRun(first.topic, first.partition, tuple(segments), target_bytes)
+    tables = [reader.segment_table(s) for s in segments]
+    tables = [t if t.schema.equals(RECORD_SCHEMA) else t.cast(RECORD_SCHEMA) for t in tables]
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    records_in, bytes_in = table.num_rows, run.size_bytes
+    offsets = table.column("offset").to_numpy()
+    if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
+        table = table.take(pa.array(np.argsort(offsets, kind="stable")))
+    if row_filter is not None:
+        table = _filtered(table, row_filter)
+    n = table.num_rows
+    out = SegmentRewrite(run, [], records_in, n, bytes_in, 0)
+    if n == 0:
+        return out
+    rows_per_segment = max(1, int(target_bytes * records_in // max(bytes_in, 1)))
+    rows_per_group = max(1, min(max_row_group_rows, int(row_group_bytes * n // max(table.nbytes, 1))))
+    stamp = int(time.time() * 1000) if now_ms is None else now_ms
+    store = reader.store
+    try:
+        for start in range(0, n, rows_per_segment):
+            chunk = table.slice(start, rows_per_segment)
+            data, [(_, groups)] = encode_segments([chunk], compression, rows_per_group)
+            path = f"{DATA_PREFIX}{stamp:013d}-{uuid.uuid4().hex}.parquet"
+            store.put(path, data)
+            ts = pc.min_max(chunk.column("timestamp"))
+            chunk_offsets = chunk.column("offset")
+            out.segments.append(SegmentInfo(
+                first.topic, first.partition, path, chunk_offsets[0].as_py(), chunk_offsets[-1].as_py(),
+                chunk.num_rows, len(data), ts["min"].as_py(), ts["max"].as_py(), 0, groups))
+            out.bytes_out += len(data)
+    except BaseException:
+        discard_rewrite(reader.store, out)
+        raise
+    return out
+
+
+def discard_rewrite(store, rewrite: SegmentRewrite) -> None:
+    """Delete the new objects of a rewrite that was never committed (best effort: what stays
+    behind is an orphan the cleaner deletes by age)."""
+    for seg in rewrite.segments:
+        try:
+            store.delete(seg.path)
+        except Exception:  # noqa: BLE001 - an orphan is harmless
+            pass
+
+
+def swap_actions(state: CatalogState, rewrite: SegmentRewrite, now_ms: int) -> list[dict[str, Any]]:
+    """The ONE commit that swaps a rewrite in, computed from the current ``state`` (call it under
+    the writer's commit lock): ``remove_segment`` for each old segment, ``add_segment`` for each
+    new one with the partition's current high watermark and LSO (neither moves), and
+    ``retire_object {path, timestamp_ms=now_ms}`` for each object no segment names afterwards.
+    Kafka's ``UnifiedLog.replaceSegments``.
+
+    Raises:
+        StaleRewriteError: the old segments are no longer exactly the same consecutive
+            segments of the partition (nothing must be committed).
+    """
+    run = rewrite.run
+    try:
+        p = state.partition(run.topic, run.partition)
+    except UnknownTopicError as exc:
+        raise StaleRewriteError(str(exc)) from None
+    segments = p.segments
+    idx = next((i for i, s in enumerate(segments) if s == run.segments[0]), None)
+    if idx is None or tuple(segments[idx:idx + len(run.segments)]) != run.segments:
+        raise StaleRewriteError(f"the segments of {run.topic} [{run.partition}] from offset "
+                                f"{run.segments[0].base_offset} changed since they were rewritten")
+    actions: list[dict[str, Any]] = [
+        {"action": REMOVE_SEGMENT, "topic": s.topic, "partition": s.partition, "path": s.path,
+         "base_offset": s.base_offset} for s in run.segments]
+    actions += [s.to_action(p.high_watermark, p.last_stable_offset) for s in rewrite.segments]
+    for path, n in sorted(Counter(s.path for s in run.segments).items()):
+        if state.reference_count(path) == n:
+            actions.append({"action": RETIRE_OBJECT, "path": path, "timestamp_ms": now_ms})
+    return actions
+
+
+def replace_segments(reader: LogReader, commit: Committer, segments: Sequence[SegmentInfo], *,
+                     target_bytes: int, row_filter: RowFilter | None = None, compression: str = "snappy",
+                     max_row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, now_ms: int | None = None,
+                     drop: bool = False) -> SegmentRewrite | None:
+    """Rewrite consecutive segments of one partition (:func:`rewrite_segments`) and swap the
+    result in with one catalog commit (:func:`swap_actions`).
+
+    Args:
+        reader / segments / target_bytes / row_filter / compression / max_row_group_rows:
+            as :func:`rewrite_segments`.
+        commit: the writer's commit under its commit lock (``Broker.commit_under_lock``).
+        now_ms: the retirement stamp of the replaced objects (wall clock at commit when None).
+        drop: remove the segments without reading them (they lie below the log start offset).
+
+    Returns:
+        The committed rewrite, or None when the segments changed meanwhile (the new objects
+        are deleted again; nothing was committed).
+
+    Raises:
+        as :func:`rewrite_segments`; ApiError (_FENCED, NOT_LEADER_OR_FOLLOWER) from ``commit``
+        -- the new objects then stay for the orphan cleaner, since whether the commit landed
+        is not known.
+    """
+    if drop:
+        _check_run(segments)
+        first = segments[0]
+        run = MergeRun(first.topic, first.partition, tuple(segments), target_bytes, drop=True)
+        rewrite = SegmentRewrite(run, [], run.record_count, 0, run.size_bytes, 0)
+    else:
+        rewrite = rewrite_segments(reader, segments, target_bytes=target_bytes, row_filter=row_filter,
+                                   compression=compression, max_row_group_rows=max_row_group_rows, now_ms=now_ms)
+    try:
+        commit(lambda state: swap_actions(state, rewrite, int(time.time() * 1000) if now_ms is None else now_ms))
+    except StaleRewriteError:
+        discard_rewrite(reader.store, rewrite)
+        return None
+    return rewrite
