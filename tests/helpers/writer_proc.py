@@ -21,6 +21,11 @@ report only after the catalog commit, acks=all). Commands (``{"cmd": ...}``):
                                                  segment SIGKILLs this process first (its data
                                                  object is already written: a crash between
                                                  data object and commit)
+``compact`` ([topics, dry_run])                -> ``compacted`` (the CompactionSummary's fields)
+``crash_in_compaction`` (point)               -> ``armed``: the next compaction swap commit (one that
+                                                 removes and adds segments) SIGKILLs this process
+                                                 ``before_commit`` (its new objects are written) or
+                                                 ``after_commit`` (committed, nothing deleted yet)
 ``close``                                     -> ``closed`` (every client and broker closed)
 ``exit`` (code)                               -> ``exiting``, then ``sys.exit`` without closing
                                                  anything (interpreter exit runs atexit)
@@ -186,6 +191,33 @@ class Writer:
                 emit("crashing", paths=paths)
                 os.kill(os.getpid(), signal.SIGKILL)
             return original(catalog, actions, lease_epoch)
+
+        Catalog.commit = commit
+        emit("armed")
+
+    def compact(self, topics: list[str] | None = None, dry_run: bool = False) -> None:
+        import dataclasses
+
+        from txlake.engine.compaction import compact
+
+        summary = compact(self.get_broker(), topics, dry_run=dry_run)
+        emit("compacted", **dataclasses.asdict(summary))
+
+    def crash_in_compaction(self, point: str) -> None:
+        from txlake.catalog.catalog import Catalog
+
+        assert point in ("before_commit", "after_commit"), point
+        original = Catalog.commit
+
+        def commit(catalog, actions, lease_epoch):
+            kinds = {a.get("action") for a in actions}
+            if not {"remove_segment", "add_segment"} <= kinds:
+                return original(catalog, actions, lease_epoch)
+            new = sorted({a["path"] for a in actions if a.get("action") == "add_segment"})
+            if point == "after_commit":
+                original(catalog, actions, lease_epoch)
+            emit("crashing", point=point, paths=new)
+            os.kill(os.getpid(), signal.SIGKILL)
 
         Catalog.commit = commit
         emit("armed")
