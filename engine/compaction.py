@@ -295,6 +295,8 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
             for topic, partition, start in targets:
                 planned[(topic, partition)] = [s for s in planned[(topic, partition)] if s.last_offset >= start]
             _estimate_merges(planned, runs, sizes)
+            if progress is not None and runs:
+                progress("merge", total, total)
         else:
             for run in runs:
                 if cancel is not None and cancel.is_set():
