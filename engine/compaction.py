@@ -147,7 +147,8 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
     (:class:`~txlake.catalog.state.PartitionState` with copies of its segment list and
     aborted-transaction index) whose ``segments`` are only the cleanable ones: wholly below
     the LSO (Kafka's first uncleanable offset: records of open transactions are never
-    cleaned); ``config`` is the topic's effective config; ``reader`` reads segments
+    cleaned) and never the partition's last segment (Kafka's active segment, so the log's
+    last record survives and consumers reach the high watermark); ``config`` is the topic's effective config; ``reader`` reads segments
     (``reader.segment_table(segment)``), e.g. to build Kafka's offset map. The factory
     returns the filter for this round, or None when nothing is worth cleaning (e.g. below
     ``min.cleanable.dirty.ratio``). The cleanable segments are then cut into groups of at
@@ -175,7 +176,9 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
             if "compact" not in [x.strip() for x in config["cleanup.policy"].split(",")]:
                 continue
             for p in t.partitions:
-                cleanable = [s for s in p.segments if s.last_offset < p.last_stable_offset]
+                # never the last segment (Kafka never cleans the active segment): the log's last
+                # record survives, so a consumer's position always reaches the high watermark
+                cleanable = [s for s in p.segments[:-1] if s.last_offset < p.last_stable_offset]
                 if cleanable:
                     offered.append((PartitionState(name, p.partition, p.log_start_offset, p.high_watermark,
                                                    p.last_stable_offset, cleanable, list(p.aborted_transactions)),
