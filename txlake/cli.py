@@ -8,6 +8,7 @@
     txlake consume orders --from-beginning --max-messages 10
     txlake transactions list | describe --transactional-id ID | find-hanging --topic orders
     txlake sql 'SELECT partition, count(*) FROM orders GROUP BY ALL'
+    txlake compact --topic orders --dry-run
     txlake demo
 
 Every command takes ``--storage URL`` (default ``$TXLAKE_STORAGE``, else
@@ -962,6 +963,88 @@ def _print_table(columns: list[str], rows: list[dict], total: int, numeric: set[
     console.print(table)
     shown = f" ({len(rows)} shown)" if len(rows) < total else ""
     console.print(f"{total} row{'s' if total != 1 else ''}{shown}")
+
+
+# ------------------------------------------------------------------ compact
+_COMPACT_PHASES = {"retention": "Retention", "key compaction": "Key compaction", "merge": "Merging segments",
+                   "cleaning": "Cleaning objects"}
+
+
+@main.command("compact")
+@click.option("--topic", "-t", "topics", multiple=True, metavar="NAME",
+              help="Compact only this topic (repeatable) [default: every topic]. Object cleaning always "
+                   "covers the whole storage root.")
+@click.option("--dry-run", is_flag=True, help="Plan only: write, commit and delete nothing; print what would change.")
+@storage_options
+@writer_options
+@click.pass_context
+def compact_command(ctx: click.Context, topics: tuple[str, ...], dry_run: bool) -> None:
+    """Run one compaction round now: retention, key compaction, merging small flush objects into
+    per-partition segments of segment.bytes, and deleting objects whose grace has passed
+    (docs/compaction.md). Offsets never change and running readers are not disturbed.
+
+    It takes the writer lease (except with --dry-run): while another process is the writer,
+    that process compacts in the background (storage.compaction.interval.ms).
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from txlake.engine.compaction import compact
+    from txlake.engine.errors import ApiError
+    from txlake.engine.registry import acquire_broker, release_broker
+
+    from .config import parse_config
+    from .error import from_api_error
+
+    cfg = parse_config(client_conf(ctx, **{"storage.compaction.interval.ms": 0}), "admin")
+    console = _console()
+    broker = acquire_broker(cfg.storage_url, cfg.storage_options, cfg.broker_config())
+    t0 = time.perf_counter()
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                      TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
+                      transient=False) as progress:
+            tasks: dict[str, Any] = {}
+
+            def on_progress(phase: str, done: int, total: int) -> None:
+                unit_bytes = phase in ("merge", "key compaction")
+                detail = f"{_human_bytes(done)} of {_human_bytes(total)}" if unit_bytes else f"{done} of {total}"
+                if phase not in tasks:
+                    tasks[phase] = progress.add_task(_COMPACT_PHASES.get(phase, phase), total=max(total, 1),
+                                                     detail=detail)
+                progress.update(tasks[phase], total=max(total, 1), completed=done if total else 1, detail=detail)
+
+            summary = compact(broker, list(topics) or None, dry_run=dry_run, progress=on_progress)
+    except ApiError as exc:
+        raise from_api_error(exc) from None
+    finally:
+        release_broker(broker)
+    _print_compaction_summary(console, summary, time.perf_counter() - t0)
+
+
+def _print_compaction_summary(console, summary, elapsed: float) -> None:
+    from rich.table import Table
+
+    would = "would be " if summary.dry_run else ""
+    title = "Dry run: nothing was changed" if summary.dry_run else f"Compacted in {elapsed:.2f} s"
+    table = Table(title=title, show_edge=False)
+    table.add_column("")
+    table.add_column("Before", justify="right")
+    table.add_column("After (estimate)" if summary.dry_run else "After", justify="right")
+    table.add_row("Objects", f"{summary.objects_before:,}", f"{summary.objects_after:,}")
+    table.add_row("Bytes", _human_bytes(summary.bytes_before), _human_bytes(summary.bytes_after))
+    table.add_row("Segments", f"{summary.segments_before:,}", f"{summary.segments_after:,}")
+    table.add_row("Records", f"{summary.records_before:,}", f"{summary.records_after:,}")
+    console.print(table)
+    console.print(f"Records removed: {summary.records_removed:,}")
+    console.print(f"Segment merges {would}done: {summary.merges:,}"
+                  + (f" ({summary.skipped} skipped: their segments changed meanwhile)" if summary.skipped else ""))
+    if summary.retention_partitions:
+        console.print(f"Partitions whose log start offset retention {would}moved: {summary.retention_partitions:,}")
+    if summary.key_compacted_partitions:
+        console.print(f"Partitions key-compacted: {summary.key_compacted_partitions:,}")
+    console.print(f"Replaced objects {would}deleted: {summary.deleted_objects:,} "
+                  f"({summary.pending_deletion:,} waiting for storage.file.delete.delay.ms)")
+    console.print(f"Orphaned objects {would}deleted: {summary.orphans_deleted:,}")
 
 
 # ------------------------------------------------------------------ demo
