@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -64,11 +64,12 @@ from txlake.catalog.state import AbortedTxn, PartitionState, SegmentInfo
 from txlake.catalog.topic_config import effective_config
 
 __all__ = [
-    "CleanerCheckpoint", "CleanStats", "CleanResult", "CleanableRange",
-    "clean_records", "cleanable_range", "grab_filthiest", "is_compacted",
+    "HORIZON_CHECKPOINT", "HORIZON_RECORD_TIMESTAMP", "MAP_COLUMNS",
+    "CleanerCheckpoint", "CleanStats", "CleanResult", "CleaningPlan", "OffsetMapBuilder", "CleanableRange",
+    "clean_records", "cleanable_range", "grab_filthiest", "is_compacted", "row_filter",
 ]
 
-_REQUIRED_COLUMNS = ("offset", "key", "value", "producer_id", "is_transactional", "is_control")
+_REQUIRED_COLUMNS = ("offset", "timestamp", "key", "producer_id", "is_transactional", "is_control")
 
 
 # ----------------------------------------------------------------------------- state
@@ -180,102 +181,331 @@ class CleanResult:
 
 
 # ----------------------------------------------------------------------------- cleaning
+#: how tombstones and markers get their delete horizon (see :func:`clean_records`)
+HORIZON_CHECKPOINT = "checkpoint"
+HORIZON_RECORD_TIMESTAMP = "record_timestamp"
+
+
+def _head(table: pa.Table, name: str, n: int) -> pa.ChunkedArray:
+    col = table.column(name)
+    return col if n == table.num_rows else col.slice(0, n)
+
+
 def _np(table: pa.Table, name: str, n: int) -> np.ndarray:
     """The first ``n`` values of a non-null column as a numpy array."""
-    col = table.column(name)
-    if n != table.num_rows:
-        col = col.slice(0, n)
-    return col.to_numpy()
+    return _head(table, name, n).to_numpy()
 
 
 def _null_mask(table: pa.Table, name: str, n: int) -> np.ndarray:
-    col = table.column(name)
-    if n != table.num_rows:
-        col = col.slice(0, n)
+    col = _head(table, name, n)
     if col.null_count == 0:
         return np.zeros(n, dtype=bool)
     return col.is_null().to_numpy()
 
 
-def _aborted_rows(offsets: np.ndarray, pids: np.ndarray, txn_data: np.ndarray,
-                  aborted: Sequence[AbortedTxn]) -> np.ndarray:
-    """Rows that belong to an aborted transaction: transactional data rows of
-    ``producer_id`` with ``first_offset <= offset <= last_offset`` of some index entry
-    (what Kafka's ``CleanedTransactionMetadata.onBatchRead`` answers from the index).
-
-    Vectorized: entries and rows sorted together by (producer id, offset); each row looks
-    at the last entry before it. A producer has one transaction at a time, so its entries
-    do not overlap and the last one starting at or before the row is the only candidate.
-    """
-    out = np.zeros(len(offsets), dtype=bool)
-    rows = np.flatnonzero(txn_data)
-    if not len(aborted) or not len(rows):
-        return out
-    e_pid = np.fromiter((a.producer_id for a in aborted), np.int64, len(aborted))
-    e_first = np.fromiter((a.first_offset for a in aborted), np.int64, len(aborted))
-    e_last = np.fromiter((a.last_offset for a in aborted), np.int64, len(aborted))
-    m = len(aborted)
-    pid_all = np.concatenate([e_pid, pids[rows].astype(np.int64, copy=False)])
-    off_all = np.concatenate([e_first, offsets[rows]])
-    kind = np.concatenate([np.zeros(m, np.int8), np.ones(len(rows), np.int8)])  # entries sort first
-    order = np.lexsort((kind, off_all, pid_all))
-    is_entry = order < m
-    pos = np.arange(len(order))
-    last_entry_pos = np.maximum.accumulate(np.where(is_entry, pos, -1))
-    row_pos = np.flatnonzero(~is_entry)
-    ep = last_entry_pos[row_pos]
-    found = ep >= 0
-    entry_id = np.where(found, order[np.maximum(ep, 0)], 0)
-    row_id = order[row_pos] - m
-    hit = found & (e_pid[entry_id] == pid_all[m + row_id]) & (off_all[m + row_id] <= e_last[entry_id])
-    out[rows[row_id[hit]]] = True
-    return out
-
-
-def _empty_txn_markers(offsets: np.ndarray, pids: np.ndarray, transactional: np.ndarray,
-                       control: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Markers below the cleaning point, and for each whether its transaction is empty.
-
-    A marker's transaction is the producer's transactional data rows after its previous
-    marker; it is *empty* when no such row is in the log being cleaned (Kafka's
-    ``onControlBatchRead``: an ABORT with no batch observed, a COMMIT whose producer has
-    no ongoing committed batch).
-
-    Returns:
-        ``(marker_rows, empty)``: row indexes of the markers (ascending) and a bool array.
-    """
-    txn_rows = np.flatnonzero(transactional | control)
-    if not len(txn_rows):
-        return np.empty(0, np.int64), np.empty(0, bool)
-    order = np.argsort(pids[txn_rows], kind="stable")  # offsets ascend, so (pid, offset) order
-    sorted_rows = txn_rows[order]
-    sp = pids[sorted_rows]
-    sc = control[sorted_rows]
-    prev_is_data = np.zeros(len(sorted_rows), dtype=bool)
-    prev_is_data[1:] = (sp[1:] == sp[:-1]) & ~sc[:-1]
-    markers = sorted_rows[sc]
-    empty = ~prev_is_data[sc]
-    back = np.argsort(markers, kind="stable")
-    return markers[back], empty[back]
-
-
-def _latest_per_key(keys: pa.ChunkedArray | pa.Array, offsets: np.ndarray) -> np.ndarray:
-    """For each (non-null) key, whether its row holds the key's greatest offset (the offset map)."""
-    if len(offsets) == 0:
-        return np.zeros(0, dtype=bool)
-    small = pa.table({"key": keys, "offset": pa.array(offsets, pa.int64())})
-    latest = small.group_by("key", use_threads=True).aggregate([("offset", "max")]).column("offset_max")
-    return pc.is_in(small.column("offset"), value_set=latest.combine_chunks()).to_numpy(zero_copy_only=False)
+def _in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """``values[i] in sorted_set`` for every i (``sorted_set`` ascending, unique)."""
+    if not len(sorted_set) or not len(values):
+        return np.zeros(len(values), dtype=bool)
+    i = np.searchsorted(sorted_set, values)
+    return (i < len(sorted_set)) & (sorted_set[np.minimum(i, len(sorted_set) - 1)] == values)
 
 
 def _lookup(sorted_keys: np.ndarray, values: np.ndarray, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Exact-match lookup of ``probe`` in ``sorted_keys``: ``(found, value)``."""
+    """Exact-match lookup of ``probe`` in ``sorted_keys``: ``(found, value)`` (value undefined where not found)."""
     if not len(sorted_keys):
-        return np.zeros(len(probe), bool), np.zeros(len(probe), np.int64)
+        return np.zeros(len(probe), bool), np.zeros(len(probe), values.dtype)
     i = np.searchsorted(sorted_keys, probe)
     ic = np.minimum(i, len(sorted_keys) - 1)
-    found = (i < len(sorted_keys)) & (sorted_keys[ic] == probe)
-    return found, values[ic]
+    return (i < len(sorted_keys)) & (sorted_keys[ic] == probe), values[ic]
+
+
+def _check_records(table: pa.Table, previous_last: int | None) -> np.ndarray:
+    """The offsets of ``table`` after checking its columns and offset order."""
+    missing = [c for c in _REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"log cleaner: the records table lacks the column(s) {missing}")
+    offsets = table.column("offset").to_numpy()
+    if len(offsets) and ((len(offsets) > 1 and not np.all(offsets[1:] > offsets[:-1]))
+                         or (previous_last is not None and offsets[0] <= previous_last)):
+        raise ValueError("log cleaner: offsets must be strictly ascending (one partition, sorted by offset, "
+                         "chunks in log order)")
+    return offsets
+
+
+class _AbortedIndex:
+    """The aborted-transaction index as arrays (what ``CleanedTransactionMetadata`` keeps)."""
+
+    def __init__(self, aborted: Sequence[AbortedTxn]):
+        self.entries = tuple(aborted)
+        m = len(self.entries)
+        self.pid = np.fromiter((a.producer_id for a in self.entries), np.int64, m)
+        self.first = np.fromiter((a.first_offset for a in self.entries), np.int64, m)
+        self.last = np.fromiter((a.last_offset for a in self.entries), np.int64, m)
+
+    def rows(self, offsets: np.ndarray, pids: np.ndarray, txn_data: np.ndarray) -> np.ndarray:
+        """Rows of an aborted transaction: transactional data rows of ``producer_id`` with
+        ``first_offset <= offset <= last_offset`` for some entry (Kafka's ``onBatchRead``).
+
+        Vectorized: entries and rows sorted together by (producer id, offset); a row looks
+        at the last entry at or before it. A producer has one transaction at a time, so its
+        entries do not overlap and that entry is the only candidate.
+        """
+        out = np.zeros(len(offsets), dtype=bool)
+        rows = np.flatnonzero(txn_data)
+        m = len(self.entries)
+        if not m or not len(rows):
+            return out
+        pid_all = np.concatenate([self.pid, pids[rows].astype(np.int64, copy=False)])
+        off_all = np.concatenate([self.first, offsets[rows]])
+        kind = np.concatenate([np.zeros(m, np.int8), np.ones(len(rows), np.int8)])  # entries sort first
+        order = np.lexsort((kind, off_all, pid_all))
+        is_entry = order < m
+        last_entry_pos = np.maximum.accumulate(np.where(is_entry, np.arange(len(order)), -1))
+        row_pos = np.flatnonzero(~is_entry)
+        ep = last_entry_pos[row_pos]
+        found = ep >= 0
+        entry = np.where(found, order[np.maximum(ep, 0)], 0)
+        j = order[row_pos] - m  # the row's index in ``rows``
+        hit = found & (self.pid[entry] == pid_all[m + j]) & (off_all[m + j] <= self.last[entry])
+        out[rows[j[hit]]] = True
+        return out
+
+
+def _reduce_latest(parts: list[pa.Table]) -> pa.Table:
+    """(key, offset) tables -> one row per key with its greatest offset."""
+    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    agg = table.group_by("key", use_threads=True).aggregate([("offset", "max")])
+    return pa.table({"key": agg.column("key"), "offset": agg.column("offset_max")})
+
+
+@dataclass(frozen=True, eq=False)
+class CleaningPlan:
+    """What the first pass over a log learnt; :meth:`apply` then filters records with it.
+
+    Attributes:
+        cleaning_point: the first uncleanable offset (records at/after it are not cleaned).
+        latest_offsets: ascending offsets of the latest committed keyed data record of
+            every key below the cleaning point (Kafka's ``OffsetMap``, with exact keys).
+        empty_markers: ascending offsets of COMMIT/ABORT markers below the cleaning point
+            whose transaction has no data record in the log (Kafka's ``onControlBatchRead``
+            answering "discardable").
+        empty_marker_timestamps: their record timestamps (ms), aligned with ``empty_markers``.
+        records: rows below the cleaning point seen; keyed_records: committed keyed data
+            rows among them; aborted_records: rows of aborted transactions among them.
+    """
+
+    cleaning_point: int
+    latest_offsets: np.ndarray
+    empty_markers: np.ndarray
+    empty_marker_timestamps: np.ndarray
+    records: int
+    keyed_records: int
+    aborted_records: int
+    aborted_index: _AbortedIndex = field(repr=False)
+
+    @property
+    def superseded(self) -> int:
+        """Keyed data records with a later record of their key: every keyed record but the latest."""
+        return self.keyed_records - len(self.latest_offsets)
+
+    def removable_now(self, now_ms: int, delete_retention_ms: int) -> int:
+        """A lower bound of the records a cleaning now removes, known without values:
+        superseded and aborted records, and empty markers whose record timestamp is
+        ``delete.retention.ms`` old (tombstones are not counted: seeing them needs values)."""
+        markers = int(np.count_nonzero(self.empty_marker_timestamps + delete_retention_ms <= now_ms))
+        return self.superseded + self.aborted_records + markers
+
+    def apply(self, records: pa.Table, now_ms: int, delete_retention_ms: int, *,
+              checkpoint: CleanerCheckpoint | None = None, horizons: str = HORIZON_CHECKPOINT,
+              discard_null_keys: bool = False) -> tuple[pa.Table, CleanStats, list[tuple[int, int]], np.ndarray]:
+        """Filter one chunk of the log (any consecutive rows, e.g. one rewrite group).
+
+        Rows at or after the cleaning point pass untouched. See :func:`clean_records` for
+        the rules, ``horizons`` and ``checkpoint``.
+
+        Returns:
+            ``(kept rows, stats, marker horizons, removed marker offsets)``: the marker
+            horizons are ``(offset, delete_horizon_ms)`` of the empty markers kept (with
+            ``horizons="checkpoint"``; empty otherwise).
+
+        Raises:
+            ValueError: a missing column, offsets not ascending, an unknown ``horizons``.
+        """
+        if horizons not in (HORIZON_CHECKPOINT, HORIZON_RECORD_TIMESTAMP):
+            raise ValueError(f"horizons must be {HORIZON_CHECKPOINT!r} or {HORIZON_RECORD_TIMESTAMP!r}, got {horizons!r}")
+        checkpoint = checkpoint or CleanerCheckpoint()
+        all_offsets = _check_records(records, None)
+        if "value" not in records.column_names:
+            raise ValueError("log cleaner: the records table lacks the column(s) ['value']")
+        nb = int(np.searchsorted(all_offsets, self.cleaning_point))  # rows [0, nb) are below the cleaning point
+        offsets = all_offsets[:nb]
+        control = _np(records, "is_control", nb).astype(bool, copy=False)
+        transactional = _np(records, "is_transactional", nb).astype(bool, copy=False)
+        pids = _np(records, "producer_id", nb)
+        key_null = _null_mask(records, "key", nb)
+        data = ~control
+        by_record_time = horizons == HORIZON_RECORD_TIMESTAMP
+
+        # records of aborted transactions
+        is_aborted = self.aborted_index.rows(offsets, pids, transactional & data)
+        # the offset map: a committed keyed data record stays only if it is its key's latest
+        keyed = data & ~is_aborted & ~key_null
+        latest = keyed & _in_sorted(offsets, self.latest_offsets)
+        superseded = keyed & ~latest
+        # tombstones past their delete horizon
+        tomb = latest & _null_mask(records, "value", nb) if latest.any() else latest
+        expired_tomb = np.zeros(nb, dtype=bool)
+        if tomb.any():
+            t_idx = np.flatnonzero(tomb)
+            if by_record_time:
+                stamps = _np(records, "timestamp", nb)[t_idx]
+                expired_tomb[t_idx[now_ms >= stamps + delete_retention_ms]] = True
+            elif checkpoint.tombstone_horizons:
+                ends = np.fromiter((e for e, _ in checkpoint.tombstone_horizons), np.int64)
+                hz = np.fromiter((h for _, h in checkpoint.tombstone_horizons), np.int64)
+                i = np.searchsorted(ends, offsets[t_idx], side="right")
+                cleaned_before = i < len(ends)  # at/above the last end: first cleaning, always kept
+                expired_tomb[t_idx[cleaned_before & (now_ms >= hz[np.minimum(i, len(ends) - 1)])]] = True
+        # markers of empty transactions past their delete horizon
+        removed_marker = np.zeros(nb, dtype=bool)
+        marker_horizons: list[tuple[int, int]] = []
+        m_idx = np.flatnonzero(control & _in_sorted(offsets, self.empty_markers)) if len(self.empty_markers) else []
+        if len(m_idx):
+            m_off = offsets[m_idx]
+            if by_record_time:
+                remove = now_ms >= _np(records, "timestamp", nb)[m_idx] + delete_retention_ms
+            else:
+                prev = checkpoint.marker_horizons
+                mo = np.fromiter((o for o, _ in prev), np.int64, len(prev))
+                mh = np.fromiter((h for _, h in prev), np.int64, len(prev))
+                found, h = _lookup(mo, mh, m_off)
+                remove = found & (now_ms >= h)  # no horizon yet: this cleaning sets it, the marker stays
+                stay = ~remove
+                horizon = np.where(found, h, now_ms + delete_retention_ms)
+                marker_horizons = list(zip(m_off[stay].tolist(), horizon[stay].tolist()))
+            removed_marker[m_idx[remove]] = True
+        # null keys
+        dropped_null = (data & ~is_aborted & key_null) if discard_null_keys else np.zeros(nb, dtype=bool)
+
+        removed = is_aborted | superseded | expired_tomb | removed_marker | dropped_null
+        n_removed = int(np.count_nonzero(removed))
+        if n_removed:
+            keep = np.ones(records.num_rows, dtype=bool)
+            keep[:nb] = ~removed
+            out = records.filter(pa.array(keep))
+        else:
+            out = records
+        stats = CleanStats(
+            records_read=nb, records_retained=nb - n_removed, superseded=int(np.count_nonzero(superseded)),
+            tombstones=int(np.count_nonzero(expired_tomb)), aborted=int(np.count_nonzero(is_aborted)),
+            markers=int(np.count_nonzero(removed_marker)), null_keys=int(np.count_nonzero(dropped_null)),
+            passed_through=records.num_rows - nb,
+        )
+        return out, stats, marker_horizons, offsets[removed_marker]
+
+
+class OffsetMapBuilder:
+    """The first pass of a cleaning, fed the log one chunk at a time (e.g. one segment).
+
+    Kafka's ``Cleaner.buildOffsetMap`` with the ``CleanedTransactionMetadata`` it keeps:
+    for every key, the offset of its latest record below the cleaning point, skipping
+    control records and records of aborted transactions; and for every COMMIT/ABORT
+    marker, whether its transaction has any data record in the log. Keys are kept exactly
+    (no hashing), reduced per chunk, so memory grows with the number of distinct keys.
+
+    Feed chunks in log order with :meth:`add`, then call :meth:`finish`.
+    """
+
+    #: chunk results kept before they are reduced into one
+    _MAX_PARTIALS = 16
+
+    def __init__(self, aborted: Iterable[AbortedTxn], cleaning_point: int):
+        self.cleaning_point = cleaning_point
+        self._aborted = _AbortedIndex(list(aborted))
+        self._partials: list[pa.Table] = []
+        self._last: int | None = None
+        self._carry_pids = np.empty(0, np.int64)  # producer id -> its last transactional row is data
+        self._carry_data = np.empty(0, bool)
+        self._markers: list[np.ndarray] = []
+        self._marker_stamps: list[np.ndarray] = []
+        self._records = self._keyed = self._aborted_rows = 0
+
+    def add(self, records: pa.Table) -> None:
+        """Take the next chunk of the log: rows in ascending offset order, after the previous
+        chunk's. Columns: at least ``offset, timestamp, key, producer_id, is_transactional,
+        is_control`` (``value`` is not needed). Rows at/after the cleaning point are ignored.
+
+        Raises:
+            ValueError: a missing column or offsets out of order.
+        """
+        offsets_all = _check_records(records, self._last)
+        if len(offsets_all):
+            self._last = int(offsets_all[-1])
+        nb = int(np.searchsorted(offsets_all, self.cleaning_point))
+        if not nb:
+            return
+        offsets = offsets_all[:nb]
+        control = _np(records, "is_control", nb).astype(bool, copy=False)
+        transactional = _np(records, "is_transactional", nb).astype(bool, copy=False)
+        pids = _np(records, "producer_id", nb).astype(np.int64, copy=False)
+        data = ~control
+        is_aborted = self._aborted.rows(offsets, pids, transactional & data)
+        keyed = data & ~is_aborted & ~_null_mask(records, "key", nb)
+        self._records += nb
+        self._aborted_rows += int(np.count_nonzero(is_aborted))
+        idx = np.flatnonzero(keyed)
+        if len(idx):
+            self._keyed += len(idx)
+            keys = _head(records, "key", nb)
+            if len(idx) != nb:
+                keys = keys.take(pa.array(idx))
+            self._partials.append(_reduce_latest([pa.table({"key": keys, "offset": pa.array(offsets[idx])})]))
+            if len(self._partials) >= self._MAX_PARTIALS:
+                self._partials = [_reduce_latest(self._partials)]
+        self._add_markers(offsets, pids, transactional, control, records, nb)
+
+    def _add_markers(self, offsets: np.ndarray, pids: np.ndarray, transactional: np.ndarray,
+                     control: np.ndarray, records: pa.Table, nb: int) -> None:
+        """Markers of this chunk whose transaction is empty: the producer's previous
+        transactional row (in this chunk, else carried from earlier ones) is not data."""
+        txn_rows = np.flatnonzero(transactional | control)
+        if not len(txn_rows):
+            return
+        order = np.argsort(pids[txn_rows], kind="stable")  # offsets ascend: (pid, offset) order
+        rows = txn_rows[order]
+        sp, sc = pids[rows], control[rows]
+        same_as_prev = np.zeros(len(rows), dtype=bool)
+        same_as_prev[1:] = sp[1:] == sp[:-1]
+        prev_is_data = np.zeros(len(rows), dtype=bool)
+        prev_is_data[1:] = same_as_prev[1:] & ~sc[:-1]
+        first = np.flatnonzero(~same_as_prev)
+        found, carried = _lookup(self._carry_pids, self._carry_data, sp[first])
+        prev_is_data[first] = found & carried
+        markers = rows[sc & ~prev_is_data]
+        if len(markers):
+            markers.sort()
+            self._markers.append(offsets[markers])
+            self._marker_stamps.append(_np(records, "timestamp", nb)[markers])
+        # carry each producer's last transactional row kind into the next chunk
+        last = np.ones(len(rows), dtype=bool)
+        last[:-1] = sp[:-1] != sp[1:]
+        all_p = np.concatenate([self._carry_pids, sp[last]])
+        all_d = np.concatenate([self._carry_data, ~sc[last]])
+        o = np.argsort(all_p, kind="stable")
+        all_p, all_d = all_p[o], all_d[o]
+        keep = np.ones(len(all_p), dtype=bool)
+        keep[:-1] = all_p[:-1] != all_p[1:]  # the later (this chunk's) entry wins
+        self._carry_pids, self._carry_data = all_p[keep], all_d[keep]
+
+    def finish(self) -> CleaningPlan:
+        """The :class:`CleaningPlan` of everything added."""
+        latest = np.sort(_reduce_latest(self._partials).column("offset").to_numpy()) if self._partials \
+            else np.empty(0, np.int64)
+        markers = np.concatenate(self._markers) if self._markers else np.empty(0, np.int64)
+        stamps = np.concatenate(self._marker_stamps) if self._marker_stamps else np.empty(0, np.int64)
+        return CleaningPlan(self.cleaning_point, latest, markers, stamps, self._records, self._keyed,
+                            self._aborted_rows, self._aborted)
 
 
 def _next_tombstone_horizons(previous: tuple[tuple[int, int], ...], cleaning_point: int, now_ms: int,
@@ -299,17 +529,20 @@ def _next_tombstone_horizons(previous: tuple[tuple[int, int], ...], cleaning_poi
 
 def clean_records(table: pa.Table, aborted: Iterable[AbortedTxn], cleaning_point: int, now_ms: int,
                   delete_retention_ms: int, *, checkpoint: CleanerCheckpoint | None = None,
-                  last_stable_offset: int | None = None, discard_null_keys: bool = False) -> CleanResult:
+                  last_stable_offset: int | None = None, discard_null_keys: bool = False,
+                  horizons: str = HORIZON_CHECKPOINT) -> CleanResult:
     """Key-compact the records of one partition (Kafka's ``Cleaner.doClean`` over one log).
+
+    One call = :class:`OffsetMapBuilder` over ``table`` + :meth:`CleaningPlan.apply` to it.
 
     Args:
         table: the partition's committed records in ascending offset order, with at least
-            the columns ``offset, key, value, producer_id, is_transactional, is_control``
-            (normally :data:`~txlake.formats.records.RECORD_SCHEMA`). It must hold every
-            record from the log start offset up to ``cleaning_point`` (Kafka cleans the
-            whole log below the cleaning point, clean section included). Rows at or after
-            ``cleaning_point`` may be included: they are returned untouched and do not take
-            part in the offset map (Kafka maps only up to the first uncleanable offset).
+            the columns ``offset, timestamp, key, value, producer_id, is_transactional,
+            is_control`` (normally :data:`~txlake.formats.records.RECORD_SCHEMA`). It must
+            hold every record from the log start offset up to ``cleaning_point`` (Kafka
+            cleans the whole log below the cleaning point, clean section included). Rows at
+            or after ``cleaning_point`` may be included: they are returned untouched and
+            take no part in the offset map (Kafka maps only up to the first uncleanable offset).
         aborted: the aborted-transaction index of the partition -- at least every entry
             with records below ``cleaning_point`` (``PartitionState.aborted_transactions``).
         cleaning_point: the first uncleanable offset (exclusive end of the cleaning), e.g.
@@ -321,6 +554,12 @@ def clean_records(table: pa.Table, aborted: Iterable[AbortedTxn], cleaning_point
         last_stable_offset: when given, ``cleaning_point`` is checked against it.
         discard_null_keys: drop data records with a null key, as Kafka's cleaner does
             (default: keep them; see the module notes).
+        horizons: ``"checkpoint"`` (default, KIP-534): a tombstone's delete horizon is the
+            time of the run that first cleaned it + ``delete_retention_ms``, a marker's the
+            time of the first run that found its transaction empty + ``delete_retention_ms``,
+            both remembered in the returned checkpoint. ``"record_timestamp"`` (stateless,
+            for callers that cannot persist a checkpoint; close to Kafka's pre-KIP-534 rule):
+            the horizon is the record's own timestamp + ``delete_retention_ms``.
 
     Returns:
         A :class:`CleanResult`: the rows that stay (same schema and offsets), counts by
@@ -329,11 +568,9 @@ def clean_records(table: pa.Table, aborted: Iterable[AbortedTxn], cleaning_point
 
     Raises:
         ValueError: a missing column, offsets not strictly ascending, a negative
-            ``delete_retention_ms`` or a cleaning point past ``last_stable_offset``.
+            ``delete_retention_ms``, a cleaning point past ``last_stable_offset`` or an
+            unknown ``horizons``.
     """
-    missing = [c for c in _REQUIRED_COLUMNS if c not in table.column_names]
-    if missing:
-        raise ValueError(f"clean_records: the records table lacks the column(s) {missing}")
     if delete_retention_ms < 0:
         raise ValueError(f"delete.retention.ms must be at least 0, got {delete_retention_ms}")
     if last_stable_offset is not None and cleaning_point > last_stable_offset:
@@ -341,88 +578,22 @@ def clean_records(table: pa.Table, aborted: Iterable[AbortedTxn], cleaning_point
                          "records of open transactions would be cleaned; clean below the LSO")
     checkpoint = checkpoint or CleanerCheckpoint()
     aborted = list(aborted)
+    builder = OffsetMapBuilder(aborted, cleaning_point)
+    builder.add(table)
+    out, stats, marker_horizons, removed_markers = builder.finish().apply(
+        table, now_ms, delete_retention_ms, checkpoint=checkpoint, horizons=horizons,
+        discard_null_keys=discard_null_keys)
 
-    all_offsets = table.column("offset").to_numpy()
-    if len(all_offsets) > 1 and not np.all(all_offsets[1:] > all_offsets[:-1]):
-        raise ValueError("clean_records: offsets must be strictly ascending (one partition, sorted by offset)")
-    nb = int(np.searchsorted(all_offsets, cleaning_point))  # rows [0, nb) are below the cleaning point
-    offsets = all_offsets[:nb]
-    control = _np(table, "is_control", nb).astype(bool, copy=False)
-    transactional = _np(table, "is_transactional", nb).astype(bool, copy=False)
-    pids = _np(table, "producer_id", nb)
-    key_null = _null_mask(table, "key", nb)
-    value_null = _null_mask(table, "value", nb)
-    data = ~control
-
-    # 4. records of aborted transactions (the aborted-transaction index)
-    is_aborted = _aborted_rows(offsets, pids, transactional & data, aborted)
-
-    # 2. the offset map: latest record per key among committed, keyed data records
-    mapped = data & ~is_aborted & ~key_null
-    mapped_idx = np.flatnonzero(mapped)
-    keys = table.column("key").slice(0, nb) if nb != table.num_rows else table.column("key")
-    mapped_keys = keys.take(pa.array(mapped_idx)) if len(mapped_idx) != nb else keys
-    latest = np.zeros(nb, dtype=bool)
-    latest[mapped_idx] = _latest_per_key(mapped_keys, offsets[mapped_idx])
-    superseded = mapped & ~latest
-
-    # 3. tombstones past their delete horizon
-    tomb = mapped & latest & value_null
-    expired_tomb = np.zeros(nb, dtype=bool)
-    if tomb.any() and checkpoint.tombstone_horizons:
-        ends = np.fromiter((e for e, _ in checkpoint.tombstone_horizons), np.int64)
-        horizons = np.fromiter((h for _, h in checkpoint.tombstone_horizons), np.int64)
-        t_idx = np.flatnonzero(tomb)
-        i = np.searchsorted(ends, offsets[t_idx], side="right")
-        cleaned_before = i < len(ends)
-        h = horizons[np.minimum(i, len(ends) - 1)]
-        expired_tomb[t_idx[cleaned_before & (now_ms >= h)]] = True
-
-    # 5. markers of empty transactions past their delete horizon
-    marker_rows, empty = _empty_txn_markers(offsets, pids, transactional, control)
-    removed_marker = np.zeros(nb, dtype=bool)
-    new_marker_horizons: list[tuple[int, int]] = []
-    if len(marker_rows):
-        prev = checkpoint.marker_horizons
-        mo = np.fromiter((o for o, _ in prev), np.int64, len(prev))
-        mh = np.fromiter((h for _, h in prev), np.int64, len(prev))
-        m_off = offsets[marker_rows]
-        found, h = _lookup(mo, mh, m_off)
-        remove = empty & found & (now_ms >= h)
-        removed_marker[marker_rows[remove]] = True
-        stay_empty = empty & ~remove
-        horizon = np.where(found, h, now_ms + delete_retention_ms)
-        new_marker_horizons = list(zip(m_off[stay_empty].tolist(), horizon[stay_empty].tolist()))
+    gone = set(removed_markers.tolist())
+    kept_aborted = [a for a in aborted if a.last_offset not in gone]
+    gone_aborted = [a for a in aborted if a.last_offset in gone]
     # horizons of markers at or after the cleaning point were not looked at: they stay
-    new_marker_horizons += [(o, h) for o, h in checkpoint.marker_horizons if o >= cleaning_point]
-
-    # 6. null keys
-    null_data = data & ~is_aborted & key_null
-    dropped_null = null_data if discard_null_keys else np.zeros(nb, dtype=bool)
-
-    removed = is_aborted | superseded | expired_tomb | removed_marker | dropped_null
-    n_removed = int(removed.sum())
-    if n_removed:
-        keep = np.ones(table.num_rows, dtype=bool)
-        keep[:nb] = ~removed
-        out = table.filter(pa.array(keep))
-    else:
-        out = table
-
-    removed_marker_offsets = set(offsets[removed_marker].tolist())
-    kept_aborted = [a for a in aborted if a.last_offset not in removed_marker_offsets]
-    gone_aborted = [a for a in aborted if a.last_offset in removed_marker_offsets]
-
-    stats = CleanStats(
-        records_read=nb, records_retained=nb - n_removed, superseded=int(superseded.sum()),
-        tombstones=int(expired_tomb.sum()), aborted=int(is_aborted.sum()), markers=int(removed_marker.sum()),
-        null_keys=int(dropped_null.sum()), passed_through=table.num_rows - nb,
-    )
+    marker_horizons += [(o, h) for o, h in checkpoint.marker_horizons if o >= cleaning_point]
     new_checkpoint = CleanerCheckpoint(
         clean_offset=cleaning_point,
         tombstone_horizons=_next_tombstone_horizons(checkpoint.tombstone_horizons, cleaning_point, now_ms,
                                                     delete_retention_ms),
-        marker_horizons=tuple(new_marker_horizons),
+        marker_horizons=tuple(sorted(marker_horizons)),
     )
     return CleanResult(out, stats, new_checkpoint, kept_aborted, gone_aborted)
 
@@ -581,3 +752,75 @@ def grab_filthiest(ranges: Iterable[CleanableRange]) -> CleanableRange | None:
     cleaned (Kafka's ``grabFilthiestCompactedLog``); None when none should."""
     due = [r for r in ranges if r.should_clean]
     return max(due, key=lambda r: r.cleanable_ratio) if due else None
+
+
+# ----------------------------------------------------------------------------- the compaction seam
+#: columns the first pass reads (not ``value`` or ``headers``: the offset map needs neither)
+MAP_COLUMNS = ("offset", "timestamp", "key", "producer_id", "is_transactional", "is_control")
+
+
+def _read_map_columns(reader: Any, segment: SegmentInfo) -> pa.Table:
+    """The :data:`MAP_COLUMNS` of one segment: only those columns are decoded when the
+    reader exposes its object store, else the whole segment through ``segment_table``."""
+    store = getattr(reader, "store", None)
+    if store is None:
+        return reader.segment_table(segment)
+    from txlake.formats.records import read_segment
+
+    with store.open_input(segment.path) as f:
+        return read_segment(f, store.uri(segment.path), segment.row_groups, columns=list(MAP_COLUMNS))
+
+
+def row_filter(partition: PartitionState, config: Mapping[str, str], reader: Any,
+               now_ms: int) -> Callable[[pa.Table], pa.Table] | None:
+    """The key-compaction filter of one round for one partition: the factory that
+    ``engine/compaction.py`` (``key_compaction``) calls.
+
+    The runner persists no :class:`CleanerCheckpoint`, so this adapter is stateless:
+
+    * the cleaning point is :func:`cleanable_range` over ``partition.segments`` (the runner
+      offers only segments wholly below the LSO, never the last one) with the clean point
+      unknown, i.e. the whole offered log is dirty;
+    * the first pass (:class:`OffsetMapBuilder`) reads the :data:`MAP_COLUMNS` of every
+      offered segment, so values are read once, by the rewrite;
+    * the dirty-ratio test uses what this round would remove: superseded and aborted
+      records and expired markers (a lower bound: tombstones are seen only in the rewrite)
+      as a share of the records read, against ``min.cleanable.dirty.ratio``; with nothing
+      removable there is no rewrite, so rounds never rewrite a log for nothing.
+      ``max.compaction.lag.ms`` forces a rewrite of a log with anything removable;
+    * delete horizons are ``"record_timestamp"`` ones (see :func:`clean_records`).
+
+    Args:
+        partition: a snapshot of the partition (segments: the cleanable ones, in order;
+            ``aborted_transactions``: the index).
+        config: the topic's config (overrides or effective).
+        reader: a :class:`~txlake.engine.log_reader.LogReader` (``store`` and
+            ``segment_table(segment)``).
+        now_ms: the time of this round, ms since the epoch.
+
+    Returns:
+        ``filter(records) -> kept records`` for consecutive chunks of the offered segments
+        (RECORD_SCHEMA, offset order), or None when the partition is not due.
+    """
+    config = effective_config(config)
+    if not is_compacted(config):
+        return None
+    rng = cleanable_range(partition, config, now_ms)
+    cp = rng.first_uncleanable_offset
+    builder = OffsetMapBuilder(partition.aborted_transactions, cp)
+    for seg in _live_segments(partition):
+        if seg.base_offset >= cp:
+            break
+        builder.add(_read_map_columns(reader, seg))
+    plan = builder.finish()
+    retention = int(config["delete.retention.ms"])
+    removable = plan.removable_now(now_ms, retention)
+    if not plan.records or not removable:
+        return None
+    if not (removable / plan.records > float(config["min.cleanable.dirty.ratio"]) or rng.needs_compaction_now):
+        return None
+
+    def clean_chunk(records: pa.Table) -> pa.Table:
+        return plan.apply(records, now_ms, retention, horizons=HORIZON_RECORD_TIMESTAMP)[0]
+
+    return clean_chunk
