@@ -134,9 +134,10 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
     2. A segment smaller than ``segment.bytes * SMALL_SEGMENT_FRACTION`` is *small*. Stretches
        of consecutive small segments are cut into groups of at most ``segment.bytes`` (Kafka's
        ``groupSegmentsBySize``).
-    3. Size tiering: a group's first segment is left out while it is bigger than the rest of
-       the group together, so a merged segment is rewritten only once at least as many new
-       bytes join it (each byte is rewritten O(log(segment.bytes / flush size)) times).
+    3. Size tiering: a group's first segment is left out while it is more than twice as big as
+       the rest of the group together, so a merged segment is rewritten only once at least
+       half as many new bytes join it (each byte is rewritten O(log(segment.bytes / flush
+       size)) times).
     4. Groups of two or more segments are merged.
     5. A segment not merged by 4 whose object is mostly dead -- the bytes still named in the
        object (after this round's merges) are below ``DEAD_OBJECT_FRACTION`` of its size --
@@ -176,7 +177,7 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
                     groups.append([])
                 groups[-1].append(s)
             for group in groups:
-                while len(group) >= 2 and group[0].size_bytes > sum(x.size_bytes for x in group[1:]):
+                while len(group) >= 2 and group[0].size_bytes > 2 * sum(x.size_bytes for x in group[1:]):
                     group = group[1:]
                 if len(group) >= 2:
                     runs.append(MergeRun(name, p.partition, tuple(group), target))

@@ -249,11 +249,13 @@ def test_merge_policy():
                         _seg("c", 30, 39, 300), _seg("d", 40, 49, 300), _seg("e", 50, 59, 300),
                         _seg("f", 60, 69, 300)]})
     assert _plan(state) == [(0, ("a", "b"), False), (0, ("c", "d", "e"), False)]
-    # tiering: a merged segment is rewritten only when at least as many new bytes join it
-    state = _state({0: [_seg("m", 0, 99, 400), _seg("x", 100, 109, 100), _seg("y", 110, 119, 100)]})
+    # tiering: a merged segment is rewritten only when at least half as many new bytes join it
+    state = _state({0: [_seg("m", 0, 99, 450), _seg("x", 100, 109, 100), _seg("y", 110, 119, 100)]})
     assert _plan(state) == [(0, ("x", "y"), False)]
-    state = _state({0: [_seg("m", 0, 99, 200), _seg("x", 100, 109, 100), _seg("y", 110, 119, 100)]})
+    state = _state({0: [_seg("m", 0, 99, 400), _seg("x", 100, 109, 100), _seg("y", 110, 119, 100)]})
     assert _plan(state) == [(0, ("m", "x", "y"), False)]
+    state = _state({0: [_seg("f1", 0, 9, 105), _seg("f2", 10, 19, 100)]})  # two flushes of about one size
+    assert _plan(state) == [(0, ("f1", "f2"), False)]
     # a lone segment stays, unless its object is mostly dead
     state = _state({0: [_seg("m", 0, 99, 450), _seg("f1", 100, 109, 100)], 1: [_seg("f1", 0, 9, 50)]})
     assert _plan(state) == []
