@@ -9,9 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import close_engines  # noqa: F401  (fixture)
 from txlake.catalog.state import AbortedTxn, PartitionState, SegmentInfo
-from txlake.engine.log_cleaner import (CleanableRange, CleanerCheckpoint, clean_records, cleanable_range,
-                                       grab_filthiest, is_compacted)
+from txlake.engine.log_cleaner import (HORIZON_CHECKPOINT, HORIZON_RECORD_TIMESTAMP, CleanableRange,
+                                       CleanerCheckpoint, OffsetMapBuilder, clean_records, cleanable_range,
+                                       grab_filthiest, is_compacted, row_filter)
 from txlake.formats.records import CONTROL_ABORT, CONTROL_COMMIT, RECORD_SCHEMA
 
 DAY = 86_400_000
@@ -461,8 +463,10 @@ def build(ops, endings=()) -> Log:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=8, max_size=80), endings=st.lists(st.sampled_from(["commit", "abort", None]), min_size=2,
                                                    max_size=2),
-       points=st.lists(st.floats(0, 1), min_size=1, max_size=4), retention=st.integers(0, 3), discard=st.booleans())
-def test_cleaning_preserves_the_read_committed_key_value_map(ops, endings, points, retention, discard):
+       points=st.lists(st.floats(0, 1), min_size=1, max_size=4), retention=st.integers(0, 3), discard=st.booleans(),
+       horizons=st.sampled_from([HORIZON_CHECKPOINT, HORIZON_RECORD_TIMESTAMP]),
+       cuts=st.lists(st.floats(0, 1), max_size=3))
+def test_cleaning_preserves_the_read_committed_key_value_map(ops, endings, points, retention, discard, horizons, cuts):
     log = build(ops, endings)
     original = log.table()
     lso = log.lso
@@ -476,8 +480,19 @@ def test_cleaning_preserves_the_read_committed_key_value_map(ops, endings, point
         now *= 10  # retention is 0..3 ms: a horizon set in one run has passed by the next
         before = table
         r = clean_records(table, aborted, cp, now, retention, checkpoint=checkpoint, last_stable_offset=lso,
-                          discard_null_keys=discard)
+                          discard_null_keys=discard, horizons=horizons)
         kept = offsets(r.table)
+        # the same cleaning fed chunk by chunk (as the compaction runner feeds segments) gives the same rows
+        bounds = sorted({0, table.num_rows, *(int(c * table.num_rows) for c in cuts)})
+        chunks = [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
+        builder = OffsetMapBuilder(aborted, cp)
+        for chunk in chunks:
+            builder.add(chunk)
+        plan = builder.finish()
+        pieces = [plan.apply(c, now, retention, checkpoint=checkpoint, horizons=horizons, discard_null_keys=discard)
+                  for c in chunks]
+        assert offsets(pa.concat_tables([t for t, *_ in pieces] or [table.slice(0, 0)])) == kept
+        assert sorted(h for *_, hs, _ in pieces for h in hs) == [h for h in r.checkpoint.marker_horizons if h[0] < cp]
         # offsets are a subset; nothing at/after the cleaning point changes
         assert set(kept) <= set(offsets(before))
         n_after = sum(1 for o in offsets(before) if o >= cp)
@@ -508,3 +523,104 @@ def test_cleaning_preserves_the_read_committed_key_value_map(ops, endings, point
     for m in (x for x in rows if x["is_control"]):
         prev = [x for x in final if x["producer_id"] == m["producer_id"] and x["offset"] < m["offset"]]
         assert prev and not prev[-1]["is_control"]  # a marker stays only while its records do
+
+
+# ------------------------------------------------------------------ the compaction runner's seam
+class ChunkReader:
+    """A reader that serves each segment as its slice of one table (no object store)."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+
+    def segment_table(self, segment: SegmentInfo) -> pa.Table:
+        offs = pa.compute.field("offset")
+        return self.table.filter((offs >= segment.base_offset) & (offs <= segment.last_offset))
+
+
+def segmented(log: Log, bounds: list[int]) -> tuple[PartitionState, ChunkReader]:
+    """The log cut into segments at ``bounds`` (base offsets), all below the LSO, as the runner offers them."""
+    table = log.table()
+    offs = offsets(table)
+    ts = table.column("timestamp").to_pylist()
+    edges = bounds + [log.next]
+    segs = []
+    for lo, hi in zip(edges, edges[1:]):
+        inside = [i for i, o in enumerate(offs) if lo <= o < hi]
+        segs.append(SegmentInfo("t", 0, f"s{lo}", lo, hi - 1, len(inside), 10 * len(inside),
+                                min(ts[i] for i in inside), max(ts[i] for i in inside), 0, 1))
+    p = PartitionState("t", 0, 0, log.next, log.lso, segs, list(log.aborted))
+    return p, ChunkReader(table)
+
+
+def run_filter(p: PartitionState, reader: ChunkReader, filt) -> list[int]:
+    return [o for s in p.segments for o in offsets(filt(reader.segment_table(s)))]
+
+
+def test_row_filter_cleans_segment_by_segment_with_record_time_horizons():
+    now = 10 * DAY
+    log = Log()
+    log.put("a", "1", ts=now - 5); log.put("b", "1", ts=now - 5)        # 0, 1
+    log.put("a", "2", ts=now - 4); log.put("b", None, ts=now - 2 * DAY)  # 2, 3: b's tombstone is old
+    log.put("c", None, ts=now - 1)                                     # 4: a recent tombstone
+    log.put("x", "bad", pid=2, ts=now - 3)                             # 5 aborted
+    log.abort(2)                                                       # 6 (ts 0: its records are still here)
+    log.put("a", "3", ts=now - 1)                                      # 7
+    p, reader = segmented(log, [0, 3, 6])
+    assert row_filter(p, COMPACT, reader, now) is None  # 3 of 8 removable: not above the 0.5 ratio
+    filt = row_filter(p, {**COMPACT, "min.cleanable.dirty.ratio": "0.3"}, reader, now)
+    assert filt is not None
+    assert run_filter(p, reader, filt) == [4, 6, 7]
+
+
+def test_row_filter_returns_none_when_nothing_is_due():
+    log = Log()
+    for k in "abcdefghij":
+        log.put(k, "1", ts=1)
+    p, reader = segmented(log, [0, 5])
+    assert row_filter(p, COMPACT, reader, DAY) is None  # nothing removable: no rewrite for nothing
+    assert row_filter(p, {}, reader, DAY) is None        # not a compacted topic
+    log.put("a", "2", ts=2)                              # 1 of 11 removable: below the 0.5 ratio
+    p, reader = segmented(log, [0, 5])
+    assert row_filter(p, COMPACT, reader, DAY) is None
+    assert row_filter(p, {**COMPACT, "min.cleanable.dirty.ratio": "0.05"}, reader, DAY) is not None
+    # max.compaction.lag.ms: the log's oldest record is older than the lag -> cleaned anyway
+    filt = row_filter(p, {**COMPACT, "max.compaction.lag.ms": "1000"}, reader, DAY)
+    assert filt is not None and run_filter(p, reader, filt) == list(range(1, 11))
+
+
+def test_row_filter_respects_min_compaction_lag():
+    now = DAY
+    log = Log()
+    for k, ts in [("a", 10), ("a", 20), ("b", now - 10), ("a", now - 5)]:
+        log.put(k, "v", ts=ts)
+    p, reader = segmented(log, [0, 2])
+    filt = row_filter(p, {**COMPACT, "min.compaction.lag.ms": "1000", "min.cleanable.dirty.ratio": "0.1"}, reader, now)
+    # the second segment is younger than the lag: the cleaning stops before it, a@3 supersedes nothing
+    assert filt is not None and run_filter(p, reader, filt) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("backend", ["memory"])
+def test_compaction_round_key_compacts_a_topic_end_to_end(storage, close_engines):
+    """Through the runner (engine/compaction.py): the read_committed key -> value map is unchanged,
+    only records below the LSO outside the last segment go, and the partition's offsets stay."""
+    from compaction_support import committed_tables, fresh_catalog, produce_varied_log, writer_broker
+    from txlake.engine.compaction import compact
+
+    produce_varied_log(storage, "c", partitions=1, flushes=4, per_flush=14, topic_config={"cleanup.policy": "compact"})
+    catalog = fresh_catalog(storage)
+    p = catalog.state.topics["c"].partitions[0]
+    before, aborted, last_base = committed_tables(storage, "c")[0], list(p.aborted_transactions), p.segments[-1].base_offset
+    summary = compact(writer_broker(storage), ["c"])
+    assert summary.key_compacted_partitions == 1
+    after = committed_tables(storage, "c")[0]
+    q = fresh_catalog(storage).state.topics["c"].partitions[0]
+    assert (q.log_start_offset, q.high_watermark, q.last_stable_offset) == (p.log_start_offset, p.high_watermark,
+                                                                            p.last_stable_offset)
+    assert committed_map(after, q.aborted_transactions) == committed_map(before, aborted)
+    assert set(offsets(after)) < set(offsets(before))
+    assert after.filter(pa.compute.field("offset") >= last_base).equals(
+        before.filter(pa.compute.field("offset") >= last_base))
+    cleaned = [r for r in after.to_pylist() if r["offset"] < last_base and not r["is_control"] and r["key"] is not None]
+    assert len({r["key"] for r in cleaned}) == len(cleaned)  # one record per key below the last segment
+    # a second round finds nothing to remove: no rewrite for nothing
+    assert compact(writer_broker(storage), ["c"]).key_compacted_partitions == 0
