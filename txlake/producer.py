@@ -5,6 +5,25 @@ Records are accumulated per partition into batches (``linger.ms``, ``batch.size`
 producer id, epoch and base sequence of an idempotent producer (KIP-98). Delivery
 reports are served by :meth:`Producer.poll` and :meth:`Producer.flush`, as in
 confluent-kafka. :meth:`Producer.produce_arrow` is the bulk path for loads.
+
+Sequences and failures (KIP-98, KIP-360; Kafka's ``Sender`` / ``RecordAccumulator``):
+
+* the closed batches of a partition are sent in order (a FIFO queue per partition); a
+  batch gets its producer id, epoch and base sequence when it is first sent, and keeps
+  them for every retry -- a sequence is never rewritten;
+* a batch answered with a retriable error is retried with the same sequence before any
+  later batch of its partition is sent (``retry.backoff.ms`` apart) until
+  ``delivery.timeout.ms`` after its first record; a batch the engine accepted but has not
+  committed after that long is reported ``_MSG_TIMED_OUT`` too (its outcome is unknown);
+* when a sequenced batch fails for good (e.g. OUT_OF_ORDER_SEQUENCE_NUMBER), the batches
+  queued behind it on that partition fail with the same error, so the partition's records
+  are never written out of order;
+* the idempotent (non-transactional) producer then bumps its epoch locally once no batch
+  is in flight (Kafka's ``bumpIdempotentProducerEpoch``; a new producer id from
+  InitProducerId once the epoch reaches 32767) and every partition's sequence restarts at 0;
+* in a transaction any failed batch makes the transaction abortable with an epoch bump
+  (see :mod:`txlake.transaction_manager`), and every batch not yet sent fails with the
+  transaction's error (Kafka's ``abortUndrainedBatches``).
 """
 
 from __future__ import annotations
@@ -24,6 +43,7 @@ from txlake.engine.requests import ProduceBatch, ProduceResult
 from txlake.engine.errors import ApiError, Errors
 from txlake.engine.partitioner import partition_for_key
 from txlake.engine.producer_state import increment_sequence
+from txlake.engine.transaction_metadata import SHORT_MAX_VALUE
 from txlake.engine.registry import acquire_broker, release_broker
 from txlake.catalog.topic_config import effective_config
 from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
@@ -77,12 +97,33 @@ class _Buffer:
 
 @dataclass
 class _InFlight:
-    """A closed batch sent (or to be re-sent) to the broker, with what its reports need."""
+    """A closed batch -- queued for its partition, sent to the broker, or answered -- with what
+    its reports need.
+
+    Attributes:
+        deadline: ``time.monotonic()`` s when it expires (``delivery.timeout.ms`` after its first record).
+        retry_at: monotonic s before which a retry is not sent.
+        order: send order of its first send (-1 before): a retried batch goes back in front of
+            the batches of its partition sent after it.
+        done: answered (delivered, failed or expired); a late answer of the broker is ignored.
+    """
 
     batch: ProduceBatch
     buffer: _Buffer
     deadline: float
     retry_at: float = 0.0
+    order: int = -1
+    done: bool = False
+
+    @property
+    def tp(self) -> tuple[str, int]:
+        """``(topic, partition)`` of the batch."""
+        return (self.batch.topic, self.batch.partition)
+
+    @property
+    def sequenced(self) -> bool:
+        """True once it was sent: its producer id, epoch and base sequence are set for good."""
+        return self.order >= 0
 
 
 @dataclass
@@ -123,8 +164,15 @@ class Producer:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._buffers: dict[tuple[str, int], _Buffer] = {}
+        #: closed batches not sent yet, per partition, in order (waiting for AddPartitionsToTxn,
+        #: for a retry of the batch in front, or for an epoch bump)
+        self._queues: dict[tuple[str, int], deque[_InFlight]] = {}
+        #: sent batches the broker has not answered yet
         self._inflight: dict[int, _InFlight] = {}
-        self._retry: list[_InFlight] = []
+        #: no batch in flight expires before this (monotonic s; a lower bound, so the send loop
+        #: does not scan every batch in flight each time it wakes)
+        self._expiry_due = float("inf")
+        self._sends = 0
         self._queued = 0
         self._reports: deque = deque()
         self._partitions: dict[str, int] = {}
@@ -132,19 +180,20 @@ class Producer:
         self._producer_id = -1
         self._epoch = -1
         self._writer_checked = False
+        #: idempotent producer: bump the epoch once nothing is in flight (KIP-360)
+        self._bump_required = False
         self._txn: TransactionManager | None = None
         if v["transactional.id"] is not None:
             self._txn = TransactionManager(v["transactional.id"], v["transaction.timeout.ms"],
-                                           self._broker.transaction_coordinator)
+                                           self._broker.transaction_coordinator, self._set_identity)
         self._next_seq: dict[tuple[str, int], int] = {}
         self._fatal: KafkaError | None = None
         self._closed = False
+        # transactions: partitions waiting for AddPartitionsToTxn (their batches wait in their queues)
+        self._txn_pending: set[tuple[str, int]] = set()
+        self._txn_thread: threading.Thread | None = None
         self._sender = threading.Thread(target=self._send_loop, name="txlake-producer", daemon=True)
         self._sender.start()
-        # transactions: partitions waiting for AddPartitionsToTxn, and their batches held meanwhile
-        self._txn_pending: set[tuple[str, int]] = set()
-        self._held: list[_InFlight] = []
-        self._txn_thread: threading.Thread | None = None
         if self._txn is not None:
             self._txn_thread = threading.Thread(target=self._txn_loop, name="txlake-producer-txn", daemon=True)
             self._txn_thread.start()
@@ -264,8 +313,16 @@ class Producer:
         self._writer_checked = True
 
     def _close_batch(self, tp: tuple[str, int], urgent: bool = False) -> None:
-        """Turn the open batch of ``tp`` into a RecordBatch and send it (caller holds the lock);
-        ``urgent`` when a flush waits for it (the engine then commits without lingering)."""
+        """Close the open batch of ``tp``, queue it behind the partition's earlier batches and
+        send what may be sent (caller holds the lock); ``urgent`` when a flush waits for it
+        (the engine then commits without lingering)."""
+        if tp not in self._buffers:  # already closed (and failed) by a transaction that failed meanwhile
+            return
+        self._queues.setdefault(tp, deque()).append(self._make_batch(tp, urgent))
+        self._drain(tp)
+
+    def _make_batch(self, tp: tuple[str, int], urgent: bool = False) -> _InFlight:
+        """Turn the open batch of ``tp`` into a RecordBatch (caller holds the lock)."""
         buf = self._buffers.pop(tp)
         if self._sticky.get(tp[0]) == tp[1]:
             del self._sticky[tp[0]]
@@ -275,65 +332,231 @@ class Producer:
             [pa.array(buf.timestamps, pa.int64()), pa.array(buf.keys, pa.binary()), pa.array(buf.values, pa.binary()), headers],
             schema=PAYLOAD_SCHEMA)
         batch = ProduceBatch(tp[0], tp[1], records, is_transactional=self._txn is not None, urgent=urgent)
-        if self._idempotent:
-            seq = self._next_seq.get(tp, 0)
-            batch.producer_id, batch.producer_epoch, batch.base_sequence = self._producer_id, self._epoch, seq
-            self._next_seq[tp] = increment_sequence(seq, n)
-        self._send(_InFlight(batch, buf, time.monotonic() + self._delivery_timeout))
+        return _InFlight(batch, buf, buf.created + self._delivery_timeout)
+
+    def _assign_sequence(self, tp: tuple[str, int], records: int) -> int:
+        """The base sequence of the next ``records`` records to ``tp`` (caller holds the lock)."""
+        seq = self._next_seq.get(tp, 0)
+        self._next_seq[tp] = increment_sequence(seq, records)
+        return seq
+
+    def _set_identity(self, producer_id: int, epoch: int) -> None:
+        """A new producer id/epoch from InitProducerId (``init_transactions``, or the KIP-360 bump
+        of ``abort_transaction``): every partition's sequence restarts at 0."""
+        with self._lock:
+            self._producer_id, self._epoch = producer_id, epoch
+            self._next_seq.clear()
+            self._writer_checked = True
+            self._cond.notify_all()
+
+    def _sendable(self, flight: _InFlight, now: float) -> bool:
+        """Whether the batch at the head of its partition's queue may be sent now."""
+        if flight.retry_at > now:
+            return False
+        if self._txn is not None and flight.batch.is_transactional and (
+                flight.tp in self._txn_pending or flight.tp not in self._txn.partitions):
+            return False  # Kafka's Sender sends no batch of a partition before AddPartitionsToTxn
+        # after a failure the idempotent producer bumps its epoch before any new sequence
+        return flight.sequenced or not (self._idempotent and self._bump_required)
+
+    def _drain(self, tp: tuple[str, int], now: float | None = None) -> None:
+        """Send the batches of ``tp``'s queue, in order, while the one in front may be sent
+        (caller holds the lock). A transaction in an error state sends nothing more: every
+        batch not sent fails with its error (Kafka's ``abortUndrainedBatches``)."""
+        queue = self._queues.get(tp)
+        if not queue:
+            return
+        if self._txn is not None and self._txn.has_error:
+            self._abort_undrained()
+            return
+        now = time.monotonic() if now is None else now
+        while queue and self._sendable(queue[0], now):
+            self._send(queue.popleft())
+        if not queue and self._queues.get(tp) is queue:
+            del self._queues[tp]
 
     def _send(self, flight: _InFlight) -> None:
-        """Send a batch (caller holds the lock); a transactional batch waits until its partition
-        is in the transaction (Kafka's Sender sends no batch before AddPartitionsToTxn)."""
-        tp = (flight.batch.topic, flight.batch.partition)
-        if self._txn is not None and flight.batch.is_transactional and (
-                tp in self._txn_pending or tp not in self._txn.partitions):
-            self._held.append(flight)
-            return
+        """Send a batch (caller holds the lock). Its first send gives it the producer id, epoch
+        and base sequence it keeps for every retry. The broker validates at once, so a refusal
+        is handled (by :meth:`_on_result`) before this returns."""
+        if flight.order < 0:
+            flight.order = self._sends
+            self._sends += 1
+            if self._idempotent:
+                batch = flight.batch
+                batch.producer_id, batch.producer_epoch = self._producer_id, self._epoch
+                batch.base_sequence = self._assign_sequence(flight.tp, batch.records.num_rows)
         self._inflight[id(flight)] = flight
+        self._expiry_due = min(self._expiry_due, flight.deadline)
         (future,) = self._broker.produce_async([flight.batch])
         future.add_done_callback(lambda f, fl=flight: self._on_result(fl, f.result()))
 
+    def _requeue(self, flight: _InFlight) -> None:
+        """Put a batch to retry back in its partition's queue, in front of every batch sent after
+        it and of every batch not sent yet (caller holds the lock)."""
+        queue = self._queues.setdefault(flight.tp, deque())
+        i = 0
+        while i < len(queue) and queue[i].sequenced and queue[i].order < flight.order:
+            i += 1
+        queue.insert(i, flight)
+
     def _on_result(self, flight: _InFlight, result: ProduceResult) -> None:
         with self._lock:
+            if flight.done:  # expired before the engine answered
+                if result.error != Errors.NO_ERROR and self._idempotent and self._txn is None:
+                    self._bump_required = True  # its sequence may be missing: restart under a new epoch
+                    self._cond.notify_all()
+                return
             self._inflight.pop(id(flight), None)
             if result.error != Errors.NO_ERROR and result.error.retriable and time.monotonic() < flight.deadline \
                     and self._retries > 0 and not self._closed:
                 flight.retry_at = time.monotonic() + self._cfg["retry.backoff.ms"] / 1000
-                self._retry.append(flight)
+                self._requeue(flight)
                 self._cond.notify_all()
                 return
-            err = None
-            if result.error != Errors.NO_ERROR:
+            if result.error == Errors.NO_ERROR:
+                self._report(flight, result, None)
+            else:
                 code = Errors._MSG_TIMED_OUT if result.error.retriable else result.error
-                fatal = result.error == Errors._FENCED
-                err = KafkaError(code, result.message or result.error.name, fatal=fatal)
-                if fatal and self._fatal is None:
-                    # a fenced producer's every later call fails (librdkafka's fatal error state)
-                    self._fatal = KafkaError(Errors._FATAL, f"fatal error: {err.str()}", fatal=True)
-                if self._txn is not None:
-                    self._txn.send_failed(err)
-            self._reports.append((flight, result, err))
-            self._cond.notify_all()
+                self._batch_failed(flight.tp, code, result.message or result.error.name, flight.sequenced,
+                                   flight, result)
+
+    def _report(self, flight: _InFlight, result: ProduceResult, err: KafkaError | None) -> None:
+        """Queue the delivery reports of a batch's records (caller holds the lock)."""
+        flight.done = True
+        self._reports.append((flight, result, err))
+        self._cond.notify_all()
+
+    def _fail_flight(self, flight: _InFlight, err: KafkaError) -> None:
+        """Report a batch that was not (or is no longer) in flight as failed with ``err``."""
+        self._report(flight, ProduceResult(Errors(err.code()), message=err.str()), err)
+
+    def _batch_failed(self, tp: tuple[str, int], code: Errors, message: str, sequenced: bool,
+                      flight: _InFlight | None = None, result: ProduceResult | None = None) -> KafkaError:
+        """A batch to ``tp`` failed for good with ``code``: returns the error for its records and,
+        for a batch of :meth:`produce` (``flight``, with the broker's ``result`` if any), queues
+        its reports first (caller holds the lock; shared by produce, produce_arrow and
+        TxnOffsetCommit batches).
+
+        ``_FENCED`` (this process lost the writer lease) is fatal. In a transaction the
+        transaction becomes abortable with an epoch bump, or fatal when fenced. When the batch
+        had a sequence (``sequenced``), the partition's sequence now has a gap: the batches
+        queued behind it fail too, and the idempotent producer bumps its epoch once nothing is
+        in flight (KIP-360).
+        """
+        fatal = code == Errors._FENCED
+        err = KafkaError(code, message, fatal=fatal)
+        if flight is not None:
+            self._report(flight, result if result is not None else ProduceResult(code, message=message), err)
+        if fatal and self._fatal is None:
+            # a fenced producer's every later call fails (librdkafka's fatal error state)
+            self._fatal = KafkaError(Errors._FATAL, f"fatal error: {err.str()}", fatal=True)
+        if self._txn is not None:
+            self._txn.send_failed(err)
+        elif sequenced and self._idempotent:
+            self._bump_required = True
+        if sequenced:
+            for later in self._take_queue(tp):
+                self._fail_flight(later, KafkaError(code, f"an earlier batch to {tp[0]} [{tp[1]}] failed: {message}",
+                                                    fatal=fatal))
+        if self._txn is not None and self._txn.has_error:
+            self._abort_undrained()
+        return err
+
+    def _take_queue(self, tp: tuple[str, int]) -> list[_InFlight]:
+        """Remove and return the queued batches of ``tp`` (emptying the queue object too: a
+        :meth:`_drain` further up the stack may still hold it). Caller holds the lock."""
+        queue = self._queues.pop(tp, None)
+        if not queue:
+            return []
+        taken = list(queue)
+        queue.clear()
+        return taken
+
+    def _abort_undrained(self) -> None:
+        """The transaction is in ABORTABLE_ERROR or FATAL_ERROR: fail every record not sent yet --
+        open batches and queued ones -- with its error (Kafka's ``abortUndrainedBatches``;
+        librdkafka purges them). Caller holds the lock."""
+        err = self._txn.error or KafkaError(Errors._STATE, "the transaction failed")
+        for tp in list(self._queues):
+            for flight in self._take_queue(tp):
+                self._fail_flight(flight, err)
+        for tp in list(self._buffers):
+            self._fail_flight(self._make_batch(tp), err)
+        self._txn_pending.clear()
+
+    def _expire(self, now: float) -> None:
+        """Fail the batches past ``delivery.timeout.ms`` with ``_MSG_TIMED_OUT`` (Kafka's
+        ``Sender`` expiring batches in the accumulator and in flight). Caller holds the lock.
+
+        A batch the engine accepted but has not committed yet has an unknown outcome: it is
+        reported as timed out and its late answer ignored (in a transaction, the abort that
+        must follow writes an ABORT marker after it). A sequenced batch waiting for a retry
+        leaves a gap in its partition's sequence (see :meth:`_batch_failed`).
+        """
+        if now >= self._expiry_due:
+            for flight in [f for f in self._inflight.values() if f.deadline <= now]:
+                del self._inflight[id(flight)]
+                self._batch_failed(flight.tp, Errors._MSG_TIMED_OUT, self._timed_out_message(flight), False, flight)
+            self._expiry_due = min((f.deadline for f in self._inflight.values()), default=float("inf"))
+        for tp in list(self._queues):
+            queue = self._queues.get(tp)
+            while queue and queue[0].deadline <= now:
+                flight = queue.popleft()
+                self._batch_failed(tp, Errors._MSG_TIMED_OUT, self._timed_out_message(flight), flight.sequenced, flight)
+                queue = self._queues.get(tp)
+            if queue is not None and not queue and self._queues.get(tp) is queue:
+                del self._queues[tp]
+
+    def _timed_out_message(self, flight: _InFlight) -> str:
+        return (f"{len(flight.buffer.values)} record(s) for {flight.batch.topic} [{flight.batch.partition}] expired: "
+                f"delivery.timeout.ms ({int(self._delivery_timeout * 1000)} ms) passed since the batch was created")
+
+    def _maybe_bump(self) -> None:
+        """KIP-360 for the idempotent (non-transactional) producer (Kafka's
+        ``bumpIdempotentEpochAndResetIdIfNeeded``): once a failure left a gap in a sequence and
+        no batch is in flight, bump the epoch locally -- the broker accepts a newer epoch
+        starting at sequence 0 -- or, at epoch 32767, take a new producer id from
+        InitProducerId; every partition's sequence restarts at 0. Caller holds the lock."""
+        if not self._bump_required or self._inflight or self._txn is not None or not self._idempotent:
+            return
+        if self._epoch >= SHORT_MAX_VALUE:
+            try:
+                err, pid, epoch = self._broker.init_producer_id()
+            except ApiError as exc:
+                if self._fatal is None:
+                    self._fatal = KafkaError(Errors._FATAL, f"fatal error: a new producer id was refused: {exc.message}",
+                                             fatal=True)
+                return
+            self._producer_id, self._epoch = pid, epoch
+        else:
+            self._epoch += 1
+        self._next_seq.clear()
+        self._bump_required = False
+        self._cond.notify_all()
 
     def _send_loop(self) -> None:
         while True:
             with self._lock:
-                if self._closed and not self._buffers and not self._retry:
+                if self._closed:
                     return
                 now = time.monotonic()
                 for tp in [tp for tp, b in self._buffers.items() if now - b.created >= self._linger]:
                     self._close_batch(tp)
-                due = [f for f in self._retry if f.retry_at <= now]
-                self._retry = [f for f in self._retry if f.retry_at > now]
-                for flight in due:
-                    self._send(flight)
+                self._expire(now)
+                self._maybe_bump()
+                for tp in list(self._queues):
+                    self._drain(tp, now)
                 waits = [b.created + self._linger - now for b in self._buffers.values()]
-                waits += [f.retry_at - now for f in self._retry]
+                waits += [q[0].retry_at - now for q in self._queues.values() if q and q[0].retry_at > now]
+                waits += [q[0].deadline - now for q in self._queues.values() if q]
+                if self._inflight:
+                    waits.append(self._expiry_due - now)
                 self._cond.wait(max(0.001, min(waits)) if waits else 0.05)
 
     def _txn_loop(self) -> None:
         """The transaction thread: adds the partitions new to the transaction, all that are waiting
-        in one AddPartitionsToTxn, then releases their batches (or fails them with its error).
+        in one AddPartitionsToTxn, then sends their queued batches (or fails them with its error).
         A coordinator request waits for a commit, so it is sent without holding the lock."""
         assert self._txn is not None
         while True:
@@ -346,14 +569,16 @@ class Producer:
             error = self._txn.add_partitions(todo, self._delivery_timeout)
             with self._lock:
                 self._txn_pending -= todo
-                released = [f for f in self._held if (f.batch.topic, f.batch.partition) in todo]
-                self._held = [f for f in self._held if (f.batch.topic, f.batch.partition) not in todo]
-                err = None if error == Errors.NO_ERROR else (self._txn.error or KafkaError(error, error.name))
-                for flight in released:
-                    if err is None:
-                        self._send(flight)
-                    else:  # never retried: the records were never sent
-                        self._reports.append((flight, ProduceResult(error, message=err.str()), err))
+                if error == Errors.NO_ERROR:
+                    for tp in todo:
+                        self._drain(tp)
+                else:  # never sent: no sequence was used
+                    err = self._txn.error or KafkaError(error, error.name)
+                    for tp in todo:
+                        for flight in self._take_queue(tp):
+                            self._fail_flight(flight, err)
+                    if self._txn.has_error:
+                        self._abort_undrained()
                 self._cond.notify_all()
 
     # ------------------------------------------------------------------ transactions
@@ -371,12 +596,9 @@ class Producer:
             KafkaException: ``_STATE`` when called twice; fatal (e.g. PRODUCER_FENCED) or
                 ``_TIMED_OUT`` (retriable) errors.
         """
-        txn = self._transactions()
-        txn.init_transactions(timeout)  # a blocking coordinator request: not under the lock
-        with self._lock:
-            self._producer_id, self._epoch = txn.producer_id, txn.epoch
-            self._next_seq.clear()
-            self._writer_checked = True
+        # a blocking coordinator request: not under the lock; the new identity comes back
+        # through _set_identity (sequences start at 0)
+        self._transactions().init_transactions(timeout)
 
     def begin_transaction(self) -> None:
         """Start a transaction (``_STATE`` unless initialized and no transaction is open)."""
@@ -414,18 +636,20 @@ class Producer:
             error = exc.error
         if error != Errors.NO_ERROR:
             err = KafkaError(error, f"TxnOffsetCommit for group {group_id} failed: {error.name}")
-            txn.send_failed(err)
+            with self._lock:
+                txn.send_failed(err, epoch_bump=False)  # refused before any sequence was used
             raise KafkaException(txn.error or err)
         with self._lock:
             records = offset_records(group_id, offsets)
-            seq = self._next_seq.get((topic, partition), 0)
-            self._next_seq[(topic, partition)] = increment_sequence(seq, records.num_rows)
+            seq = self._assign_sequence((topic, partition), records.num_rows)
             batch = ProduceBatch(topic, partition, records, self._producer_id, self._epoch, seq,
                                  is_transactional=True, urgent=True)
         (result,) = self._broker.produce([batch], timeout_ms=int((timeout or 30) * 1000))
         if result.error != Errors.NO_ERROR:
-            err = KafkaError(result.error, f"TxnOffsetCommit for group {group_id} failed: {result.message}")
-            txn.send_failed(err)
+            with self._lock:
+                code = Errors._MSG_TIMED_OUT if result.error.retriable else result.error
+                err = self._batch_failed((topic, partition), code,
+                                         f"TxnOffsetCommit for group {group_id} failed: {result.message}", True)
             raise KafkaException(txn.error or err)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
@@ -434,7 +658,19 @@ class Producer:
         self._transactions().end_transaction(True, timeout, self.flush, self._hand_over)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
-        """Flush, then abort (EndTxn ABORT): nothing of the transaction becomes visible to read_committed."""
+        """Flush, then abort (EndTxn ABORT): nothing of the transaction becomes visible to read_committed.
+
+        After an error that requires it (a failed record, UNKNOWN_PRODUCER_ID or
+        INVALID_PRODUCER_ID_MAPPING) the abort also bumps the producer epoch (KIP-360:
+        InitProducerId with the current producer id and epoch; a new producer id once the
+        epoch is exhausted or the transactional id expired) and every partition's sequence
+        restarts at 0, so the next transaction can go on.
+
+        Raises:
+            KafkaException: ``_STATE`` outside a transaction; ``_TIMED_OUT`` (retriable: call
+                again, it resumes); PRODUCER_FENCED (``fatal()``) when a newer instance took
+                the transactional id over.
+        """
         self._transactions().end_transaction(False, timeout, self.flush)
 
     def _hand_over(self, timeout: float | None) -> int:
@@ -448,14 +684,21 @@ class Producer:
         """
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
-            for tp in list(self._buffers):
-                self._close_batch(tp, urgent=True)
-            while self._buffers or self._held or self._txn_pending or self._retry:
+            self._close_all_urgent()
+            while self._buffers or self._txn_pending or any(self._queues.values()):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    return sum(len(f.buffer.values) for f in self._held + self._retry)
+                    return sum(len(f.buffer.values) for q in self._queues.values() for f in q)
                 self._cond.wait(min(remaining, 0.05) if remaining is not None else 0.05)
             return 0
+
+    def _close_all_urgent(self) -> None:
+        """A flush waits: close every open batch and mark every queued one urgent (caller holds the lock)."""
+        for queue in self._queues.values():
+            for flight in queue:
+                flight.batch.urgent = True
+        for tp in list(self._buffers):
+            self._close_batch(tp, urgent=True)
 
     # ------------------------------------------------------------------ reports
     def poll(self, timeout: float | None = None) -> int:
@@ -502,8 +745,7 @@ class Producer:
         """
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
-            for tp in list(self._buffers):
-                self._close_batch(tp, urgent=True)
+            self._close_all_urgent()
         while True:
             self.poll(0)
             with self._lock:
@@ -563,14 +805,14 @@ class Producer:
         total = 0
         offsets: dict[int, tuple[int, int]] = {}
         rr = random.randrange(n_parts)
+        deadline = time.monotonic() + timeout
 
         def settle(entry) -> None:
             fut, p, count, nbytes = entry
             res = fut.result(timeout=timeout)
             if res.error != Errors.NO_ERROR:
-                err = KafkaError(res.error, res.message or res.error.name)
-                if self._txn is not None:
-                    self._txn.send_failed(err)  # the transaction must be aborted
+                with self._lock:  # a transaction becomes abortable; an idempotent producer bumps its epoch
+                    err = self._batch_failed((topic, p), res.error, res.message or res.error.name, self._idempotent)
                 raise KafkaException(self._txn.error if self._txn is not None and self._txn.error else err)
             lo, hi = offsets.get(p, (res.base_offset, res.base_offset + count - 1))
             offsets[p] = (min(lo, res.base_offset), max(hi, res.base_offset + count - 1))
@@ -600,12 +842,12 @@ class Producer:
                 for off in range(0, part_rows.num_rows, rows_per_batch):
                     chunk = part_rows.slice(off, rows_per_batch)
                     batch = ProduceBatch(topic, p, chunk, is_transactional=self._txn is not None)
-                    if self._idempotent:
-                        with self._lock:
-                            seq = self._next_seq.get((topic, p), 0)
-                            self._next_seq[(topic, p)] = increment_sequence(seq, chunk.num_rows)
-                        batch.producer_id, batch.producer_epoch, batch.base_sequence = self._producer_id, self._epoch, seq
-                    (fut,) = self._broker.produce_async([batch])
+                    with self._lock:  # sequence and send in one step: the engine sees the sequences in order
+                        if self._idempotent:
+                            self._await_epoch_bump(deadline)
+                            batch.producer_id, batch.producer_epoch = self._producer_id, self._epoch
+                            batch.base_sequence = self._assign_sequence((topic, p), chunk.num_rows)
+                        (fut,) = self._broker.produce_async([batch])
                     pending.append((fut, p, chunk.num_rows, chunk.nbytes))
                     pending_bytes += chunk.nbytes
                     total += chunk.num_rows
@@ -617,6 +859,20 @@ class Producer:
         while pending:
             settle(pending.popleft())
         return BulkResult(total, offsets)
+
+    def _await_epoch_bump(self, deadline: float) -> None:
+        """produce_arrow of an idempotent producer: a pending KIP-360 epoch bump happens before any
+        new sequence is used; it waits for the batches of :meth:`produce` in flight (caller
+        holds the lock)."""
+        while self._bump_required and self._txn is None:
+            self._maybe_bump()
+            if not self._bump_required:
+                return
+            if self._fatal is not None:
+                raise KafkaException(self._fatal)
+            if time.monotonic() >= deadline:
+                raise kafka_exception(KafkaError._TIMED_OUT, "the producer epoch bump waits for batches in flight")
+            self._cond.wait(0.05)
 
     def _join_transaction(self, partitions: set[tuple[str, int]], timeout: float) -> None:
         """produce_arrow in a transaction: wait until ``partitions`` are in it (the transaction

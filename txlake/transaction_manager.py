@@ -4,6 +4,18 @@ States: UNINITIALIZED -> (init_transactions) -> READY -> (begin_transaction) ->
 IN_TRANSACTION -> (commit/abort) -> READY; any state -> ABORTABLE_ERROR (a failed send
 or coordinator request: only ``abort_transaction`` leaves it) or FATAL_ERROR (fenced:
 every later call fails ``fatal()``). Calls out of order raise ``_STATE``, as librdkafka.
+
+KIP-360 (safe epoch bumps): an abortable error that leaves the producer's sequences or
+its producer id unusable -- a failed batch of the transaction, or UNKNOWN_PRODUCER_ID /
+INVALID_PRODUCER_ID_MAPPING from the coordinator -- also sets
+:attr:`TransactionManager.epoch_bump_required`. ``abort_transaction`` then ends the
+transaction (EndTxn ABORT, skipped after INVALID_PRODUCER_ID_MAPPING, which the
+coordinator would refuse) and sends InitProducerId naming the current producer id and
+epoch: the coordinator answers with the next epoch (a new producer id once the epoch is
+exhausted, a fresh one if the transactional id expired), the producer restarts every
+partition's sequence at 0, and the next transaction goes on. PRODUCER_FENCED there means
+a newer instance took over meanwhile: fatal. This is Kafka's ``beginCompletingTransaction``
+/ ``InitProducerIdHandler(isEpochBump)`` path.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Callable
 
 from txlake.engine.errors import ApiError, Errors
+from txlake.engine.transaction_metadata import ProducerIdAndEpoch
 
 from .error import KafkaError, KafkaException
 
@@ -22,10 +35,16 @@ if TYPE_CHECKING:
 #: coordinator answers that mean "try again shortly"
 _RETRY = frozenset({Errors.CONCURRENT_TRANSACTIONS, Errors.COORDINATOR_LOAD_IN_PROGRESS,
                     Errors.COORDINATOR_NOT_AVAILABLE, Errors.NOT_COORDINATOR, Errors.REQUEST_TIMED_OUT})
-#: answers that fence this producer for good
+#: coordinator answers that fence this producer for good (Kafka's ``fatalError`` answers)
 _FATAL = frozenset({Errors.PRODUCER_FENCED, Errors.INVALID_PRODUCER_EPOCH, Errors._FENCED,
-                    Errors.TRANSACTIONAL_ID_NOT_FOUND, Errors.INVALID_PRODUCER_ID_MAPPING,
-                    Errors.TRANSACTION_COORDINATOR_FENCED, Errors.INVALID_TRANSACTION_TIMEOUT})
+                    Errors.TRANSACTIONAL_ID_NOT_FOUND, Errors.TRANSACTION_COORDINATOR_FENCED,
+                    Errors.INVALID_TRANSACTION_TIMEOUT})
+#: coordinator answers that are abortable when the coordinator can bump the epoch (Kafka's
+#: ``abortableErrorIfPossible``; this coordinator always can): abort re-initialises the producer id/epoch
+_ABORTABLE_WITH_BUMP = frozenset({Errors.UNKNOWN_PRODUCER_ID, Errors.INVALID_PRODUCER_ID_MAPPING})
+#: produce answers that fence the producer (a failed batch is otherwise abortable, KIP-588:
+#: INVALID_PRODUCER_EPOCH from a partition is abortable; the abort's EndTxn then tells a real fence)
+_FATAL_BATCH = frozenset({Errors.PRODUCER_FENCED, Errors._FENCED, Errors._FATAL})
 RETRY_BACKOFF_S = 0.02
 
 
@@ -43,22 +62,37 @@ class TxnState(Enum):
 
 
 class TransactionManager:
-    """Client side of one ``transactional.id``.
+    """Client side of one ``transactional.id`` (Kafka's client ``TransactionManager``).
 
     Args:
         transactional_id / timeout_ms: the producer's ``transactional.id`` and ``transaction.timeout.ms``.
         coordinator: returns the storage root's transaction coordinator (takes the writer lease).
+        on_identity: called with ``(producer_id, epoch)`` whenever InitProducerId hands out a new
+            identity (``init_transactions`` and the KIP-360 bump of ``abort_transaction``); the
+            producer then restarts every partition's sequence at 0. Called without any lock held.
+
+    Attributes:
+        producer_id / epoch: the identity in use (-1 before ``init_transactions``).
+        partitions: ``(topic, partition)`` pairs added to the current transaction.
+        error: the error of ABORTABLE_ERROR / FATAL_ERROR (and of the abort that follows one).
+        epoch_bump_required: the next ``abort_transaction`` bumps the epoch (KIP-360).
     """
 
-    def __init__(self, transactional_id: str, timeout_ms: int, coordinator: Callable[[], "TransactionCoordinator"]):
+    def __init__(self, transactional_id: str, timeout_ms: int, coordinator: Callable[[], "TransactionCoordinator"],
+                 on_identity: Callable[[int, int], None] | None = None):
         self.transactional_id = transactional_id
         self.timeout_ms = timeout_ms
         self._coordinator = coordinator
+        self._on_identity = on_identity
         self.state = TxnState.UNINITIALIZED
         self.producer_id = -1
         self.epoch = -1
         self.partitions: set[tuple[str, int]] = set()
         self.error: KafkaError | None = None
+        self.epoch_bump_required = False
+        #: EndTxn of the transaction being completed has been answered NO_ERROR (a resumed
+        #: abort_transaction must not send it again: after the bump it would be fenced)
+        self._end_txn_done = False
 
     # ------------------------------------------------------------------ state checks
     def _require(self, *states: TxnState, operation: str) -> None:
@@ -69,14 +103,29 @@ class TransactionManager:
                 raise KafkaException(self.error)
             raise KafkaException(KafkaError(Errors._STATE, f"Operation not valid in state {self.state.value}: {operation}"))
 
-    def _fail(self, error: Errors, message: str, abortable: bool = True) -> KafkaException:
-        """Move to FATAL_ERROR (fencing answers) or ABORTABLE_ERROR; return the exception to raise."""
-        if error in _FATAL or not abortable:
+    @property
+    def has_error(self) -> bool:
+        """True in ABORTABLE_ERROR or FATAL_ERROR (Kafka's ``hasError``): nothing more may be sent."""
+        return self.state in (TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR)
+
+    def _fail(self, error: Errors, message: str, abortable: bool | None = None,
+              epoch_bump: bool = False) -> KafkaException:
+        """Move to FATAL_ERROR (``abortable=False``; by default for the coordinator's fencing
+        answers) or ABORTABLE_ERROR (with ``epoch_bump``: the abort must re-initialise the
+        producer id/epoch); return the exception to raise. An abort in progress stays
+        ABORTING_TRANSACTION (Kafka's
+        ``transitionToAbortableError`` skips it; calling ``abort_transaction`` again resumes it)
+        but remembers the error and a required bump."""
+        if abortable is None:
+            abortable = error not in _FATAL
+        if not abortable:
             self.state = TxnState.FATAL_ERROR
             self.error = KafkaError(error, message, fatal=True)
-        else:
+            return KafkaException(self.error)
+        self.epoch_bump_required = self.epoch_bump_required or epoch_bump
+        self.error = KafkaError(error, message, txn_requires_abort=True)
+        if self.state is not TxnState.ABORTING_TRANSACTION:
             self.state = TxnState.ABORTABLE_ERROR
-            self.error = KafkaError(error, message, txn_requires_abort=True)
         return KafkaException(self.error)
 
     def _call(self, request: Callable[[], Errors], timeout: float | None, what: str) -> Errors:
@@ -94,22 +143,37 @@ class TransactionManager:
                                                 retriable=True))
             time.sleep(RETRY_BACKOFF_S)
 
-    # ------------------------------------------------------------------ API
-    def init_transactions(self, timeout: float | None) -> None:
-        """InitProducerId: fence older instances, complete their transactions; UNINITIALIZED -> READY."""
-        self._require(TxnState.UNINITIALIZED, TxnState.INITIALIZING, operation="init_transactions")
-        self.state = TxnState.INITIALIZING
+    def _init_producer_id(self, timeout: float | None, expected: ProducerIdAndEpoch | None) -> Errors:
+        """InitProducerId (``expected`` = the current identity for a KIP-360 bump); on NO_ERROR the
+        new identity is taken and announced to ``on_identity``."""
         answer: list = []
 
         def request() -> Errors:
-            error, pid, epoch = self._coordinator().handle_init_producer_id(self.transactional_id, self.timeout_ms)
+            error, pid, epoch = self._coordinator().handle_init_producer_id(self.transactional_id, self.timeout_ms,
+                                                                            expected)
             answer[:] = [pid, epoch]
             return error
 
-        error = self._call(request, timeout, "init_transactions")
+        error = self._call(request, timeout, "InitProducerId")
+        if error == Errors.NO_ERROR:
+            self.producer_id, self.epoch = answer
+            if self._on_identity is not None:
+                self._on_identity(self.producer_id, self.epoch)
+        return error
+
+    # ------------------------------------------------------------------ API
+    def init_transactions(self, timeout: float | None) -> None:
+        """InitProducerId: fence older instances, complete their transactions; UNINITIALIZED -> READY.
+
+        Raises:
+            KafkaException: ``_STATE`` when already initialized; ``_TIMED_OUT`` (retriable, call
+                again); any refusal is fatal (PRODUCER_FENCED, INVALID_TRANSACTION_TIMEOUT, ...).
+        """
+        self._require(TxnState.UNINITIALIZED, TxnState.INITIALIZING, operation="init_transactions")
+        self.state = TxnState.INITIALIZING
+        error = self._init_producer_id(timeout, None)
         if error != Errors.NO_ERROR:
             raise self._fail(error, f"init_transactions failed: {error.name}", abortable=False)
-        self.producer_id, self.epoch = answer
         self.state = TxnState.READY
 
     def begin_transaction(self) -> None:
@@ -129,8 +193,14 @@ class TransactionManager:
         producer's transaction thread, never under the producer lock.
 
         Returns NO_ERROR (the partitions are in the transaction), or the error after moving to
-        ABORTABLE_ERROR or FATAL_ERROR (PRODUCER_FENCED and other fencing answers).
+        FATAL_ERROR (PRODUCER_FENCED and other fencing answers) or ABORTABLE_ERROR (with an
+        epoch bump for UNKNOWN_PRODUCER_ID / INVALID_PRODUCER_ID_MAPPING, KIP-360). In an error
+        state nothing is sent and the state's error is returned (Kafka's
+        ``maybeTerminateRequestWithError``).
         """
+        if self.has_error and self.error is not None:
+            return Errors(self.error.code())
+
         def request() -> Errors:
             answers = self._coordinator().handle_add_partitions_to_txn(
                 self.transactional_id, self.producer_id, self.epoch, partitions)
@@ -144,37 +214,74 @@ class TransactionManager:
             self.partitions |= partitions
         elif self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING_TRANSACTION, TxnState.ABORTING_TRANSACTION):
             names = ", ".join(f"{t} [{p}]" for t, p in sorted(partitions))
-            self._fail(error, f"adding {names} to the transaction failed: {error.name}")
+            self._fail(error, f"adding {names} to the transaction failed: {error.name}",
+                       epoch_bump=error in _ABORTABLE_WITH_BUMP)
         return error
 
     def add_offsets(self, group_id: str, partition: int) -> tuple[str, int]:
-        """AddOffsetsToTxn: the group's ``__consumer_offsets`` partition (``partition``) joins the transaction."""
+        """AddOffsetsToTxn: the group's ``__consumer_offsets`` partition (``partition``) joins the transaction.
+
+        Raises:
+            KafkaException: fatal when fenced; abortable otherwise (with an epoch bump for
+                UNKNOWN_PRODUCER_ID / INVALID_PRODUCER_ID_MAPPING, KIP-360).
+        """
         self._require(TxnState.IN_TRANSACTION, operation="send_offsets_to_transaction")
         tp = ("__consumer_offsets", partition)
         error = self._call(lambda: self._coordinator().handle_add_offsets_to_txn(
             self.transactional_id, self.producer_id, self.epoch, group_id), None, "AddOffsetsToTxn")
         if error != Errors.NO_ERROR:
-            raise self._fail(error, f"AddOffsetsToTxn for group {group_id} failed: {error.name}")
+            raise self._fail(error, f"AddOffsetsToTxn for group {group_id} failed: {error.name}",
+                             epoch_bump=error in _ABORTABLE_WITH_BUMP)
         self.partitions.add(tp)
         return tp
 
-    def send_failed(self, error: KafkaError) -> None:
-        """A record of the transaction could not be written: the transaction must be aborted."""
-        if self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING_TRANSACTION):
-            self._fail(Errors(error.code()) if error.code() in Errors._value2member_map_ else Errors._FAIL,
-                       f"a record of the transaction failed: {error.str()}")
+    def send_failed(self, error: KafkaError, epoch_bump: bool = True) -> None:
+        """A record of the transaction could not be written (Kafka's ``maybeTransitionToErrorState``).
+
+        A fenced producer (PRODUCER_FENCED, ``_FENCED``: this process lost the writer lease)
+        becomes fatal; any other failure is abortable, and -- because the partition's sequence
+        now has a gap or an unknown end -- requires an epoch bump (KIP-360), unless
+        ``epoch_bump=False`` (a refusal that involved no sequence, e.g. a TxnOffsetCommit the
+        group coordinator refused). During an abort only the bump is remembered.
+        """
+        code = Errors(error.code()) if error.code() in Errors._value2member_map_ else Errors._FAIL
+        message = f"a record of the transaction failed: {error.str()}"
+        if code in _FATAL_BATCH:
+            if self.state is not TxnState.FATAL_ERROR:
+                self._fail(code, message, abortable=False)
+        elif self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING_TRANSACTION, TxnState.ABORTABLE_ERROR,
+                            TxnState.ABORTING_TRANSACTION):
+            if self.state in (TxnState.ABORTABLE_ERROR, TxnState.ABORTING_TRANSACTION):  # keep the first error
+                self.epoch_bump_required = self.epoch_bump_required or epoch_bump
+            else:
+                self._fail(code, message, abortable=True, epoch_bump=epoch_bump)
 
     def end_transaction(self, committed: bool, timeout: float | None, flush: Callable[[float | None], int],
                         hand_over: Callable[[float | None], int] | None = None) -> None:
         """commit_transaction / abort_transaction: flush (or, for a commit, ``hand_over`` every
         record to the engine without waiting for its commit), then EndTxn; -> READY.
 
-        Both return the records not delivered / not handed over in time."""
+        An abort after an error that requires it (:attr:`epoch_bump_required`) then bumps the
+        epoch (KIP-360, Kafka's ``beginCompletingTransaction``): EndTxn ABORT first -- skipped
+        when the last error is INVALID_PRODUCER_ID_MAPPING, which the coordinator would answer
+        again -- then InitProducerId with the current producer id and epoch.
+
+        Both callables return the records not delivered / not handed over in time. A call that
+        raised ``_TIMED_OUT`` may be repeated: it resumes where it stopped.
+
+        Raises:
+            KafkaException: ``_TIMED_OUT`` (retriable: call again); for a commit, the error of a
+                failed record or request (``txn_requires_abort()``); PRODUCER_FENCED and other
+                fencing answers (``fatal()``), including a bump refused because a newer
+                instance took the transactional id over.
+        """
         if committed:
-            self._require(TxnState.IN_TRANSACTION, operation="commit_transaction")
+            self._require(TxnState.IN_TRANSACTION, TxnState.COMMITTING_TRANSACTION, operation="commit_transaction")
+            self.state = TxnState.COMMITTING_TRANSACTION
         else:
-            self._require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, operation="abort_transaction")
-        self.state = TxnState.COMMITTING_TRANSACTION if committed else TxnState.ABORTING_TRANSACTION
+            self._require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.ABORTING_TRANSACTION,
+                          operation="abort_transaction")
+            self.state = TxnState.ABORTING_TRANSACTION
         left = (hand_over or flush)(timeout) if committed else flush(timeout)
         if left:
             raise KafkaException(KafkaError(Errors._TIMED_OUT, f"{left} records not delivered in time", retriable=True))
@@ -182,11 +289,17 @@ class TransactionManager:
             raise KafkaException(self.error)
         if self.state is TxnState.FATAL_ERROR:
             raise KafkaException(self.error)
-        if self.partitions:
+        last_error = Errors(self.error.code()) if self.error is not None else None
+        if self.partitions and not self._end_txn_done and not (
+                not committed and self.epoch_bump_required and last_error == Errors.INVALID_PRODUCER_ID_MAPPING):
             error = self._call(lambda: self._coordinator().handle_end_txn(
                 self.transactional_id, self.producer_id, self.epoch, committed), timeout, "EndTxn")
             if error != Errors.NO_ERROR:
-                raise self._fail(error, f"{'commit' if committed else 'abort'}_transaction failed: {error.name}")
+                raise self._fail(error, f"{'commit' if committed else 'abort'}_transaction failed: {error.name}",
+                                 epoch_bump=error in _ABORTABLE_WITH_BUMP)
+            self._end_txn_done = True
+        if not committed and self.epoch_bump_required:
+            self._bump_epoch(timeout)
         if committed and hand_over is not None:
             # the records were committed before the Complete record: serve their reports
             left = flush(timeout)
@@ -195,4 +308,24 @@ class TransactionManager:
                                                 retriable=True))
         self.partitions.clear()
         self.error = None
+        self.epoch_bump_required = False
+        self._end_txn_done = False
         self.state = TxnState.READY
+
+    def _bump_epoch(self, timeout: float | None) -> None:
+        """KIP-360: InitProducerId naming the current producer id and epoch (Kafka's
+        ``InitProducerIdHandler`` with ``isEpochBump``). The answer is the next epoch of the same
+        producer id, a new producer id at epoch 0 once the epoch is exhausted, or a fresh producer
+        id when the transactional id had expired; a retry of a bump the coordinator already made
+        gets the same answer. PRODUCER_FENCED / INVALID_PRODUCER_EPOCH (a newer instance took the
+        transactional id over) and any other refusal are fatal."""
+        expected = ProducerIdAndEpoch(self.producer_id, self.epoch)
+        error = self._init_producer_id(timeout, expected)
+        if error in (Errors.PRODUCER_FENCED, Errors.INVALID_PRODUCER_EPOCH):
+            raise self._fail(Errors.PRODUCER_FENCED,
+                             f"bumping the epoch of producer {expected.producer_id} (epoch {expected.epoch}) of "
+                             f"{self.transactional_id!r} failed: {error.name}, a newer instance took the "
+                             "transactional id over", abortable=False)
+        if error != Errors.NO_ERROR:
+            raise self._fail(error, f"bumping the epoch of {self.transactional_id!r} failed: {error.name}",
+                             abortable=False)
