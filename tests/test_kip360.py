@@ -274,7 +274,7 @@ def test_delivery_timeout_in_a_transaction(conf, monkeypatch):
     ``delivery.timeout.ms`` and is reported ``_MSG_TIMED_OUT`` -- its outcome unknown. The
     transaction must be aborted; the abort writes the ABORT marker after it and bumps the
     epoch; a new transaction commits the same records again, exactly once."""
-    p = Producer({**conf, "transactional.id": "slow", "delivery.timeout.ms": 1500, "request.timeout.ms": 1000,
+    p = Producer({**conf, "transactional.id": "slow", "delivery.timeout.ms": 2500, "request.timeout.ms": 2000,
                   "linger.ms": 0})
     p.init_transactions(10)
     pid = p._txn.producer_id
@@ -296,7 +296,7 @@ def test_delivery_timeout_in_a_transaction(conf, monkeypatch):
     started = time.monotonic()
     p.produce("out", value="t0", partition=0, on_delivery=lambda e, m: reports.append((m.value(), e.code(), m.offset())))
     assert p.flush(10) == 0
-    assert time.monotonic() - started >= 1.4
+    assert time.monotonic() - started >= 2.4
     assert reports == [(b"t0", KafkaError._MSG_TIMED_OUT, -1001)]
     assert kind(raised(lambda: p.commit_transaction(10))) == (KafkaError._MSG_TIMED_OUT, True, False)
     assert kind(raised(lambda: p.produce("out", value="x", partition=0))) == (KafkaError._MSG_TIMED_OUT, True, False)
@@ -312,6 +312,54 @@ def test_delivery_timeout_in_a_transaction(conf, monkeypatch):
     # the partition's producer state moved to the new epoch
     entry = p._broker._partitions[("out", 0)].producers.last_entry(pid)
     assert (entry.producer_epoch, entry.last_seq, entry.current_txn_first_offset) == (1, 0, None)
+    p.close()
+
+
+def test_abort_resumes_after_a_timed_out_bump_and_a_lost_answer_gets_the_same_epoch(conf, monkeypatch):
+    """The bump's InitProducerId is answered CONCURRENT_TRANSACTIONS (retriable) until
+    ``abort_transaction``'s timeout: it raises ``_TIMED_OUT`` and may be called again. The second
+    call resumes -- no second EndTxn, which the bumped epoch would fence -- and its first
+    InitProducerId is bumped at the coordinator but the answer is lost (REQUEST_TIMED_OUT): the
+    retry gets the same epoch, the coordinator bumped once."""
+    p = Producer({**conf, "transactional.id": "r"})
+    p.init_transactions(10)
+    pid = p._txn.producer_id
+    refuse_next(monkeypatch, p._broker, ("out", 0), Errors.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    p.begin_transaction()
+    p.produce("out", value="b0", partition=0)
+    p.flush(10)
+    coordinator = p._broker.transaction_coordinator()
+    real_init, real_end_txn = coordinator.handle_init_producer_id, coordinator.handle_end_txn
+    end_txns, bumps, busy = [], [], [True]
+
+    def end_txn(*args):
+        end_txns.append(args)
+        return real_end_txn(*args)
+
+    def init_producer_id(transactional_id, timeout_ms, expected=None):
+        if busy[0]:
+            return Errors.CONCURRENT_TRANSACTIONS, -1, -1
+        answer = real_init(transactional_id, timeout_ms, expected)
+        bumps.append((expected, answer))
+        return (Errors.REQUEST_TIMED_OUT, -1, -1) if len(bumps) == 1 else answer
+
+    monkeypatch.setattr(coordinator, "handle_end_txn", end_txn)
+    monkeypatch.setattr(coordinator, "handle_init_producer_id", init_producer_id)
+    err = raised(lambda: p.abort_transaction(0.3))
+    assert kind(err) == (KafkaError._TIMED_OUT, False, False) and err.retriable()
+    assert end_txns == [("r", pid, 0, False)]
+    busy[0] = False
+    p.abort_transaction(10)
+    assert end_txns == [("r", pid, 0, False)]
+    assert bumps == [(ProducerIdAndEpoch(pid, 0), (Errors.NO_ERROR, pid, 1))] * 2
+    assert (p._txn.producer_id, p._txn.epoch) == (pid, 1)
+    assert identity(metadata(coordinator, "r")) == (pid, 1, 0, TransactionState.EMPTY)
+    monkeypatch.undo()
+    p.begin_transaction()
+    p.produce("out", value="c0", partition=0)
+    p.commit_transaction(10)
+    assert committed(conf) == [(0, 1, "c0")]
+    assert log(p._broker, 0) == [(0, "ABORT", pid, 0, -1), (1, "c0", pid, 1, 0), (2, "COMMIT", pid, 1, -1)]
     p.close()
 
 
@@ -507,8 +555,8 @@ def test_batches_queued_behind_a_failed_batch_fail_too(conf, monkeypatch):
     with its sequence unused, so the batches queued behind it fail too -- none is written after a
     gap or before it. The epoch is bumped and later records are delivered from sequence 0."""
     reports = []
-    p = Producer({**conf, "batch.num.messages": 1, "retry.backoff.ms": 50, "delivery.timeout.ms": 600,
-                  "request.timeout.ms": 500, "on_delivery": lambda e, m: reports.append(
+    p = Producer({**conf, "batch.num.messages": 1, "retry.backoff.ms": 50, "delivery.timeout.ms": 1500,
+                  "request.timeout.ms": 1000, "on_delivery": lambda e, m: reports.append(
                       (m.value().decode(), e and e.code(), e and e.str().startswith("an earlier batch")))})
     p.produce("out", value="w", partition=1)
     assert p.flush(10) == 0

@@ -121,9 +121,15 @@ class _InFlight:
         return (self.batch.topic, self.batch.partition)
 
     @property
-    def sequenced(self) -> bool:
-        """True once it was sent: its producer id, epoch and base sequence are set for good."""
+    def sent(self) -> bool:
+        """True once it was sent (at least once)."""
         return self.order >= 0
+
+    @property
+    def sequenced(self) -> bool:
+        """True once an idempotent producer sent it: its producer id, epoch and base sequence are
+        set for good."""
+        return self.order >= 0 and self.batch.base_sequence >= 0
 
 
 @dataclass
@@ -396,11 +402,13 @@ class Producer:
         it and of every batch not sent yet (caller holds the lock)."""
         queue = self._queues.setdefault(flight.tp, deque())
         i = 0
-        while i < len(queue) and queue[i].sequenced and queue[i].order < flight.order:
+        while i < len(queue) and queue[i].sent and queue[i].order < flight.order:
             i += 1
         queue.insert(i, flight)
 
     def _on_result(self, flight: _InFlight, result: ProduceResult) -> None:
+        """The broker answered a batch (on the engine's thread, or at once for a refusal): report
+        it, put it back for a retry (retriable, before its deadline), or fail it for good."""
         with self._lock:
             if flight.done:  # expired before the engine answered
                 if result.error != Errors.NO_ERROR and self._idempotent and self._txn is None:
@@ -509,6 +517,7 @@ class Producer:
                 del self._queues[tp]
 
     def _timed_out_message(self, flight: _InFlight) -> str:
+        """The reason a batch expired with (Kafka's "Expiring N record(s) for ..." message)."""
         return (f"{len(flight.buffer.values)} record(s) for {flight.batch.topic} [{flight.batch.partition}] expired: "
                 f"delivery.timeout.ms ({int(self._delivery_timeout * 1000)} ms) passed since the batch was created")
 
