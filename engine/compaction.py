@@ -148,13 +148,13 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
     aborted-transaction index) whose ``segments`` are only the cleanable ones: wholly below
     the LSO (Kafka's first uncleanable offset: records of open transactions are never
     cleaned) and never the partition's last segment (Kafka's active segment, so the log's
-    last record survives and consumers reach the high watermark); ``config`` is the topic's effective config; ``reader`` reads segments
-    (``reader.segment_table(segment)``), e.g. to build Kafka's offset map. The factory
-    returns the filter for this round, or None when nothing is worth cleaning (e.g. below
-    ``min.cleanable.dirty.ratio``). The cleanable segments are then cut into groups of at
-    most ``segment.bytes`` (Kafka's ``groupSegmentsBySize``) and each group is rewritten
-    through the filter and swapped in with
-    :func:`~txlake.engine.segment_merge.replace_segments`. The filter sees one group's
+    last record survives and consumers reach the high watermark); ``config`` is the topic's
+    effective config; ``reader`` reads segments (``reader.segment_table(segment)``), e.g. to
+    build Kafka's offset map. The factory returns the filter for this round, or None when
+    nothing is worth cleaning (e.g. below ``min.cleanable.dirty.ratio``). The cleanable
+    segments are then cut into groups of at most ``segment.bytes`` (Kafka's
+    ``groupSegmentsBySize``) and each group is rewritten through the filter and swapped in
+    with :func:`~txlake.engine.segment_merge.replace_segments`. The filter sees one group's
     records (RECORD_SCHEMA, offset order) and returns the ones to keep.
 
     Returns:
@@ -352,9 +352,9 @@ def _estimate_merges(planned: dict[tuple[str, int], list[SegmentInfo]], runs: li
                 path = f"(planned {i}.{j})"
                 size = run.size_bytes // n
                 sizes[path] = size
-                segs.append(SegmentInfo(run.topic, run.partition, path, run.segments[0].base_offset + j,
-                                        run.segments[0].base_offset + j, run.record_count // n + (j < run.record_count % n),
-                                        size, 0, 0, 0, 1))
+                records = run.record_count // n + (j < run.record_count % n)
+                base = run.segments[0].base_offset + j
+                segs.append(SegmentInfo(run.topic, run.partition, path, base, base, records, size, 0, 0, 0, 1))
         planned[key] = segs
 
 

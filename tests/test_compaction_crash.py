@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from compaction_support import QUIET, committed_tables, data_objects, fresh_catalog, referenced, writer_broker
-from helpers import close_engines, writer_procs  # noqa: F401
+from helpers import writer_procs  # noqa: F401
 from txlake.engine.compaction import compact
 
 
