@@ -273,10 +273,28 @@ class _AbortedIndex:
 
 
 def _reduce_latest(parts: list[pa.Table]) -> pa.Table:
-    """(key, offset) tables -> one row per key with its greatest offset."""
-    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    agg = table.group_by("key", use_threads=True).aggregate([("offset", "max")])
+    """(key, offset) tables -> one row per key with its greatest offset (a hash aggregation;
+    single-threaded: with many distinct keys, merging per-thread tables costs more than it saves)."""
+    if len(parts) == 1:
+        return parts[0]
+    table = pa.concat_tables(parts)
+    agg = table.group_by("key", use_threads=False).aggregate([("offset", "max")])
     return pa.table({"key": agg.column("key"), "offset": agg.column("offset_max")})
+
+
+def _latest_of_chunk(keys: pa.ChunkedArray | pa.Array, offsets: np.ndarray) -> pa.Table:
+    """One row per distinct key of a chunk with its last offset (``offsets`` ascending).
+
+    Dictionary-encodes the keys (one hash pass) and takes each dictionary entry's last
+    position with a numpy scatter-max -- cheaper than a hash aggregation.
+    """
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
+    encoded = pc.dictionary_encode(keys)
+    idx = encoded.indices.to_numpy(zero_copy_only=False)
+    last = np.full(len(encoded.dictionary), -1, np.int64)
+    np.maximum.at(last, idx, np.arange(len(idx), dtype=np.int64))
+    return pa.table({"key": encoded.dictionary, "offset": pa.array(offsets[last], pa.int64())})
 
 
 @dataclass(frozen=True, eq=False)
@@ -460,7 +478,7 @@ class OffsetMapBuilder:
             keys = _head(records, "key", nb)
             if len(idx) != nb:
                 keys = keys.take(pa.array(idx))
-            self._partials.append(_reduce_latest([pa.table({"key": keys, "offset": pa.array(offsets[idx])})]))
+            self._partials.append(_latest_of_chunk(keys, offsets[idx]))
             if len(self._partials) >= self._MAX_PARTIALS:
                 self._partials = [_reduce_latest(self._partials)]
         self._add_markers(offsets, pids, transactional, control, records, nb)
