@@ -1,9 +1,8 @@
 """Key compaction (``cleanup.policy=compact``): which records a cleaning keeps, and when a
 partition is due for one -- Kafka's log cleaner as pure functions over plain data.
 
-Two questions, two functions. The caller (the segment rewrite machinery) reads the
-records, writes the survivors into new segments and commits the result with the new
-:class:`CleanerCheckpoint`; nothing here touches storage.
+Nothing here touches storage: the caller reads the records, writes the survivors into new
+segments and commits them (with the new :class:`CleanerCheckpoint`, if it keeps one).
 
 * :func:`cleanable_range` -- *when and how far* (Kafka's ``LogCleanerManager``:
   ``cleanableOffsets``, ``calculateCleanableBytes``, ``maxCompactionDelay``,
@@ -11,11 +10,15 @@ records, writes the survivors into new segments and commits the result with the 
   first uncleanable offset (the *cleaning point*: never past the LSO, the high watermark,
   the first unstable offset, an active segment, or segments younger than
   ``min.compaction.lag.ms``), the dirty ratio against ``min.cleanable.dirty.ratio`` and the
-  ``max.compaction.lag.ms`` override.
+  ``max.compaction.lag.ms`` override. :func:`grab_filthiest` picks the partition to clean.
 * :func:`clean_records` -- *what stays* (Kafka's ``Cleaner``: ``buildOffsetMap``,
   ``cleanSegments``/``cleanInto``, ``shouldDiscardBatch``, ``shouldRetainRecord`` and
   ``CleanedTransactionMetadata``, with the KIP-534 delete horizon of tombstones and
-  transaction markers).
+  transaction markers) over one table. The same two passes are available chunk by chunk
+  for logs larger than memory: :class:`OffsetMapBuilder` (first pass, reads no values) ->
+  :class:`CleaningPlan` -> :meth:`CleaningPlan.apply` (second pass, any chunk).
+* :func:`row_filter` -- the factory the compaction runner (``engine/compaction.py``) calls
+  per partition and round; stateless, so it uses record-timestamp delete horizons.
 
 The rules, in Kafka's words where it has them (docs/key-compaction.md gives each rule its
 Kafka reference):
@@ -53,7 +56,7 @@ not yet passed.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np

@@ -460,7 +460,7 @@ def build(ops, endings=()) -> Log:
     return log
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=8, max_size=80), endings=st.lists(st.sampled_from(["commit", "abort", None]), min_size=2,
                                                    max_size=2),
        points=st.lists(st.floats(0, 1), min_size=1, max_size=4), retention=st.integers(0, 3), discard=st.booleans(),
