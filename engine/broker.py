@@ -173,9 +173,6 @@ class Broker:
         state = self.catalog.state
         self._next_producer_id = self._producer_id_block_end = state.next_producer_id
         managers = log_loader.load_producer_states(self.store, state, self.reader)
-        now = now_ms()
-        for psm in managers.values():  # Kafka drops expired entries while loading, too
-            psm.remove_expired_producers(now, self.config.producer_id_expiration_ms)
         for topic in state.topics.values():
             for p in topic.partitions:
                 self._partitions[(topic.name, p.partition)] = _WriterPartition(

@@ -26,6 +26,7 @@ INVALID_PRODUCER_EPOCH; from an older coordinator epoch -> TRANSACTION_COORDINAT
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -38,6 +39,10 @@ NO_SEQUENCE = -1
 INT32_MAX = 2**31 - 1
 #: Kafka's ``ProducerStateEntry.NUM_BATCHES_TO_RETAIN``.
 NUM_BATCHES_TO_RETAIN = 5
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def increment_sequence(sequence: int, increment: int) -> int:
@@ -73,6 +78,9 @@ class ProducerStateEntry:
     coordinator_epoch: int = -1
     last_timestamp: int = -1
     current_txn_first_offset: int | None = None
+    #: the broker's clock (ms) at the producer's last write here, or when this process loaded
+    #: the entry; expiry counts from it (not persisted)
+    last_write_ms: int = field(default_factory=lambda: _wall_ms())
 
     @property
     def last_seq(self) -> int:
@@ -157,6 +165,7 @@ class ProducerStateManager:
         if entry is None:
             entry = self.producers[producer_id] = ProducerStateEntry(producer_id)
         entry.add_batch(epoch, BatchMetadata(first_seq, last_seq, first_offset, last_offset, timestamp))
+        entry.last_write_ms = _wall_ms()
         if is_transactional and entry.current_txn_first_offset is None:
             entry.current_txn_first_offset = first_offset
 
@@ -195,23 +204,29 @@ class ProducerStateManager:
             entry.producer_epoch = epoch
         entry.coordinator_epoch = coordinator_epoch
         entry.last_timestamp = timestamp
+        entry.last_write_ms = _wall_ms()
         first, entry.current_txn_first_offset = entry.current_txn_first_offset, None
         return first
 
     def remove_expired_producers(self, now_ms: int, expiration_ms: int) -> list[int]:
         """Forget producers idle for ``expiration_ms`` (``producer.id.expiration.ms``) or more.
 
-        A producer expires when it has no transaction open on this partition and its last
-        write (the newest batch's max timestamp, ms) is at least ``expiration_ms`` before
-        ``now_ms`` (Kafka's ``ProducerStateManager.removeExpiredProducers`` /
-        ``isProducerExpired``). Nothing else removes an entry: since KIP-360 the state
-        outlives the segments that produced it (retention, DeleteRecords, compaction).
+        A producer expires when it has no transaction open on this partition and no write
+        reached the partition for ``expiration_ms`` before ``now_ms`` (Kafka's
+        ``ProducerStateManager.removeExpiredProducers``). Idleness is measured on the
+        broker's clock (:attr:`ProducerStateEntry.last_write_ms`), where Kafka uses the
+        batches' max timestamps: a producer importing historical data (old CreateTime
+        timestamps) would otherwise lose its state at once and see its retries written
+        twice. An entry loaded after a restart counts as written at load time, so a
+        restart only ever extends the retention. Nothing else removes an entry: since
+        KIP-360 the state outlives the segments that produced it (retention,
+        DeleteRecords, compaction).
 
         Returns:
             The expired producer ids, in ascending order.
         """
         expired = sorted(pid for pid, e in self.producers.items()
-                         if e.current_txn_first_offset is None and now_ms - e.last_timestamp >= expiration_ms)
+                         if e.current_txn_first_offset is None and now_ms - e.last_write_ms >= expiration_ms)
         for pid in expired:
             del self.producers[pid]
         return expired

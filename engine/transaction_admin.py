@@ -242,19 +242,15 @@ class TransactionAdmin:
 
     def _load_committed_producer_states(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], ProducerStateManager]:
         """Producer state of the partitions of ``wanted``'s topics as committed: the latest snapshot
-        plus a replay of the log after it (Kafka's ``LogLoader``), on a copy of the catalog state,
-        without the producers a writer would drop as expired (``producer.id.expiration.ms``)."""
+        plus a replay of the log after it (Kafka's ``LogLoader``), on a copy of the catalog state.
+        A writer loading the same state would keep every entry (expiry counts from the load)."""
         broker = self.broker
         broker.refresh()
         with broker.catalog.lock:
             state = broker.catalog.state
             topics = {name: copy.deepcopy(state.topics[name]) for name in {t for t, _ in wanted} if name in state.topics}
             view = CatalogState(version=state.version, topics=topics, producer_snapshot=state.producer_snapshot)
-        managers = log_loader.load_producer_states(broker.store, view, broker.reader)
-        now = _now_ms()
-        for psm in managers.values():
-            psm.remove_expired_producers(now, broker.config.producer_id_expiration_ms)
-        return managers
+        return log_loader.load_producer_states(broker.store, view, broker.reader)
 
     # ------------------------------------------------------------------ WriteTxnMarkers
     def handle_write_txn_markers(self, markers: list[TxnMarker],

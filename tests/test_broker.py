@@ -140,8 +140,7 @@ def test_duplicate_detected_after_restart(storage, snapshot_interval):
     b = Broker(storage.object_store(), BrokerConfig(**cfg))
     b.create_topics([("t", 1, {})])
     _, pid, _ = b.init_producer_id()
-    now = int(time.time() * 1000)  # a producer idle for producer.id.expiration.ms (1 day) is dropped on load
-    batches = [ProduceBatch("t", 0, payload(3, i * 3, ts=now), pid, 0, i * 3) for i in range(4)]
+    batches = [ProduceBatch("t", 0, payload(3, i * 3), pid, 0, i * 3) for i in range(4)]
     for batch in batches:
         b.produce([batch])
     b._closed = True           # simulate a crash: no clean close, no final snapshot

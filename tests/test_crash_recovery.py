@@ -40,9 +40,7 @@ cross_process = pytest.mark.parametrize("backend", ["file", pytest.param("s3", m
 
 
 def _records(values: list[str]) -> pa.Table:
-    # recent timestamps: a producer idle for producer.id.expiration.ms (1 day) is dropped on load
-    now = int(time.time() * 1000)
-    return pa.Table.from_pylist([{"timestamp": now + i, "key": None, "value": v.encode(), "headers": None}
+    return pa.Table.from_pylist([{"timestamp": 1_700_000_000_000 + i, "key": None, "value": v.encode(), "headers": None}
                                  for i, v in enumerate(values)], schema=PAYLOAD_SCHEMA)
 
 

@@ -31,6 +31,7 @@ def crash(b):
     """Stop ``b`` as a SIGKILL would: no final flush, no snapshot, the lease left behind."""
     b._closed = True
     b.lease.stop_heartbeats()
+    b._handoff.stop()
 
 
 def produced(b, *batches):
@@ -46,16 +47,21 @@ def entry(b, topic, partition, pid):
 
 def test_expiry_rule_idle_producers_go_open_transactions_stay():
     psm = ProducerStateManager("t", 0)
-    psm.update(1, 0, 0, 4, 0, 4, 1_000, False)          # last write at 1 000
+    psm.update(1, 0, 0, 4, 0, 4, 1_000, False)
     psm.update(2, 0, 0, 0, 5, 5, 1_000, True)           # transaction open since offset 5
-    psm.update(3, 0, 0, 0, 6, 6, 1_001, False)          # one ms younger
-    assert psm.remove_expired_producers(1_000 + DAY_MS - 1, DAY_MS) == []
-    assert psm.remove_expired_producers(1_000 + DAY_MS, DAY_MS) == [1]           # >= expiration
+    psm.update(3, 0, 0, 0, 6, 6, 1_000, False)
+    # idleness counts on the broker's clock at each write, not on the records' timestamps
+    for pid, written in ((1, 10_000), (2, 10_000), (3, 10_001)):
+        psm.producers[pid].last_write_ms = written
+    assert psm.remove_expired_producers(10_000 + DAY_MS - 1, DAY_MS) == []
+    assert psm.remove_expired_producers(10_000 + DAY_MS, DAY_MS) == [1]          # >= expiration
     assert sorted(psm.producers) == [2, 3]
     assert psm.remove_expired_producers(10 * DAY_MS, DAY_MS) == [3]
     assert psm.first_unstable_offset() == 5             # the open transaction never expires
     psm.complete_txn(2, 0, 0, 2_000)
-    assert psm.remove_expired_producers(2_000 + DAY_MS, DAY_MS) == [2]
+    now = int(time.time() * 1000)
+    assert psm.remove_expired_producers(now + DAY_MS - 60_000, DAY_MS) == []     # the marker was a write
+    assert psm.remove_expired_producers(now + DAY_MS + 60_000, DAY_MS) == [2]
     assert psm.producers == {}
 
 
@@ -110,9 +116,7 @@ def test_live_producer_continues_after_its_segments_are_deleted(storage, restart
     b = open_broker(storage, producer_snapshot_interval=1_000)   # no periodic snapshot: only DeleteRecords'
     b.create_topics([("t", 1, {})])
     _, pid, _ = b.init_producer_id()
-    now = int(time.time() * 1000)   # the state is kept for producer.id.expiration.ms after the last write
-    first, second = (ProduceBatch("t", 0, payload(3, ts=now), pid, 0, 0),
-                     ProduceBatch("t", 0, payload(2, 3, ts=now), pid, 0, 3))
+    first, second = ProduceBatch("t", 0, payload(3), pid, 0, 0), ProduceBatch("t", 0, payload(2, 3), pid, 0, 3)
     assert produced(b, first, second) == [(Errors.NO_ERROR, 0, False), (Errors.NO_ERROR, 3, False)]
     assert b.delete_records([("t", 0, -1)])[0][:2] == (Errors.NO_ERROR, 5)
     assert b.catalog.state.partition("t", 0).segments == []
@@ -140,17 +144,31 @@ def test_expired_producer_state_is_dropped_and_any_sequence_is_accepted(storage)
     b = open_broker(storage)
     b.create_topics([("t", 1, {})])
     _, pid, _ = b.init_producer_id()
-    b.produce([ProduceBatch("t", 0, payload(2, ts=5_000), pid, 0, 0)])
-    assert b.remove_expired_producers(now=5_001 + DAY_MS - 1) == {}
-    assert b.remove_expired_producers(now=5_001 + DAY_MS) == {("t", 0): [pid]}
+    before = int(time.time() * 1000)
+    b.produce([ProduceBatch("t", 0, payload(2), pid, 0, 0)])
+    after = int(time.time() * 1000)
+    assert b.remove_expired_producers(now=before + DAY_MS - 1) == {}
+    assert b.remove_expired_producers(now=after + DAY_MS) == {("t", 0): [pid]}
     assert entry(b, "t", 0, pid) is None
     # KIP-360: a producer with no state left may write any sequence
     assert produced(b, ProduceBatch("t", 0, payload(1, 2), pid, 0, 7)) == [(Errors.NO_ERROR, 2, False)]
     b.close()
-    # the expiry also applies while loading: an idle producer does not come back with a restart
-    b = open_broker(storage, producer_id_expiration_ms=1)
+
+
+def test_old_record_timestamps_do_not_expire_a_producer_across_a_restart(storage):
+    """Historical data (CreateTime years ago, as the demo's flights) keeps its producer's
+    state: a retry after a crash and restart is still a duplicate."""
+    b = open_broker(storage, producer_snapshot_interval=1)
+    b.create_topics([("t", 1, {})])
+    _, pid, _ = b.init_producer_id()
+    old = ProduceBatch("t", 0, payload(3, ts=1_356_998_400_000), pid, 0, 0)       # 2013-01-01
+    assert produced(b, old) == [(Errors.NO_ERROR, 0, False)]
+    crash(b)
+    b = open_broker(storage, lease_force=True)
     try:
-        assert entry(b, "t", 0, pid) is None
+        assert b.remove_expired_producers() == {}
+        assert produced(b, old) == [(Errors.NO_ERROR, 0, True)]
+        assert b.catalog.state.partition("t", 0).high_watermark == 3
     finally:
         b.close()
 

@@ -171,9 +171,8 @@ class Writer:
         from txlake.engine.broker import ProduceBatch
         from txlake.formats.records import PAYLOAD_SCHEMA
 
-        now = int(time.time() * 1000)  # recent: a producer idle for producer.id.expiration.ms is dropped on load
         records = pa.Table.from_pylist(
-            [{"timestamp": now + i, "key": None, "value": v.encode(), "headers": None}
+            [{"timestamp": 1_700_000_000_000 + i, "key": None, "value": v.encode(), "headers": None}
              for i, v in enumerate(values)], schema=PAYLOAD_SCHEMA)
         (res,) = self.get_broker().produce([ProduceBatch(topic, partition, records, producer_id, producer_epoch,
                                                          base_sequence)])
