@@ -380,6 +380,10 @@ class Broker:
             return _done(ProduceResult(Errors.MESSAGE_TOO_LARGE,
                                        message=f"The batch of {n} records for {batch.topic} [{batch.partition}] is {size} bytes, "
                                                f"larger than max.message.bytes={max_bytes} of the topic"))
+        if "compact" in config["cleanup.policy"] and batch.records.column("key").null_count:
+            # Kafka's LogValidator: a compacted topic keeps the latest record per key, so every record needs one
+            return _done(ProduceResult(Errors.INVALID_RECORD, message=(
+                f"Compacted topic cannot accept message without key in topic partition {batch.topic}-{batch.partition}.")))
         if batch.producer_id >= 0:
             last_seq = increment_sequence(batch.base_sequence, n - 1)
             try:

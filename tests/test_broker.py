@@ -2,6 +2,7 @@
 
 import time
 
+import pyarrow as pa
 import pytest
 
 from txlake.catalog.storage import ObjectStore
@@ -113,6 +114,12 @@ def test_bad_requests(broker):
     r = broker.produce([ProduceBatch("small", 0, payload(1, size=500))])[0]
     assert r.error == Errors.MESSAGE_TOO_LARGE and "max.message.bytes=100" in r.message
     assert broker.produce([ProduceBatch("nope", 0, payload(1))])[0].error == Errors.UNKNOWN_TOPIC_OR_PART
+    # a compacted topic refuses a record without a key (Kafka's LogValidator), and writes nothing
+    broker.create_topics([("keyed", 1, {"cleanup.policy": "compact,delete"})])
+    unkeyed = payload(2).set_column(1, "key", pa.array([b"k", None], pa.binary()))
+    r = broker.produce([ProduceBatch("keyed", 0, unkeyed)])[0]
+    assert r.error == Errors.INVALID_RECORD and "without key" in r.message and "keyed-0" in r.message
+    assert broker.produce([ProduceBatch("keyed", 0, payload(2))])[0].base_offset == 0
     assert broker.produce([ProduceBatch("small", 3, payload(1))])[0].error == Errors.UNKNOWN_TOPIC_OR_PART
     results = broker.create_topics([("ok", 1, {}), ("bad/x", 1, {}), ("zero", 0, {}), ("cfg", 1, {"nope": "1"}),
                                     ("small", 1, {}), ("sma_ll", 1, {}), ("sma.ll", 1, {})])
