@@ -67,10 +67,12 @@ def produce_varied_log(storage, topic: str, partitions: int = 3, flushes: int = 
     admin.create_topics([NewTopic(topic, num_partitions=partitions, config=topic_config or {})])[topic].result()
     producer = Producer({**conf, "enable.idempotence": True})
     base_ts = int(time.time() * 1000) - 60_000  # recent: retention.ms (7 days) keeps them
+    compacted = "compact" in (topic_config or {}).get("cleanup.policy", "")
     n = 0
     for f in range(flushes):
         for i in range(per_flush):
-            key = None if i % 5 == 0 else f"k{i % 7}".encode()
+            # a compacted topic refuses records without a key (INVALID_RECORD, as Kafka)
+            key = (f"u{n}".encode() if compacted else None) if i % 5 == 0 else f"k{i % 7}".encode()
             value = None if i % 11 == 3 else f"value-{f}-{i}".encode() * (1 + i % 3)
             headers = [("h", f"{f}.{i}".encode()), ("empty", None)] if i % 4 == 0 else None
             producer.produce(topic, value=value, key=key, partition=n % partitions, headers=headers,
