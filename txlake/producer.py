@@ -197,6 +197,8 @@ class Producer:
         self._closed = False
         # transactions: partitions waiting for AddPartitionsToTxn (their batches wait in their queues)
         self._txn_pending: set[tuple[str, int]] = set()
+        #: an AddPartitionsToTxn of the transaction thread is under way
+        self._adding = False
         self._txn_thread: threading.Thread | None = None
         self._sender = threading.Thread(target=self._send_loop, name="txlake-producer", daemon=True)
         self._sender.start()
@@ -575,7 +577,12 @@ class Producer:
                 if not self._txn_pending:
                     return
                 todo = frozenset(self._txn_pending)
-            error = self._txn.add_partitions(todo, self._delivery_timeout)
+                self._adding = True
+            try:
+                error = self._txn.add_partitions(todo, self._delivery_timeout)
+            finally:
+                with self._lock:
+                    self._adding = False
             with self._lock:
                 self._txn_pending -= todo
                 if error == Errors.NO_ERROR:
@@ -680,7 +687,25 @@ class Producer:
                 again, it resumes); PRODUCER_FENCED (``fatal()``) when a newer instance took
                 the transactional id over.
         """
-        self._transactions().end_transaction(False, timeout, self.flush)
+        self._transactions().end_transaction(False, timeout, self._flush_before_abort)
+
+    def _flush_before_abort(self, timeout: float | None) -> int:
+        """:meth:`flush`, then wait for an AddPartitionsToTxn under way: the EndTxn ABORT must come
+        after it, or the partitions would open a new transaction behind the abort. Returns the
+        records not delivered when ``timeout`` (s) passed.
+
+        Raises:
+            KafkaException: ``_TIMED_OUT`` (retriable) when the request is still under way then.
+        """
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        left = self.flush(timeout)
+        with self._lock:
+            while self._adding and not left:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise kafka_exception(KafkaError._TIMED_OUT, "AddPartitionsToTxn still under way", retriable=True)
+                self._cond.wait(min(remaining, 0.05) if remaining is not None else 0.05)
+        return left
 
     def _hand_over(self, timeout: float | None) -> int:
         """Send every buffered record to the engine now and wait until each batch is queued
