@@ -10,7 +10,9 @@ from txlake.engine.errors import Errors
 from txlake.engine.producer_state import ProducerStateManager
 from txlake.engine.transaction_metadata import TransactionState
 
-from helpers import payload
+from txlake import OFFSET_END, AdminClient, Consumer, KafkaError, NewTopic, Producer, TopicPartition
+
+from helpers import client_conf, close_engines, consume_all, payload  # noqa: F401
 
 DAY_MS = 86_400_000
 CFG = dict(flush_linger_ms=1, lease_ms=60_000, transaction={"transaction.state.log.num.partitions": 2})
@@ -243,3 +245,43 @@ def test_delete_records_past_an_open_transaction_moves_the_lso_to_the_log_start(
     assert offsets() == (4, 8, 8)
     records = broker.fetch("out", 0, 4, isolation_level="read_committed").records
     assert records.column("offset").to_pylist() == [4, 5, 6, 7]
+
+
+# ---- through the public clients -----------------------------------------------------------------
+
+def test_live_producers_continue_after_admin_delete_records(storage, close_engines):
+    """Idempotent and transactional producers keep writing while DeleteRecords drops every
+    segment under them: no UNKNOWN_PRODUCER_ID, no duplicate, nothing lost."""
+    conf = client_conf(storage, {"storage.flush.linger.ms": 1})
+    admin = AdminClient(conf)
+    admin.create_topics([NewTopic("t", 2)])["t"].result()
+    reports = []
+    idem = Producer({**conf, "enable.idempotence": True})
+    txn = Producer({**conf, "transactional.id": "tx"})
+    txn.init_transactions(10)
+
+    def write(round_):
+        for i in range(3):
+            idem.produce("t", value=f"i{round_}.{i}", partition=0, on_delivery=lambda e, m: reports.append(e))
+        assert idem.flush(10) == 0
+        txn.begin_transaction()
+        for i in range(3):
+            txn.produce("t", value=f"x{round_}.{i}", partition=1, on_delivery=lambda e, m: reports.append(e))
+        txn.commit_transaction(10)
+
+    write(1)
+    futures = admin.delete_records([TopicPartition("t", 0, OFFSET_END), TopicPartition("t", 1, OFFSET_END)])
+    assert {(tp.partition, f.result().low_watermark) for tp, f in futures.items()} == {(0, 3), (1, 4)}
+    assert [admin.describe_producers([TopicPartition("t", p)])[TopicPartition("t", p)].result().active_producers[0]
+            .last_sequence for p in (0, 1)] == [2, 2]                          # the state outlived its segments
+    write(2)
+    assert reports == [None] * 12
+    consumer = Consumer({**conf, "group.id": "g", "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition("t", 0, 0), TopicPartition("t", 1, 0)])   # below the log start: reset
+    got = consume_all(consumer, 6)
+    assert sorted((m.partition(), m.offset(), m.value()) for m in got) == [
+        (0, 3, b"i2.0"), (0, 4, b"i2.1"), (0, 5, b"i2.2"), (1, 4, b"x2.0"), (1, 5, b"x2.1"), (1, 6, b"x2.2")]
+    bad = admin.delete_records([TopicPartition("t", 0, 99), TopicPartition("nope", 0, 0), TopicPartition("t", 1)])
+    assert [f.exception().args[0].code() for f in bad.values()] == [
+        KafkaError.OFFSET_OUT_OF_RANGE, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.OFFSET_OUT_OF_RANGE]
+    consumer.close()

@@ -6,7 +6,7 @@ change::
     from txlake import Producer, Consumer, AdminClient, NewTopic, TopicPartition
 """
 
-from .admin import (AdminClient, ClusterMetadata, HangingTransaction, NewTopic, PartitionMetadata, PartitionProducerState,
+from .admin import (AdminClient, ClusterMetadata, DeletedRecords, HangingTransaction, NewTopic, PartitionMetadata, PartitionProducerState,
                     ProducerState, TopicMetadata, TransactionDescription, TransactionListing)
 from .consumer import Consumer
 from .error import KafkaError, KafkaException
@@ -27,7 +27,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AdminClient", "BulkResult", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "HangingTransaction",
+    "AdminClient", "BulkResult", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "DeletedRecords",
+    "HangingTransaction",
     "KafkaError", "KafkaException", "Message", "NewTopic", "PartitionMetadata", "PartitionProducerState", "Producer",
     "ProducerState", "TopicMetadata", "TopicPartition", "TransactionDescription", "TransactionListing",
     "OFFSET_BEGINNING", "OFFSET_END", "OFFSET_INVALID", "OFFSET_STORED", "TIMESTAMP_CREATE_TIME",

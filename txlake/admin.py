@@ -163,6 +163,14 @@ class HangingTransaction:
     producer_state: ProducerState
 
 
+@dataclass(frozen=True)
+class DeletedRecords:
+    """The result of DeleteRecords for one partition (confluent-kafka's ``DeletedRecords``):
+    ``low_watermark`` is the partition's log start offset after the call."""
+
+    low_watermark: int
+
+
 def cluster_metadata(broker: Broker, topic: str | None = None) -> ClusterMetadata:
     """Metadata of one topic or all topics as the broker sees them now."""
     topics = broker.topics()
@@ -225,6 +233,40 @@ class AdminClient:
         """Metadata of all topics (or one), as of the newest catalog commit."""
         self._broker.refresh()
         return cluster_metadata(self._broker, topic)
+
+    def delete_records(self, topic_partition_offsets: list[TopicPartition], request_timeout: float = -1,
+                       operation_timeout: float = -1) -> dict[TopicPartition, Future]:
+        """DeleteRecords (confluent-kafka's ``AdminClient.delete_records``): move each partition's
+        log start offset to ``tp.offset`` (``OFFSET_END``, -1, = the high watermark). Records
+        below it become unreadable; segments wholly below it are dropped; the producer state
+        they produced is kept (KIP-360), so live idempotent and transactional producers go on.
+
+        Returns:
+            One future per partition; its result is :class:`DeletedRecords`, or it raises
+            KafkaException UNKNOWN_TOPIC_OR_PART, OFFSET_OUT_OF_RANGE (past the high
+            watermark), POLICY_VIOLATION (``cleanup.policy`` without ``delete``),
+            NOT_LEADER_OR_FOLLOWER (another process holds the writer lease) or REQUEST_TIMED_OUT.
+
+        Raises:
+            TypeError: not a list of TopicPartition. ValueError: a partition named twice.
+        """
+        partitions = _list_arg(topic_partition_offsets, "topic_partition_offsets", TopicPartition)
+        if len({(tp.topic, tp.partition) for tp in partitions}) != len(partitions):
+            raise ValueError("Duplicate partitions in request")
+        timeout_ms = 30_000 if request_timeout is None or request_timeout < 0 else int(request_timeout * 1000)
+        try:
+            answers = self._broker.delete_records([(tp.topic, tp.partition, tp.offset) for tp in partitions], timeout_ms)
+        except ApiError as exc:
+            return {tp: _failed(from_api_error(exc)) for tp in partitions}
+        out: dict[TopicPartition, Future] = {}
+        for tp, (error, low_watermark, message) in zip(partitions, answers):
+            if error != Errors.NO_ERROR:
+                out[tp] = _failed(KafkaException(KafkaError(error, message)))
+                continue
+            fut: Future = Future()
+            fut.set_result(DeletedRecords(low_watermark))
+            out[tp] = fut
+        return out
 
     # ------------------------------------------------------------------ transactions (KIP-664)
     def _transactions(self) -> TransactionAdmin:
