@@ -5,8 +5,8 @@ One round (:func:`compact`) does, in the writer and in this order:
 1. **Retention** (``cleanup.policy=delete``): :func:`txlake.engine.log_retention.retention_targets`
    decides which leading segments ``retention.ms`` / ``retention.bytes`` delete, and
    ``Broker.delete_records`` applies it (Kafka's ``UnifiedLog.deleteOldSegments``).
-2. **Key compaction** (``cleanup.policy=compact``): the seam to
-   :mod:`txlake.engine.log_cleaner` (see :func:`key_compaction`).
+2. **Key compaction** (``cleanup.policy=compact``): :func:`key_compaction` offers each
+   partition's cleanable segments to :func:`txlake.engine.log_cleaner.row_filter`.
 3. **Small-file merge**: :func:`txlake.engine.segment_merge.plan_merges` /
    :func:`~txlake.engine.segment_merge.replace_segments`.
 4. **Object cleaning**: retired objects past ``file.delete.delay.ms`` and orphans past
@@ -37,7 +37,9 @@ from txlake.catalog.state import CatalogState, PartitionState, SegmentInfo
 from txlake.catalog.topic_config import effective_config
 
 from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX
+from .log_cleaner import row_filter as make_row_filter
 from .log_reader import LogReader, SegmentCache
+from .log_retention import retention_targets
 from .object_cleaner import ObjectCleanup, clean_objects
 from .segment_merge import MergeRun, RowFilter, plan_merges, replace_segments
 
@@ -139,11 +141,9 @@ def _footprint(segments: dict[tuple[str, int], list[SegmentInfo]], sizes: dict[s
 
 def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms: int,
                    progress: ProgressCallback | None, cancel: threading.Event | None) -> tuple[int, int]:
-    """THE SEAM to key compaction (:mod:`txlake.engine.log_cleaner`, written separately).
-
-    When that module exists and defines ``row_filter(partition, config, reader, now_ms) ->
-    RowFilter | None``, every partition of a topic whose ``cleanup.policy`` includes
-    ``compact`` is offered for cleaning. ``partition`` is a snapshot
+    """Key compaction of every partition of ``names`` whose ``cleanup.policy`` includes
+    ``compact``, with the rules of :func:`txlake.engine.log_cleaner.row_filter`
+    (``row_filter(partition, config, reader, now_ms) -> RowFilter | None``). ``partition`` is a snapshot
     (:class:`~txlake.catalog.state.PartitionState` with copies of its segment list and
     aborted-transaction index) whose ``segments`` are only the cleanable ones: wholly below
     the LSO (Kafka's first uncleanable offset: records of open transactions are never
@@ -160,14 +160,6 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
     Returns:
         ``(partitions rewritten, groups skipped because their segments changed meanwhile)``.
     """
-    try:
-        from . import log_cleaner  # type: ignore[attr-defined]
-    except ImportError:
-        return 0, 0
-    make_filter: Callable[..., RowFilter | None] | None = getattr(log_cleaner, "row_filter", None)
-    if make_filter is None:
-        log.debug("engine/log_cleaner.py has no row_filter(partition, config, reader, now_ms): key compaction skipped")
-        return 0, 0
     offered: list[tuple[PartitionState, dict[str, str]]] = []
     with broker.catalog.lock:  # snapshots only: the factory may read, and must not hold up commits
         for name in names:
@@ -185,7 +177,7 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
                                     config))
     work: list[tuple[RowFilter, MergeRun]] = []
     for snapshot, config in offered:
-        row_filter = make_filter(snapshot, config, reader, now_ms)
+        row_filter = make_row_filter(snapshot, config, reader, now_ms)
         if row_filter is None:
             continue
         target = int(config["segment.bytes"])
@@ -218,10 +210,6 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
 def _retention(broker: "Broker", names: list[str], now_ms: int, dry_run: bool,
                progress: ProgressCallback | None) -> list[tuple[str, int, int]]:
     """Retention's ``(topic, partition, new log start offset)`` targets, applied unless ``dry_run``."""
-    try:
-        from .log_retention import retention_targets
-    except ImportError:
-        return []
     with broker.catalog.lock:
         found = retention_targets(broker.catalog.state, now_ms)
     wanted = set(names)

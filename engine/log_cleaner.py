@@ -775,7 +775,7 @@ def grab_filthiest(ranges: Iterable[CleanableRange]) -> CleanableRange | None:
     return max(due, key=lambda r: r.cleanable_ratio) if due else None
 
 
-# ----------------------------------------------------------------------------- the compaction seam
+# ----------------------------------------------------------------------------- the compaction round's row filter
 #: columns the first pass reads (not ``value`` or ``headers``: the offset map needs neither)
 MAP_COLUMNS = ("offset", "timestamp", "key", "producer_id", "is_transactional", "is_control")
 
