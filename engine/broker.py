@@ -119,8 +119,8 @@ class Broker:
     # ---------------------------------------------------------------- writer start-up
     @property
     def is_writer(self) -> bool:
-        """True while this process holds the writer lease (False once it learns it was fenced)."""
-        return self.lease is not None and self.lease.held and self._fatal is None
+        """True while this process holds the writer lease (False once it learns it was fenced, or closed)."""
+        return self.lease is not None and self.lease.held and self._fatal is None and not self._closed
 
     def ensure_writer(self) -> None:
         """Take the writer lease (first write), rebuild producer state, start the flusher.
@@ -155,7 +155,7 @@ class Broker:
             self._expiration_thread.start()
             # writes other processes hand over while this one holds the lease (engine/handoff.py)
             self._handoff = HandoffServer(self.store, self.config.handoff_poll_ms,
-                                          lambda: self.is_writer and not self._closed)
+                                          lambda: self.is_writer)
             self._handoff.start()
             try:
                 removed = delete_orphans(self.store, self.catalog, [DATA_PREFIX, SNAPSHOT_PREFIX],
