@@ -7,6 +7,9 @@ handlers are registered here, when txlake is imported, so that any process using
 
 * ``spark.commit_staged`` -- the commit of a Spark write whose tasks staged their rows
   (txlake/spark_connector/staged_commit.py); imported only when such a request arrives.
+* ``spark.compaction_swap`` -- the retention step and the segment swaps of a compaction run
+  as a Spark job (txlake/spark_connector/compaction_job.py), committed on this process's
+  engine; needs no pyspark here.
 """
 
 from __future__ import annotations
@@ -25,3 +28,16 @@ def _spark_commit_staged(store: ObjectStore, payload: dict) -> dict:
 
 
 register_handler(SPARK_COMMIT_STAGED, _spark_commit_staged)
+
+
+SPARK_COMPACTION_SWAP = "spark.compaction_swap"
+
+
+def _spark_compaction_swap(store: ObjectStore, payload: dict) -> dict:
+    from txlake.spark_connector.compaction_job import HANDOFF_KIND, run_handed_over
+
+    assert HANDOFF_KIND == SPARK_COMPACTION_SWAP, "the hand-over kind is named in two places"
+    return run_handed_over(store, payload)
+
+
+register_handler(SPARK_COMPACTION_SWAP, _spark_compaction_swap)
