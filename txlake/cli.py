@@ -975,16 +975,22 @@ _COMPACT_PHASES = {"retention": "Retention", "key compaction": "Key compaction",
               help="Compact only this topic (repeatable) [default: every topic]. Object cleaning always "
                    "covers the whole storage root.")
 @click.option("--dry-run", is_flag=True, help="Plan only: write, commit and delete nothing; print what would change.")
+@click.option("--spark", "use_spark", is_flag=True,
+              help="Run the segment rewrites as a Spark job on a local SparkSession (needs pyspark; for topics "
+                   "too large for one machine, call txlake.spark_connector.compaction_job.compact_with_spark with "
+                   "your cluster's session). Same result; replaced objects are left for the writer's cleaner.")
 @storage_options
 @writer_options
 @click.pass_context
-def compact_command(ctx: click.Context, topics: tuple[str, ...], dry_run: bool) -> None:
+def compact_command(ctx: click.Context, topics: tuple[str, ...], dry_run: bool, use_spark: bool = False) -> None:
     """Run one compaction round now: retention, key compaction, merging small flush objects into
     per-partition segments of segment.bytes, and deleting objects whose grace has passed
     (docs/compaction.md). Offsets never change and running readers are not disturbed.
 
     It takes the writer lease (except with --dry-run): while another process is the writer,
-    that process compacts in the background (storage.compaction.interval.ms).
+    that process compacts in the background (storage.compaction.interval.ms). With --spark,
+    the rewrites run as Spark tasks and, while another process is the writer, the commits are
+    handed over to it (docs/compaction.md, "Compaction as a Spark job").
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -1013,12 +1019,41 @@ def compact_command(ctx: click.Context, topics: tuple[str, ...], dry_run: bool) 
                                                      detail=detail)
                 progress.update(tasks[phase], total=max(total, 1), completed=done if total else 1, detail=detail)
 
-            summary = compact(broker, list(topics) or None, dry_run=dry_run, progress=on_progress)
+            if use_spark and not dry_run:  # a dry run only plans: the same without Spark
+                summary = _compact_with_spark(client_conf(ctx, **{"storage.compaction.interval.ms": 0}),
+                                              list(topics) or None, on_progress)
+            else:
+                summary = compact(broker, list(topics) or None, dry_run=dry_run, progress=on_progress)
     except ApiError as exc:
         raise from_api_error(exc) from None
     finally:
         release_broker(broker)
     _print_compaction_summary(console, summary, time.perf_counter() - t0)
+
+
+def _compact_with_spark(conf: dict[str, Any], topics: list[str] | None, on_progress: Callable) -> Any:
+    """``compact --spark``: one round as a Spark job on the demo's local SparkSession
+    (txlake/demo_spark.py). A SparkContext already running in this process is reused and left
+    running; one started here is stopped at the end."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        raise click.UsageError("--spark needs pyspark: pip install 'txlake[spark]'") from None
+    from txlake.spark_connector.compaction_job import HandedOverCompactionError, compact_with_spark
+    from txlake.spark_connector.staged_commit import WriterLeaseUnavailable
+
+    from .demo_spark import spark_session
+
+    running = SparkContext._active_spark_context is not None
+    session = spark_session("txlake-compact")
+    try:
+        return compact_with_spark(session, conf["storage.url"], conf.get("storage.options"), topics, config=conf,
+                                  progress=on_progress)
+    except (WriterLeaseUnavailable, HandedOverCompactionError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        if not running:
+            session.stop()
 
 
 def _print_compaction_summary(console, summary, elapsed: float) -> None:
