@@ -23,6 +23,7 @@ from concurrent.futures import Future
 import pyarrow as pa
 import pytest
 
+from helpers import read_values
 from txlake import AdminClient, Consumer, KafkaError, KafkaException, NewTopic, Producer, TopicPartition
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch, ProduceResult
 from txlake.engine.errors import Errors
@@ -70,16 +71,7 @@ def rows(*values: str) -> pa.Table:
 
 def committed(conf, partitions=(0, 1), topic="out") -> list[tuple[int, int, str]]:
     """``(partition, offset, value)`` of every record a read_committed consumer gets, sorted."""
-    c = Consumer({**conf, "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
-    c.assign([TopicPartition(topic, p) for p in partitions])
-    out = []
-    while True:
-        msgs = c.consume(500, 0.3)
-        if not msgs:
-            break
-        out.extend((m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
-    c.close()
-    return sorted(out)
+    return read_values(conf, topic, partitions)
 
 
 def log(broker: Broker, partition: int, topic: str = "out") -> list[tuple]:

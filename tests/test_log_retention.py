@@ -6,7 +6,7 @@ import pytest
 from txlake.catalog.state import CREATE_TOPIC, CatalogState, SegmentInfo
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.errors import Errors
-from txlake.engine.log_retention import RetentionTarget, retention_targets
+from txlake.engine.log_retention import retention_targets
 
 from helpers import payload
 

@@ -6,6 +6,7 @@ import time
 import pyarrow as pa
 import pytest
 
+from helpers import read_values
 from txlake import AdminClient, Consumer, KafkaError, KafkaException, NewTopic, Producer, TopicPartition
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.errors import Errors
@@ -26,16 +27,7 @@ def conf(storage):
 
 
 def read(conf, isolation="read_committed", topic="out", partitions=2):
-    c = Consumer({**conf, "isolation.level": isolation, "auto.offset.reset": "earliest"})
-    c.assign([TopicPartition(topic, p) for p in range(partitions)])
-    out = []
-    while True:
-        msgs = c.consume(500, 0.3)
-        if not msgs:
-            break
-        out.extend((m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
-    c.close()
-    return sorted(out)
+    return read_values(conf, topic, range(partitions), isolation)
 
 
 def code(excinfo):

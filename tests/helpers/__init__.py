@@ -276,3 +276,21 @@ def payload(n: int, start: int = 0, size: int = 10, ts: int = 1_000):
         "timestamp": [ts + i for i in range(n)], "key": [b"k%d" % (start + i) for i in range(n)],
         "value": [(b"v%d-" % (start + i)).ljust(size, b"x") for i in range(n)], "headers": [None] * n,
     }, schema=PAYLOAD_SCHEMA)
+
+
+def read_values(conf: dict, topic: str = "out", partitions=(0, 1),
+                isolation: str = "read_committed") -> list[tuple[int, int, str]]:
+    """``(partition, offset, value)`` of every record a consumer with ``isolation`` gets from the
+    start of ``partitions`` of ``topic``, sorted (values decoded as UTF-8)."""
+    from txlake import Consumer, TopicPartition
+
+    c = Consumer({**conf, "isolation.level": isolation, "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, p) for p in partitions])
+    out = []
+    while True:
+        msgs = c.consume(500, 0.3)
+        if not msgs:
+            break
+        out.extend((m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
+    c.close()
+    return sorted(out)
