@@ -421,7 +421,7 @@ class _Writer:
             holder, expires_in = WriterLease(Catalog.open(store)).describe_holder()
             raise WriterLeaseUnavailable(
                 f"txlake: cannot commit the Spark compaction of {store.url}: the storage root's writer lease is held "
-                f"by {holder}, which did not take the handed-over commit within {self.timeout_s:.0f} s "
+                f"by {holder}, which did not take the handed-over commit within {self.timeout_s:g} s "
                 "(storage.handoff.timeout.ms; its engine may be busy or a txlake without hand-over). Nothing of this "
                 "step was committed and its new objects were deleted. What to do: run the compaction in that "
                 "process (or let its background compaction do it), or close its txlake clients so it releases the "

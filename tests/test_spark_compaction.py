@@ -182,3 +182,22 @@ def test_cli_compact_spark(file_storage, close_engines):
     assert all(committed_tables(file_storage, "t", view)[p].equals(t) for p, t in records.items())
     assert spark().sparkContext._jsc is not None  # not stopped
     assert os.environ.get("PYSPARK_PYTHON")
+
+
+def test_refused_with_the_holder_named_when_it_does_not_take_the_commits(file_storage, writer_procs):
+    """A holder that looks for hand-overs only every 60 s: the job fails with an error naming it
+    and saying what to do; nothing is committed and no new object is left behind."""
+    from txlake.spark_connector.staged_commit import WriterLeaseUnavailable
+
+    w = writer_procs(file_storage, {**QUIET, "storage.handoff.poll.ms": 60_000})
+    w.request("create_topic", "created", topic="w", partitions=1)
+    for r in range(2):
+        w.request("produce", "produced", topic="w", n=3, prefix=f"r{r}")
+    version, objects = fresh_catalog(file_storage).version, data_objects(file_storage)
+    with pytest.raises(WriterLeaseUnavailable) as info:
+        compact_with_spark(spark(), file_storage.url, file_storage.options,
+                           config={**QUIET, "storage.handoff.timeout.ms": 500})
+    text = str(info.value)
+    assert f"pid {w.pid}" in text and "did not take the handed-over commit within 0.5 s" in text
+    assert "writer lease is held by" in text and "close its txlake clients" in text
+    assert fresh_catalog(file_storage).version == version and data_objects(file_storage) == objects
