@@ -422,8 +422,8 @@ class _Writer:
             raise WriterLeaseUnavailable(
                 f"txlake: cannot commit the Spark compaction of {store.url}: the storage root's writer lease is held "
                 f"by {holder}, which did not take the handed-over commit within {self.timeout_s:g} s "
-                "(storage.handoff.timeout.ms; its engine may be busy or a txlake without hand-over). Nothing of this "
-                "step was committed and its new objects were deleted. What to do: run the compaction in that "
+                "(storage.handoff.timeout.ms; its engine may be busy or a txlake without hand-over). What was still to "
+                "commit was not committed, and its new objects were deleted. What to do: run the compaction in that "
                 "process (or let its background compaction do it), or close its txlake clients so it releases the "
                 f"lease, then run it again. ({exc.message})", store.url, holder, expires_in) from None
         self.local = True
