@@ -523,7 +523,8 @@ def _round(spark, writer: _Writer, topics: Iterable[str] | None, now: int,
     rewrites = [rw for rws in _run_tasks(spark, tasks, f"txlake compaction of {store.url}: key compaction of "
                                                        f"{len(tasks)} partitions") for rw in rws]
     committed = writer.swap(rewrites, now) if rewrites else []
-    summary.key_compacted_partitions = len({(rw.run.topic, rw.run.partition) for rw, ok in zip(rewrites, committed) if ok})
+    summary.key_compacted_partitions = len({(rw.run.topic, rw.run.partition)
+                                            for rw, ok in zip(rewrites, committed) if ok})
     summary.skipped += committed.count(False)
     if progress is not None:
         total = sum(rw.bytes_in for rw in rewrites)

@@ -14,7 +14,6 @@ objects deleted; the commits are handed to another process holding the writer le
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import time
 
@@ -130,7 +129,8 @@ def test_a_stale_rewrite_is_refused_and_its_objects_deleted(file_storage, close_
     now = int(time.time() * 1000)
     with broker.catalog.lock:
         runs = plan_merges(broker.catalog.state, ["s"])
-        tasks = [RewriteTask(store, broker.catalog.state, r.topic, r.partition, r, now, "snappy", 1 << 20) for r in runs]
+        tasks = [RewriteTask(store, broker.catalog.state, r.topic, r.partition, r, now, "snappy", 1 << 20)
+                 for r in runs]
     rewrites = [rw for t in tasks for rw in run_rewrite_task(t)]
     assert [rw.run.partition for rw in rewrites] == [0, 1]
     new_objects = {s.path for rw in rewrites for s in rw.segments}
@@ -181,7 +181,6 @@ def test_cli_compact_spark(file_storage, close_engines):
     assert [len(p.segments) for p in view.state.topics["t"].partitions] == [1, 1]
     assert all(committed_tables(file_storage, "t", view)[p].equals(t) for p, t in records.items())
     assert spark().sparkContext._jsc is not None  # not stopped
-    assert os.environ.get("PYSPARK_PYTHON")
 
 
 def test_refused_with_the_holder_named_when_it_does_not_take_the_commits(file_storage, writer_procs):
