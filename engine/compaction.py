@@ -48,7 +48,8 @@ if TYPE_CHECKING:  # the broker imports this module
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompactionSummary", "CompactionThread", "ProgressCallback", "compact", "key_compaction"]
+__all__ = ["CompactionSummary", "CompactionThread", "ProgressCallback", "apply_retention", "compact", "key_compaction",
+           "measure_after", "measure_before", "round_lock", "selected_topics"]
 
 #: ``progress(phase, done, total)``: phase is "retention" (partitions), "key compaction" and
 #: "merge" (bytes of input segments) or "cleaning" (steps); called as work completes.
@@ -104,7 +105,9 @@ class CompactionSummary:
         return self.records_before - self.records_after
 
 
-def _round_lock(broker: "Broker") -> threading.Lock:
+def round_lock(broker: "Broker") -> threading.Lock:
+    """The lock that lets one compaction round at a time run on ``broker`` (the background
+    thread, ``txlake compact`` and the Spark job's driver)."""
     with _round_locks_guard:
         lock = _round_locks.get(broker)
         if lock is None:
@@ -112,7 +115,8 @@ def _round_lock(broker: "Broker") -> threading.Lock:
         return lock
 
 
-def _selected(state: CatalogState, topics: Iterable[str] | None) -> list[str]:
+def selected_topics(state: CatalogState, topics: Iterable[str] | None) -> list[str]:
+    """``topics`` sorted (every topic of ``state`` when None). Raises UnknownTopicError for a missing one."""
     if topics is None:
         return sorted(state.topics)
     names = sorted(set(topics))
@@ -123,6 +127,7 @@ def _selected(state: CatalogState, topics: Iterable[str] | None) -> list[str]:
 
 
 def _segments(state: CatalogState, names: list[str]) -> dict[tuple[str, int], list[SegmentInfo]]:
+    """Each partition's segment list (a copy) for the topics ``names``."""
     return {(n, p.partition): list(p.segments) for n in names if n in state.topics for p in state.topics[n].partitions}
 
 
@@ -137,6 +142,33 @@ def _footprint(segments: dict[tuple[str, int], list[SegmentInfo]], sizes: dict[s
             n_segments += 1
             records += s.record_count
     return len(objects), sum(sizes.get(k, v) for k, v in objects.items()), n_segments, records
+
+
+def measure_before(broker: "Broker", topics: Iterable[str] | None,
+                   summary: "CompactionSummary") -> tuple[list[str], dict[str, int]]:
+    """Start a round: fill ``summary``'s before-columns (objects, bytes, segments, records).
+
+    Returns:
+        ``(names, sizes)``: the selected topics and every data object's size (bytes) as listed now.
+    """
+    with broker.catalog.lock:
+        names = selected_topics(broker.catalog.state, topics)
+        before = _segments(broker.catalog.state, names)
+    sizes = {o.key: o.size for o in broker.store.list(DATA_PREFIX)}
+    (summary.objects_before, summary.bytes_before, summary.segments_before,
+     summary.records_before) = _footprint(before, sizes)
+    return names, sizes
+
+
+def measure_after(broker: "Broker", names: list[str], sizes: dict[str, int], summary: "CompactionSummary",
+                  planned: dict[tuple[str, int], list[SegmentInfo]] | None = None) -> None:
+    """End a round: fill ``summary``'s after-columns from the catalog (or from ``planned``, a dry
+    run's estimate); ``sizes`` holds the sizes of the objects the round wrote."""
+    if planned is None:
+        with broker.catalog.lock:
+            planned = _segments(broker.catalog.state, names)
+    (summary.objects_after, summary.bytes_after, summary.segments_after,
+     summary.records_after) = _footprint(planned, sizes)
 
 
 def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms: int,
@@ -207,9 +239,10 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
     return len(partitions), skipped
 
 
-def _retention(broker: "Broker", names: list[str], now_ms: int, dry_run: bool,
+def apply_retention(broker: "Broker", names: list[str], now_ms: int, dry_run: bool,
                progress: ProgressCallback | None) -> list[tuple[str, int, int]]:
-    """Retention's ``(topic, partition, new log start offset)`` targets, applied unless ``dry_run``."""
+    """Retention's ``(topic, partition, new log start offset)`` targets for ``names``, applied with
+    ``Broker.delete_records`` unless ``dry_run``."""
     with broker.catalog.lock:
         found = retention_targets(broker.catalog.state, now_ms)
     wanted = set(names)
@@ -257,18 +290,13 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
     else:
         broker.ensure_writer()
     summary = CompactionSummary(dry_run=dry_run)
-    with _round_lock(broker):
+    with round_lock(broker):
         store = broker.store
-        with broker.catalog.lock:
-            names = _selected(broker.catalog.state, topics)
-            before = _segments(broker.catalog.state, names)
-        sizes = {o.key: o.size for o in store.list(DATA_PREFIX)}
-        (summary.objects_before, summary.bytes_before, summary.segments_before,
-         summary.records_before) = _footprint(before, sizes)
+        names, sizes = measure_before(broker, topics, summary)
         reader = LogReader(broker.catalog, SegmentCache(0))  # compaction reads once: keep the cache for consumers
 
         # 1. retention
-        targets = _retention(broker, names, now, dry_run, progress)
+        targets = apply_retention(broker, names, now, dry_run, progress)
         summary.retention_partitions = len(targets)
         # 2. key compaction
         if not dry_run:
@@ -318,11 +346,7 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
             summary.pending_deletion = len(cleanup.pending)
         if progress is not None:
             progress("cleaning", 1, 1)
-        if not dry_run:
-            with broker.catalog.lock:
-                planned = _segments(broker.catalog.state, names)
-        (summary.objects_after, summary.bytes_after, summary.segments_after,
-         summary.records_after) = _footprint(planned, sizes)
+        measure_after(broker, names, sizes, summary, planned if dry_run else None)
     return summary
 
 

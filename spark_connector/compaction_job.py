@@ -66,9 +66,8 @@ from txlake.catalog.state import (ADD_SEGMENT, REMOVE_SEGMENT, CatalogState, Par
                                   TopicState)
 from txlake.catalog.storage import ObjectStore
 from txlake.catalog.topic_config import effective_config
-from txlake.engine.compaction import (CompactionSummary, ProgressCallback, _footprint, _retention, _round_lock,
-                                      _segments, _selected, compact, key_compaction)
-from txlake.engine.group_commit import DATA_PREFIX
+from txlake.engine.compaction import (CompactionSummary, ProgressCallback, apply_retention, compact, key_compaction,
+                                      measure_after, measure_before, round_lock)
 from txlake.engine.log_cleaner import is_compacted
 from txlake.engine.log_reader import LogReader, SegmentCache
 from txlake.engine.object_cleaner import Committer
@@ -334,7 +333,7 @@ def run_handed_over(store: ObjectStore, payload: Mapping[str, Any]) -> dict[str,
     try:
         op, now = payload.get("op"), int(payload["now_ms"])
         if op == "retention":
-            return {"targets": [list(t) for t in _retention(broker, list(payload["topics"]), now, False, None)]}
+            return {"targets": [list(t) for t in apply_retention(broker, list(payload["topics"]), now, False, None)]}
         if op == "swap":
             rewrites = [rewrite_from_dict(d) for d in payload["rewrites"]]
             return {"committed": commit_rewrites(broker.commit_under_lock, broker.store, rewrites, now)}
@@ -369,7 +368,7 @@ class _Writer:
 
     def retention(self, names: list[str], now_ms: int) -> list[tuple[str, int, int]]:
         if self.local:
-            return _retention(self.broker, names, now_ms, False, None)
+            return apply_retention(self.broker, names, now_ms, False, None)
         answer = self._hand_over({"op": "retention", "topics": names, "now_ms": now_ms}, [])
         if answer is None:  # took the lease meanwhile
             return self.retention(names, now_ms)
@@ -486,7 +485,7 @@ def compact_with_spark(spark, storage_url: str, storage_options: Mapping[str, An
         if dry_run:
             return compact(broker, topics, dry_run=True, progress=progress, now_ms=now)
         writer = _Writer(broker, cfg["storage.handoff.timeout.ms"])
-        with _round_lock(broker):
+        with round_lock(broker):
             return _round(spark, writer, topics, now, progress)
     finally:
         release_broker(broker)
@@ -498,12 +497,7 @@ def _round(spark, writer: _Writer, topics: Iterable[str] | None, now: int,
     store, bcfg = broker.store, broker.config
     summary = CompactionSummary()
     writer.refresh()
-    with broker.catalog.lock:
-        names = _selected(broker.catalog.state, topics)
-        before = _segments(broker.catalog.state, names)
-    sizes = {o.key: o.size for o in store.list(DATA_PREFIX)}
-    (summary.objects_before, summary.bytes_before, summary.segments_before,
-     summary.records_before) = _footprint(before, sizes)
+    names, sizes = measure_before(broker, topics, summary)
 
     def task(state: CatalogState, topic: str, partition: int, run: MergeRun | None) -> RewriteTask:
         return RewriteTask(store, _one_partition(state, topic, partition), topic, partition, run, now,
@@ -558,8 +552,6 @@ def _round(spark, writer: _Writer, topics: Iterable[str] | None, now: int,
 
     writer.refresh()
     with broker.catalog.lock:
-        after = _segments(broker.catalog.state, names)
         summary.pending_deletion = len(broker.catalog.state.retired)
-    (summary.objects_after, summary.bytes_after, summary.segments_after,
-     summary.records_after) = _footprint(after, sizes)
+    measure_after(broker, names, sizes, summary)
     return summary
