@@ -23,27 +23,16 @@ from concurrent.futures import Future
 import pyarrow as pa
 import pytest
 
-from helpers import read_values
-from txlake import AdminClient, Consumer, KafkaError, KafkaException, NewTopic, Producer, TopicPartition
+from helpers import TXN_CONF, read_values, transactional_conf  # noqa: F401 (fixture conf)
+from txlake import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch, ProduceResult
 from txlake.engine.errors import Errors
 from txlake.engine.group_commit import DATA_PREFIX
-from txlake.engine.registry import close_all
 from txlake.engine.transaction_metadata import ProducerIdAndEpoch, TransactionState
 from txlake.formats.records import PAYLOAD_SCHEMA
 
-TXN_CONF = {"transaction.state.log.num.partitions": 3}
 BROKER_CFG = dict(flush_linger_ms=1, lease_ms=60_000, transaction=dict(TXN_CONF))
 T = 60_000  # transaction.timeout.ms of the coordinator-level requests
-
-
-@pytest.fixture
-def conf(storage):
-    c = {**storage.conf(), **TXN_CONF, "storage.flush.linger.ms": 1}
-    with AdminClient(c) as admin:
-        admin.create_topics([NewTopic("out", 2)])["out"].result()
-    yield c
-    close_all()
 
 
 @pytest.fixture

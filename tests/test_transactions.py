@@ -6,24 +6,13 @@ import time
 import pyarrow as pa
 import pytest
 
-from helpers import read_values
+from helpers import TXN_CONF, read_values, transactional_conf  # noqa: F401 (fixture conf)
 from txlake import AdminClient, Consumer, KafkaError, KafkaException, NewTopic, Producer, TopicPartition
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.errors import Errors
-from txlake.engine.registry import close_all
 from txlake.engine.transaction_metadata import TransactionState
 from txlake.formats.records import PAYLOAD_SCHEMA
 
-TXN_CONF = {"transaction.state.log.num.partitions": 3}
-
-
-@pytest.fixture
-def conf(storage):
-    c = {**storage.conf(), **TXN_CONF, "storage.flush.linger.ms": 1}
-    with AdminClient(c) as admin:
-        admin.create_topics([NewTopic("out", 2)])["out"].result()
-    yield c
-    close_all()
 
 
 def read(conf, isolation="read_committed", topic="out", partitions=2):

@@ -294,3 +294,21 @@ def read_values(conf: dict, topic: str = "out", partitions=(0, 1),
         out.extend((m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
     c.close()
     return sorted(out)
+
+
+#: the transaction coordinator's settings of the transaction tests (3 ``__transaction_state`` partitions)
+TXN_CONF = {"transaction.state.log.num.partitions": 3}
+
+
+@pytest.fixture(name="conf")
+def transactional_conf(storage):
+    """Fixture ``conf``: a client config for ``storage`` with :data:`TXN_CONF`, 1 ms linger and a
+    topic ``out`` of 2 partitions; every engine is closed afterwards."""
+    from txlake import AdminClient, NewTopic
+    from txlake.engine.registry import close_all
+
+    c = {**storage.conf(), **TXN_CONF, "storage.flush.linger.ms": 1}
+    with AdminClient(c) as admin:
+        admin.create_topics([NewTopic("out", 2)])["out"].result()
+    yield c
+    close_all()
