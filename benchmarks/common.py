@@ -68,3 +68,53 @@ def best(fn, repeat: int = 5, warmup: bool = False) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+# ---------------------------------------------------------------- helpers of destructive benchmarks
+# (bench_compaction*.py: a root is built once, then compacted copy by copy; each measurement
+# runs in a child process so that its peak RSS is its own)
+
+
+def root_path(url: str) -> str:
+    """The local folder of a ``file://`` root."""
+    assert url.startswith("file://"), url
+    return url[len("file://"):]
+
+
+def copy_root(url: str) -> str:
+    """A fresh local root (removed when the process exits) holding a copy of the ``file://``
+    root ``url``; the copy is synced to disk, so a measurement on it does not pay the copy's
+    write-back."""
+    dst = fresh_root()
+    shutil.copytree(root_path(url), root_path(dst), dirs_exist_ok=True)
+    os.sync()
+    return dst
+
+
+def remove_root(url: str) -> None:
+    """Delete a local root now (big copies should not wait for the process to exit)."""
+    shutil.rmtree(root_path(url), True)
+
+
+def rss_mb() -> float:
+    """Resident memory of this process now (MiB), from /proc/self/status VmRSS."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def run_child(script: str, spec: dict, timeout: float = 3600) -> dict:
+    """Run ``script --child <spec as JSON>`` in a fresh interpreter and return the JSON object
+    its last stdout line prints (a measurement with its own process: its own peak RSS, no
+    heap or cache left over from the previous one)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, script, "--child", json.dumps(spec)], capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} child {spec.get('kind')} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])

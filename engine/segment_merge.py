@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -63,6 +64,9 @@ SMALL_SEGMENT_FRACTION = 0.5
 DEAD_OBJECT_FRACTION = 0.5
 #: target in-memory (uncompressed Arrow) bytes of a row group: Parquet's and Spark's 128 MiB block
 ROW_GROUP_BYTES = 128 * 1024 * 1024
+#: segments a rewrite reads at once (Parquet decoding releases the GIL; a merge of flush objects
+#: reads many small segments, each an object open + footer parse + a few row groups)
+READ_THREADS = 4
 
 
 class StaleRewriteError(Exception):
@@ -166,19 +170,26 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
             if dead:
                 runs.append(MergeRun(name, p.partition, dead, target, drop=True))
             groups: list[list[SegmentInfo]] = [[]]
+            group_bytes = 0  # of groups[-1] (a running sum: a partition may have thousands of small segments)
             merged: set[SegmentInfo] = set(dead)
             for s in p.segments:
                 if s in merged:
                     continue
                 if s.size_bytes >= small:
                     groups.append([])
+                    group_bytes = 0
                     continue
-                if groups[-1] and sum(x.size_bytes for x in groups[-1]) + s.size_bytes > target:
+                if groups[-1] and group_bytes + s.size_bytes > target:
                     groups.append([])
+                    group_bytes = 0
                 groups[-1].append(s)
+                group_bytes += s.size_bytes
             for group in groups:
-                while len(group) >= 2 and group[0].size_bytes > 2 * sum(x.size_bytes for x in group[1:]):
-                    group = group[1:]
+                first, rest = 0, sum(x.size_bytes for x in group[1:])  # rest: bytes after group[first]
+                while len(group) - first >= 2 and group[first].size_bytes > 2 * rest:
+                    first += 1
+                    rest -= group[first].size_bytes
+                group = group[first:]
                 if len(group) >= 2:
                     runs.append(MergeRun(name, p.partition, tuple(group), target))
                     merged.update(group)
@@ -223,6 +234,21 @@ def _filtered(table: pa.Table, row_filter: RowFilter) -> pa.Table:
     return out
 
 
+def _read_segments(reader: LogReader, segments: Sequence[SegmentInfo]) -> list[pa.Table]:
+    """``reader.segment_table`` of every segment, in order, :data:`READ_THREADS` at a time (the
+    first failing segment's error is raised, as a sequential read would)."""
+    if READ_THREADS <= 1 or len(segments) < 2:
+        return [reader.segment_table(s) for s in segments]
+    with ThreadPoolExecutor(min(READ_THREADS, len(segments)), thread_name_prefix="txlake-merge-read") as pool:
+        futures = [pool.submit(reader.segment_table, s) for s in segments]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
 def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, target_bytes: int,
                      row_filter: RowFilter | None = None, compression: str = "snappy",
                      max_row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, row_group_bytes: int = ROW_GROUP_BYTES,
@@ -254,7 +280,7 @@ def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, targ
     _check_run(segments)
     first = segments[0]
     run = MergeRun(first.topic, first.partition, tuple(segments), target_bytes)
-    tables = [reader.segment_table(s) for s in segments]
+    tables = _read_segments(reader, segments)
     tables = [t if t.schema.equals(RECORD_SCHEMA) else t.cast(RECORD_SCHEMA) for t in tables]
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     records_in, bytes_in = table.num_rows, run.size_bytes
