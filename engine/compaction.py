@@ -214,11 +214,13 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
             continue
         target = int(config["segment.bytes"])
         group: list[SegmentInfo] = []
+        group_bytes = 0  # a running sum: a partition may have thousands of small segments
         for s in snapshot.segments:
-            if group and sum(x.size_bytes for x in group) + s.size_bytes > target:
+            if group and group_bytes + s.size_bytes > target:
                 work.append((row_filter, MergeRun(snapshot.topic, snapshot.partition, tuple(group), target)))
-                group = []
+                group, group_bytes = [], 0
             group.append(s)
+            group_bytes += s.size_bytes
         work.append((row_filter, MergeRun(snapshot.topic, snapshot.partition, tuple(group), target)))
     total = sum(run.size_bytes for _, run in work)
     done = skipped = 0
