@@ -63,6 +63,12 @@ def _one_of(*choices: str) -> Callable[[str], str | None]:
     return check
 
 
+def cleanup_policies(config: Mapping[str, str]) -> frozenset[str]:
+    """The policies of a topic's ``cleanup.policy`` (overrides or an effective config; Kafka's
+    default ``delete`` when unset): a subset of ``{"delete", "compact"}``."""
+    return frozenset(p.strip() for p in effective_config(config)["cleanup.policy"].split(","))
+
+
 def _cleanup_policy(v: str) -> str | None:
     parts = [p.strip() for p in v.split(",")]
     if not parts or any(p not in ("delete", "compact") for p in parts):

@@ -34,7 +34,7 @@ from txlake.catalog.errors import (CatalogError, InvalidConfigError, InvalidTopi
 from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK, REMOVE_SEGMENT,
                                   CatalogState, TopicState)
 from txlake.catalog.storage import ObjectStore
-from txlake.catalog.topic_config import effective_config, validate_topic_config
+from txlake.catalog.topic_config import cleanup_policies, effective_config, validate_topic_config
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, unify_collision_chars, validate_topic_name
 from txlake.catalog.writer_lease import WriterLease
 from txlake.formats.errors import FormatError
@@ -380,7 +380,7 @@ class Broker:
             return _done(ProduceResult(Errors.MESSAGE_TOO_LARGE,
                                        message=f"The batch of {n} records for {batch.topic} [{batch.partition}] is {size} bytes, "
                                                f"larger than max.message.bytes={max_bytes} of the topic"))
-        if "compact" in config["cleanup.policy"] and batch.records.column("key").null_count:
+        if "compact" in cleanup_policies(config) and batch.records.column("key").null_count:
             # Kafka's LogValidator: a compacted topic keeps the latest record per key, so every record needs one
             return _done(ProduceResult(Errors.INVALID_RECORD, message=(
                 f"Compacted topic cannot accept message without key in topic partition {batch.topic}-{batch.partition}.")))
@@ -483,8 +483,7 @@ class Broker:
                 except UnknownTopicError as exc:
                     answers.append((Errors.UNKNOWN_TOPIC_OR_PART, -1, str(exc)))
                     continue
-                policy = effective_config(state.topics[topic].config)["cleanup.policy"].split(",")
-                if "delete" not in [x.strip() for x in policy]:
+                if "delete" not in cleanup_policies(state.topics[topic].config):
                     answers.append((Errors.POLICY_VIOLATION, -1, f"Records of partition {topic}-{partition} can not "
                                     "be deleted due to the configured policy (cleanup.policy has no 'delete')"))
                     continue

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from txlake.catalog.errors import UnknownTopicError
 from txlake.catalog.state import CatalogState, PartitionState, SegmentInfo
-from txlake.catalog.topic_config import effective_config
+from txlake.catalog.topic_config import cleanup_policies, effective_config
 
 from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX
 from .log_cleaner import row_filter as make_row_filter
@@ -197,7 +197,7 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
         for name in names:
             t = broker.catalog.state.topics[name]
             config = effective_config(t.config)
-            if "compact" not in [x.strip() for x in config["cleanup.policy"].split(",")]:
+            if "compact" not in cleanup_policies(config):
                 continue
             for p in t.partitions:
                 # never the last segment (Kafka never cleans the active segment): the log's last

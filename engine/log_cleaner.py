@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txlake.catalog.state import AbortedTxn, PartitionState, SegmentInfo
-from txlake.catalog.topic_config import effective_config
+from txlake.catalog.topic_config import cleanup_policies, effective_config
 
 __all__ = [
     "HORIZON_CHECKPOINT", "HORIZON_RECORD_TIMESTAMP", "MAP_COLUMNS",
@@ -670,8 +670,7 @@ class CleanableRange:
 
 def is_compacted(topic_config: Mapping[str, str]) -> bool:
     """Whether ``cleanup.policy`` (overrides or an effective config) includes ``compact``."""
-    policy = effective_config(topic_config)["cleanup.policy"]
-    return "compact" in [p.strip() for p in policy.split(",")]
+    return "compact" in cleanup_policies(topic_config)
 
 
 def _live_segments(p: PartitionState) -> list[SegmentInfo]:

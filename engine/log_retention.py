@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from txlake.catalog.state import CatalogState, PartitionState, SegmentInfo
-from txlake.catalog.topic_config import effective_config
+from txlake.catalog.topic_config import cleanup_policies, effective_config
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,6 @@ class RetentionTarget:
     log_start_offset: int
     segments: int
     bytes: int
-
-
-def _has_delete_policy(config: dict[str, str]) -> bool:
-    return "delete" in [p.strip() for p in config["cleanup.policy"].split(",")]
 
 
 def _deletable(p: PartitionState, retention_ms: int, retention_bytes: int, now_ms: int) -> list[SegmentInfo]:
@@ -79,7 +75,7 @@ def retention_targets(state: CatalogState, now_ms: int) -> list[RetentionTarget]
     for name in sorted(state.topics):
         topic = state.topics[name]
         config = effective_config(topic.config)
-        if not _has_delete_policy(config):
+        if "delete" not in cleanup_policies(config):
             continue
         retention_ms, retention_bytes = int(config["retention.ms"]), int(config["retention.bytes"])
         if retention_ms < 0 and retention_bytes < 0:
