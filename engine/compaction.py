@@ -29,6 +29,7 @@ import math
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -41,7 +42,8 @@ from .log_cleaner import row_filter as make_row_filter
 from .log_reader import LogReader, SegmentCache
 from .log_retention import retention_targets
 from .object_cleaner import ObjectCleanup, clean_objects
-from .segment_merge import MergeRun, RowFilter, plan_merges, replace_segments
+from .segment_merge import (MERGE_THREADS, READ_THREADS, MergeRun, RowFilter, SegmentRewrite, in_batches, plan_merges,
+                            replace_segments)
 
 if TYPE_CHECKING:  # the broker imports this module
     from .broker import Broker
@@ -207,38 +209,55 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
                     offered.append((PartitionState(name, p.partition, p.log_start_offset, p.high_watermark,
                                                    p.last_stable_offset, cleanable, list(p.aborted_transactions)),
                                     config))
-    work: list[tuple[RowFilter, MergeRun]] = []
-    for snapshot, config in offered:
-        row_filter = make_row_filter(snapshot, config, reader, now_ms)
-        if row_filter is None:
-            continue
-        target = int(config["segment.bytes"])
-        group: list[SegmentInfo] = []
-        group_bytes = 0  # a running sum: a partition may have thousands of small segments
-        for s in snapshot.segments:
-            if group and group_bytes + s.size_bytes > target:
-                work.append((row_filter, MergeRun(snapshot.topic, snapshot.partition, tuple(group), target)))
-                group, group_bytes = [], 0
-            group.append(s)
-            group_bytes += s.size_bytes
-        work.append((row_filter, MergeRun(snapshot.topic, snapshot.partition, tuple(group), target)))
-    total = sum(run.size_bytes for _, run in work)
+    total = sum(s.size_bytes for snapshot, _ in offered for s in snapshot.segments)
     done = skipped = 0
     partitions: set[tuple[str, int]] = set()
-    for row_filter, run in work:
-        if cancel is not None and cancel.is_set():
-            break
-        result = replace_segments(reader, broker.commit_under_lock, run.segments, target_bytes=run.target_bytes,
-                                  row_filter=row_filter, compression=broker.config.compression,
-                                  max_row_group_rows=broker.config.row_group_rows, now_ms=now_ms)
-        if result is None:
-            skipped += 1
-        else:
-            partitions.add((run.topic, run.partition))
-        done += run.size_bytes
-        if progress is not None:
-            progress("key compaction", done, total)
+    # batches of partitions: each batch's segments are prefetched once (a flush object shared by
+    # its partitions is read once) and serve both the offset maps and the rewrites
+    batch_reader = LogReader(broker.catalog, SegmentCache(None))
+    with ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-clean") as pool:
+        for batch in in_batches(offered, lambda item: sum(s.size_bytes for s in item[0].segments)):
+            if cancel is not None and cancel.is_set():
+                break
+            batch_reader.prefetch([s for snapshot, _ in batch for s in snapshot.segments], READ_THREADS)
+            work: list[tuple[RowFilter, MergeRun]] = []
+            for snapshot, config in batch:
+                row_filter = make_row_filter(snapshot, config, batch_reader, now_ms)
+                if row_filter is None:
+                    done += sum(s.size_bytes for s in snapshot.segments)
+                    continue
+                work += [(row_filter, run) for run in _size_groups(snapshot, int(config["segment.bytes"]))]
+            futures = [pool.submit(_merge_run, broker, batch_reader, run, now_ms, cancel, row_filter)
+                       for row_filter, run in work]
+            for (_, run), future in zip(work, futures):
+                outcome = future.result()
+                if outcome is False:
+                    continue
+                if outcome is None:
+                    skipped += 1
+                else:
+                    partitions.add((run.topic, run.partition))
+                done += run.size_bytes
+                if progress is not None:
+                    progress("key compaction", done, total)
+            batch_reader.cache.clear()
     return len(partitions), skipped
+
+
+def _size_groups(snapshot: PartitionState, target: int) -> list[MergeRun]:
+    """The cleanable segments cut into groups of at most ``target`` bytes (Kafka's
+    ``groupSegmentsBySize``)."""
+    runs: list[MergeRun] = []
+    group: list[SegmentInfo] = []
+    group_bytes = 0  # a running sum: a partition may have thousands of small segments
+    for s in snapshot.segments:
+        if group and group_bytes + s.size_bytes > target:
+            runs.append(MergeRun(snapshot.topic, snapshot.partition, tuple(group), target))
+            group, group_bytes = [], 0
+        group.append(s)
+        group_bytes += s.size_bytes
+    runs.append(MergeRun(snapshot.topic, snapshot.partition, tuple(group), target))
+    return runs
 
 
 def apply_retention(broker: "Broker", names: list[str], now_ms: int, dry_run: bool,
@@ -319,22 +338,28 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
             if progress is not None and runs:
                 progress("merge", total, total)
         else:
-            for run in runs:
-                if cancel is not None and cancel.is_set():
-                    break
-                result = replace_segments(reader, broker.commit_under_lock, run.segments,
-                                          target_bytes=run.target_bytes, compression=broker.config.compression,
-                                          max_row_group_rows=broker.config.row_group_rows, now_ms=now, drop=run.drop)
-                if result is None:
-                    summary.skipped += 1
-                else:
-                    summary.merges += 1
-                    for s in result.segments:
-                        sizes[s.path] = s.size_bytes
-                if not run.drop:
-                    done += run.size_bytes
-                    if progress is not None:
-                        progress("merge", done, total)
+            batch_reader = LogReader(broker.catalog, SegmentCache(None))  # pins one batch's segments
+            with ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-merge") as pool:
+                for batch in in_batches(runs, lambda run: run.size_bytes):
+                    if cancel is not None and cancel.is_set():
+                        break
+                    batch_reader.prefetch([s for run in batch if not run.drop for s in run.segments], READ_THREADS)
+                    futures = [pool.submit(_merge_run, broker, batch_reader, run, now, cancel) for run in batch]
+                    for run, future in zip(batch, futures):
+                        outcome = future.result()
+                        if outcome is False:  # cancelled before it started
+                            continue
+                        if outcome is None:
+                            summary.skipped += 1
+                        else:
+                            summary.merges += 1
+                            for s in outcome.segments:
+                                sizes[s.path] = s.size_bytes
+                        if not run.drop:
+                            done += run.size_bytes
+                            if progress is not None:
+                                progress("merge", done, total)
+                    batch_reader.cache.clear()
         if progress is not None and not runs:
             progress("merge", 0, 0)
         # 4. object cleaning (not when the writer is closing)
@@ -350,6 +375,22 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
             progress("cleaning", 1, 1)
         measure_after(broker, names, sizes, summary, planned if dry_run else None)
     return summary
+
+
+def _merge_run(broker: "Broker", reader: LogReader, run: MergeRun, now_ms: int,
+               cancel: threading.Event | None, row_filter: RowFilter | None = None) -> SegmentRewrite | None | bool:
+    """Rewrite one run through ``row_filter`` (:func:`~txlake.engine.segment_merge.replace_segments`)
+    and unpin its segments from ``reader``'s batch cache. Returns the committed rewrite, None
+    when its segments changed meanwhile, False when ``cancel`` was set before it started."""
+    if cancel is not None and cancel.is_set():
+        return False
+    try:
+        return replace_segments(reader, broker.commit_under_lock, run.segments, target_bytes=run.target_bytes,
+                                row_filter=row_filter, compression=broker.config.compression,
+                                max_row_group_rows=broker.config.row_group_rows, now_ms=now_ms, drop=run.drop)
+    finally:
+        for s in run.segments:  # memory: a batch's records go as its runs are written
+            reader.cache.discard((s.path, s.row_group_start))
 
 
 def _estimate_merges(planned: dict[tuple[str, int], list[SegmentInfo]], runs: list[MergeRun],

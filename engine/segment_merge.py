@@ -33,9 +33,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -50,9 +49,11 @@ from .group_commit import DATA_PREFIX
 from .log_reader import LogReader
 from .object_cleaner import Committer
 
-__all__ = ["DEAD_OBJECT_FRACTION", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "MergeRun", "RowFilter",
-           "SegmentRewrite", "StaleRewriteError", "discard_rewrite", "plan_merges", "replace_segments",
+__all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_THREADS", "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "MergeRun", "RowFilter",
+           "SegmentRewrite", "StaleRewriteError", "discard_rewrite", "in_batches", "plan_merges", "replace_segments",
            "rewrite_segments", "swap_actions"]
+
+T = TypeVar("T")
 
 #: ``row_filter(records) -> records``: RECORD_SCHEMA rows in offset order in, a subset of them out
 #: (same schema, same order, rows unchanged). Key compaction's log cleaner is one.
@@ -64,7 +65,12 @@ SMALL_SEGMENT_FRACTION = 0.5
 DEAD_OBJECT_FRACTION = 0.5
 #: target in-memory (uncompressed Arrow) bytes of a row group: Parquet's and Spark's 128 MiB block
 ROW_GROUP_BYTES = 128 * 1024 * 1024
-#: segments a rewrite reads at once (Parquet decoding releases the GIL; a merge of flush objects
+#: catalog bytes of the runs one merge batch reads together: each object is read once per batch
+#: for all the partitions' segments it holds (a run bigger than this is a batch alone)
+MERGE_BATCH_BYTES = 256 * 1024 * 1024
+#: runs of a batch rewritten at once (Parquet encoding, writes and fsyncs release the GIL)
+MERGE_THREADS = 2
+#: objects a rewrite reads at once (Parquet decoding releases the GIL; a merge of flush objects
 #: reads many small segments, each an object open + footer parse + a few row groups)
 READ_THREADS = 4
 
@@ -207,6 +213,25 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
     return runs
 
 
+def in_batches(items: Sequence[T], size_bytes: Callable[[T], int],
+               max_bytes: int = MERGE_BATCH_BYTES) -> list[list[T]]:
+    """Cut ``items`` (runs, or partitions to clean) into consecutive batches of at most
+    ``max_bytes`` catalog bytes (``size_bytes(item)``; a bigger item is a batch alone). A
+    batch's segments are prefetched together (:meth:`LogReader.prefetch`), so a flush object
+    shared by the batch's partitions is read once; the bound keeps a batch's decoded records
+    near ``max_bytes``."""
+    batches: list[list[T]] = []
+    size = 0
+    for item in items:
+        n = size_bytes(item)
+        if not batches or (batches[-1] and size + n > max_bytes):
+            batches.append([])
+            size = 0
+        batches[-1].append(item)
+        size += n
+    return batches
+
+
 # ------------------------------------------------------------------ the primitive
 def _check_run(segments: Sequence[SegmentInfo]) -> None:
     assert segments, "a rewrite names at least one segment"
@@ -235,18 +260,11 @@ def _filtered(table: pa.Table, row_filter: RowFilter) -> pa.Table:
 
 
 def _read_segments(reader: LogReader, segments: Sequence[SegmentInfo]) -> list[pa.Table]:
-    """``reader.segment_table`` of every segment, in order, :data:`READ_THREADS` at a time (the
-    first failing segment's error is raised, as a sequential read would)."""
-    if READ_THREADS <= 1 or len(segments) < 2:
-        return [reader.segment_table(s) for s in segments]
-    with ThreadPoolExecutor(min(READ_THREADS, len(segments)), thread_name_prefix="txlake-merge-read") as pool:
-        futures = [pool.submit(reader.segment_table, s) for s in segments]
-        try:
-            return [f.result() for f in futures]
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+    """Every segment's records, in order: from the reader's cache when a batch prefetched them,
+    else read :data:`READ_THREADS` objects at a time (:meth:`LogReader.prefetch`)."""
+    fetched = reader.prefetch(segments, READ_THREADS)
+    tables = [fetched.get((s.path, s.row_group_start)) for s in segments]
+    return [reader.segment_table(s) if t is None else t for s, t in zip(segments, tables)]
 
 
 def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, target_bytes: int,

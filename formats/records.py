@@ -134,6 +134,13 @@ def open_segment(source, location: str) -> pq.ParquetFile:
     return pf
 
 
+def _check_row_groups(pf: pq.ParquetFile, location: str, row_groups: list[int]) -> None:
+    if any(not 0 <= rg < pf.num_row_groups for rg in row_groups):
+        from .errors import CorruptObjectError
+
+        raise CorruptObjectError(location, f"has {pf.num_row_groups} row groups, the catalog names {row_groups}")
+
+
 def read_segment(source, location: str, row_groups: Iterable[int] | None = None,
                  columns: Sequence[str] | None = None) -> pa.Table:
     """Read records from a segment object (bytes or seekable file).
@@ -147,9 +154,44 @@ def read_segment(source, location: str, row_groups: Iterable[int] | None = None,
     """
     pf = open_segment(source, location)
     rgs = list(row_groups) if row_groups is not None else None
-    if rgs is not None and any(not 0 <= rg < pf.num_row_groups for rg in rgs):
-        from .errors import CorruptObjectError
-
-        raise CorruptObjectError(location, f"has {pf.num_row_groups} row groups, the catalog names {rgs}")
+    if rgs is not None:
+        _check_row_groups(pf, location, rgs)
     table = read_all(pf, location, rgs, columns)
     return table.replace_schema_metadata(None)
+
+
+def read_row_group_sets(source, location: str, sets: Sequence[Sequence[int]]) -> list[pa.Table]:
+    """Read several disjoint sets of row groups of one segment object in ONE pass (one open,
+    one footer parse, one decode of their union): the records of several partitions' segments
+    of a flush object, as a merge needs them. Each set is read as :func:`read_segment` would
+    (all columns, no schema metadata); the returned tables are zero-copy slices of the one
+    decoded table, in the order of ``sets``.
+
+    Raises:
+        CorruptObjectError, UnsupportedFormatVersionError: naming ``location`` (also for a row
+            group the object does not have).
+        ValueError: two sets share a row group.
+    """
+    pf = open_segment(source, location)
+    union = sorted(rg for groups in sets for rg in groups)
+    if len(set(union)) != len(union):
+        raise ValueError(f"row-group sets of {location} overlap: {list(sets)}")
+    _check_row_groups(pf, location, union)
+    table = read_all(pf, location, union).replace_schema_metadata(None)
+    position, row = {}, 0  # row group -> its first row in ``table``
+    for rg in union:
+        position[rg] = row
+        row += pf.metadata.row_group(rg).num_rows
+    assert row == table.num_rows, f"{location}: row groups hold {row} rows, {table.num_rows} decoded"
+    out = []
+    for groups in sets:
+        pieces = [table.slice(position[g], pf.metadata.row_group(g).num_rows) for g in sorted(groups)]
+        # a segment's row groups are contiguous, so its pieces are adjacent: one slice
+        contiguous = all(b == a + 1 for a, b in zip(sorted(groups), sorted(groups)[1:]))
+        if not pieces:
+            out.append(table.slice(0, 0))
+        elif contiguous:
+            out.append(table.slice(position[min(groups)], sum(p.num_rows for p in pieces)))
+        else:
+            out.append(pa.concat_tables(pieces))
+    return out

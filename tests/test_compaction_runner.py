@@ -35,7 +35,7 @@ def _now() -> int:
 
 @pytest.mark.parametrize("backend", ["file", pytest.param("s3", marks=pytest.mark.s3)])
 def test_a_scan_started_before_compaction_finishes_and_old_objects_go_after_the_grace(storage, close_engines):
-    from spark_connector.batch_read import OffsetRange, arrow_schema, input_partition, kafka_struct, read_input_partition
+    from txlake.spark_connector.batch_read import OffsetRange, arrow_schema, input_partition, kafka_struct, read_input_partition
     from txlake import duckdb as txduck
 
     produce_varied_log(storage, "t", partitions=2, flushes=3, per_flush=10, transactions=False)

@@ -170,7 +170,7 @@ def test_row_filter_gaps_are_read_by_fetch_duckdb_and_spark(storage, close_engin
     con.close()
 
     # Spark reader (planning and reading, without a SparkSession)
-    from spark_connector.batch_read import OffsetRange, arrow_schema, input_partition, kafka_struct, read_input_partition
+    from txlake.spark_connector.batch_read import OffsetRange, arrow_schema, input_partition, kafka_struct, read_input_partition
 
     state = fresh_catalog(storage).state
     schema = arrow_schema(kafka_struct(False))
