@@ -216,7 +216,8 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
     # its partitions is read once) and serve both the offset maps and the rewrites
     batch_reader = LogReader(broker.catalog, SegmentCache(None))
     with ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-clean") as pool:
-        for batch in in_batches(offered, lambda item: sum(s.size_bytes for s in item[0].segments)):
+        for batch in in_batches(offered, lambda item: sum(s.size_bytes for s in item[0].segments),
+                                broker.config.compaction_batch_bytes):
             if cancel is not None and cancel.is_set():
                 break
             batch_reader.prefetch([s for snapshot, _ in batch for s in snapshot.segments], READ_THREADS)
@@ -340,7 +341,7 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
         else:
             batch_reader = LogReader(broker.catalog, SegmentCache(None))  # pins one batch's segments
             with ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-merge") as pool:
-                for batch in in_batches(runs, lambda run: run.size_bytes):
+                for batch in in_batches(runs, lambda run: run.size_bytes, broker.config.compaction_batch_bytes):
                     if cancel is not None and cancel.is_set():
                         break
                     batch_reader.prefetch([s for run in batch if not run.drop for s in run.segments], READ_THREADS)

@@ -780,8 +780,13 @@ MAP_COLUMNS = ("offset", "timestamp", "key", "producer_id", "is_transactional", 
 
 
 def _read_map_columns(reader: Any, segment: SegmentInfo) -> pa.Table:
-    """The :data:`MAP_COLUMNS` of one segment: only those columns are decoded when the
-    reader exposes its object store, else the whole segment through ``segment_table``."""
+    """The :data:`MAP_COLUMNS` of one segment: from the reader's cache when a compaction batch
+    prefetched the segment (``LogReader.prefetch``), else only those columns are decoded when
+    the reader exposes its object store, else the whole segment through ``segment_table``."""
+    cache = getattr(reader, "cache", None)
+    cached = cache.get((segment.path, segment.row_group_start)) if cache is not None else None
+    if cached is not None:
+        return cached.select(list(MAP_COLUMNS))
     store = getattr(reader, "store", None)
     if store is None:
         return reader.segment_table(segment)

@@ -31,6 +31,9 @@ class BrokerConfig:
             before it finish (Kafka's ``file.delete.delay.ms``; 1 hour here: object-store scans are long).
         compaction_interval_ms: how often (ms) the writer runs compaction in the background
             (small-file merge, key compaction, retention, object cleaning); 0 disables it.
+        compaction_batch_bytes: catalog bytes of segments a compaction round reads together
+            (each object once for all the partitions it holds); a round's peak memory is
+            about 2.5 times this.
         handoff_poll_ms: how often (ms) the lease holder looks for writes handed over to it
             by other processes (engine/handoff.py).
         row_group_rows: rows per Parquet row group; compression: Parquet codec.
@@ -51,6 +54,7 @@ class BrokerConfig:
     orphan_grace_ms: int = 3_600_000
     file_delete_delay_ms: int = 3_600_000
     compaction_interval_ms: int = 300_000
+    compaction_batch_bytes: int = 512 * 1024 * 1024
     handoff_poll_ms: int = 500
     row_group_rows: int = 1024 * 1024
     compression: str = "snappy"

@@ -66,13 +66,14 @@ DEAD_OBJECT_FRACTION = 0.5
 #: target in-memory (uncompressed Arrow) bytes of a row group: Parquet's and Spark's 128 MiB block
 ROW_GROUP_BYTES = 128 * 1024 * 1024
 #: catalog bytes of the runs one merge batch reads together: each object is read once per batch
-#: for all the partitions' segments it holds (a run bigger than this is a batch alone)
-MERGE_BATCH_BYTES = 256 * 1024 * 1024
+#: for all the partitions' segments it holds (a run bigger than this is a batch alone);
+#: the engine's ``storage.compaction.batch.bytes``
+MERGE_BATCH_BYTES = 512 * 1024 * 1024
 #: runs of a batch rewritten at once (Parquet encoding, writes and fsyncs release the GIL)
 MERGE_THREADS = 2
 #: objects a rewrite reads at once (Parquet decoding releases the GIL; a merge of flush objects
 #: reads many small segments, each an object open + footer parse + a few row groups)
-READ_THREADS = 4
+READ_THREADS = 2
 
 
 class StaleRewriteError(Exception):

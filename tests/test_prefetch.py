@@ -118,3 +118,36 @@ def test_row_group_sets_are_slices_of_one_decode_and_checked(storage, close_engi
         read_row_group_sets(data, "mem://x", [[s0], [s0, s0 + 1]])
     with pytest.raises(CorruptObjectError, match="mem://x.*has 7 row groups"):
         read_row_group_sets(data, "mem://x", [[s2 + n2]])
+
+
+def test_in_batches_cuts_by_bytes_and_keeps_order():
+    from txlake.engine.segment_merge import in_batches
+
+    assert in_batches([5, 5, 5, 20, 1, 1], lambda n: n, 10) == [[5, 5], [5], [20], [1, 1]]
+    assert in_batches([], lambda n: n, 10) == []
+    assert in_batches([30], lambda n: n, 10) == [[30]]
+
+
+@backends
+@pytest.mark.parametrize("batch_bytes", [1, 10**12])
+def test_a_round_in_many_batches_gives_the_one_batch_result(storage, close_engines, batch_bytes):
+    """Batches of one run each (1 byte) or one batch for all: the same segments, record for record."""
+    import dataclasses
+
+    from txlake.engine.compaction import compact
+
+    produce_varied_log(storage, "m", partitions=3, flushes=4)
+    produce_varied_log(storage, "c", partitions=3, flushes=4, topic_config={"cleanup.policy": "compact",
+                                                                           "min.cleanable.dirty.ratio": "0.01"})
+    before = {t: committed_tables(storage, t) for t in ("m", "c")}
+    broker = writer_broker(storage)
+    broker.config = dataclasses.replace(broker.config, compaction_batch_bytes=batch_bytes)
+    summary = compact(broker, ["m", "c"])
+    assert summary.merges >= 3 and summary.key_compacted_partitions == 3 and summary.skipped == 0
+    catalog = fresh_catalog(storage)
+    assert all(len(p.segments) == 1 for p in catalog.state.topics["m"].partitions)
+    for p, table in committed_tables(storage, "m", catalog).items():
+        assert table.equals(before["m"][p])
+    after = committed_tables(storage, "c", catalog)
+    removed = sum(before["c"][p].num_rows - after[p].num_rows for p in after)
+    assert removed == summary.records_removed > 0
