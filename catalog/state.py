@@ -43,6 +43,10 @@ RETIRE_OBJECT = "retire_object"
 FORGET_OBJECT = "forget_object"
 
 
+def _base_offset(segment: "SegmentInfo") -> int:
+    return segment.base_offset
+
+
 @dataclass(frozen=True)
 class SegmentInfo:
     """One partition's records in one object: offsets ``base_offset..last_offset`` (inclusive).
@@ -232,7 +236,7 @@ class CatalogState:
                 action["row_group_start"], action["row_group_count"],
             )
             if p.segments and seg.base_offset <= p.segments[-1].last_offset:
-                idx = bisect.bisect_left([s.base_offset for s in p.segments], seg.base_offset)
+                idx = bisect.bisect_left(p.segments, seg.base_offset, key=_base_offset)
                 if idx < len(p.segments) and p.segments[idx].base_offset <= seg.last_offset:
                     raise CatalogError(f"segment {seg.path} overlaps {p.segments[idx].path} in {seg.topic} [{seg.partition}]")
                 p.segments.insert(idx, seg)
@@ -244,10 +248,12 @@ class CatalogState:
             p.last_stable_offset = action.get("last_stable_offset", p.high_watermark)
         elif kind == REMOVE_SEGMENT:
             p = self.partition(action["topic"], action["partition"])
-            kept = [s for s in p.segments if not (s.path == action["path"] and s.base_offset == action["base_offset"])]
-            for _ in range(len(p.segments) - len(kept)):
+            # segments are in base-offset order and never overlap: at most one starts there
+            idx = bisect.bisect_left(p.segments, action["base_offset"], key=_base_offset)
+            if idx < len(p.segments) and p.segments[idx].base_offset == action["base_offset"] \
+                    and p.segments[idx].path == action["path"]:
+                p.segments = p.segments[:idx] + p.segments[idx + 1:]  # a new list: a held one stays whole
                 self._unreference(action["path"], action.get("timestamp_ms"))
-            p.segments = kept
         elif kind == LOG_START_OFFSET:
             p = self.partition(action["topic"], action["partition"])
             p.log_start_offset = max(p.log_start_offset, action["offset"])

@@ -47,6 +47,8 @@ class SegmentCache:
             return item[0]
 
     def put(self, key: tuple[str, int], table: pa.Table) -> None:
+        if self.max_bytes == 0:
+            return  # keeps nothing (``table.nbytes`` is not free)
         size = table.nbytes
         if self.max_bytes is not None and size > self.max_bytes // 4:
             return  # too big to be worth keeping
