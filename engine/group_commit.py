@@ -262,12 +262,15 @@ class GroupCommitter:
                 work.path = f"{DATA_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
                 work.tables = [record_table(topic, partition, by_tp[(topic, partition)]) for topic, partition in keys]
                 work.data, ranges = encode_segments(work.tables, self.config.compression, self.config.row_group_rows)
-                for (topic, partition), table, (rg_start, rg_count) in zip(keys, work.tables, ranges):
+                memory = [t.nbytes for t in work.tables]
+                total_memory = sum(memory) or 1
+                for (topic, partition), table, (rg_start, rg_count), mem in zip(keys, work.tables, ranges, memory):
                     offsets, ts = table.column("offset"), table.column("timestamp")
+                    # the object's bytes attributed to this partition, by its share of the rows' memory
+                    size = max(1, len(work.data) * mem // total_memory)
                     work.segments.append(SegmentInfo(
                         topic, partition, work.path, offsets[0].as_py(), offsets[-1].as_py(), table.num_rows,
-                        _share(len(work.data), table, work.tables), pc.min(ts).as_py(), pc.max(ts).as_py(),
-                        rg_start, rg_count))
+                        size, pc.min(ts).as_py(), pc.max(ts).as_py(), rg_start, rg_count))
             if snapshot is not None:
                 work.snapshot_key = f"{SNAPSHOT_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
                 work.snapshot_data = encode_snapshot(*snapshot)
@@ -343,12 +346,6 @@ def _complete(completions: list[tuple[Future, ProduceResult]]) -> None:
     for future, result in completions:
         if not future.done():
             future.set_result(result)
-
-
-def _share(object_bytes: int, table: pa.Table, tables: list[pa.Table]) -> int:
-    """Bytes of an object attributed to one partition's table, by its share of the rows' memory."""
-    total = sum(t.nbytes for t in tables) or 1
-    return max(1, object_bytes * table.nbytes // total)
 
 
 def record_table(topic: str, partition: int, pending: list[PendingBatch]) -> pa.Table:
