@@ -593,3 +593,23 @@ def test_expired_producer_state_and_a_new_instance_reuses_the_producer_id(conf):
     entry = broker._partitions[("out", 0)].producers.last_entry(pid)
     assert (entry.producer_epoch, entry.last_seq) == (1, 0)
     p2.close()
+
+
+def test_end_txn_answering_invalid_txn_state_is_fatal(conf):
+    """Kafka's EndTxnHandler treats INVALID_TXN_STATE as a fatal error: the client and the
+    coordinator disagree on the transaction (here another EndTxn of the same producer id and
+    epoch aborted it first), and no abort can mend that."""
+    p = Producer({**conf, "transactional.id": "t"})
+    p.init_transactions(10)
+    p.begin_transaction()
+    p.produce("out", value="x", partition=0)
+    assert p.flush(10) == 0
+    txn = p._txn
+    coordinator = p._broker.transaction_coordinator()
+    assert coordinator.handle_end_txn("t", txn.producer_id, txn.epoch, False) == Errors.NO_ERROR
+    err = raised(lambda: p.commit_transaction(10))
+    assert kind(err) == (Errors.INVALID_TXN_STATE, False, True)
+    assert kind(raised(lambda: p.begin_transaction())) == (Errors.INVALID_TXN_STATE, False, True)
+    assert kind(raised(lambda: p.abort_transaction(10))) == (Errors.INVALID_TXN_STATE, False, True)
+    assert committed(conf) == []
+    p.close()

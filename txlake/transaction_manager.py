@@ -35,10 +35,12 @@ if TYPE_CHECKING:
 #: coordinator answers that mean "try again shortly"
 _RETRY = frozenset({Errors.CONCURRENT_TRANSACTIONS, Errors.COORDINATOR_LOAD_IN_PROGRESS,
                     Errors.COORDINATOR_NOT_AVAILABLE, Errors.NOT_COORDINATOR, Errors.REQUEST_TIMED_OUT})
-#: coordinator answers that fence this producer for good (Kafka's ``fatalError`` answers)
+#: coordinator answers that fence this producer for good (Kafka's ``fatalError`` answers; the
+#: AddPartitionsToTxn, AddOffsetsToTxn and EndTxn handlers treat INVALID_TXN_STATE as fatal too:
+#: the client and the coordinator disagree on the transaction, no abort can mend that)
 _FATAL = frozenset({Errors.PRODUCER_FENCED, Errors.INVALID_PRODUCER_EPOCH, Errors._FENCED,
                     Errors.TRANSACTIONAL_ID_NOT_FOUND, Errors.TRANSACTION_COORDINATOR_FENCED,
-                    Errors.INVALID_TRANSACTION_TIMEOUT})
+                    Errors.INVALID_TRANSACTION_TIMEOUT, Errors.INVALID_TXN_STATE})
 #: coordinator answers that are abortable when the coordinator can bump the epoch (Kafka's
 #: ``abortableErrorIfPossible``; this coordinator always can): abort re-initialises the producer id/epoch
 _ABORTABLE_WITH_BUMP = frozenset({Errors.UNKNOWN_PRODUCER_ID, Errors.INVALID_PRODUCER_ID_MAPPING})
