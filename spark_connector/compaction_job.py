@@ -164,6 +164,8 @@ class RewriteTask:
         now_ms: the round's time (ms since the epoch): key compaction's delete horizons and
             the new objects' names.
         compression / row_group_rows: Parquet codec and most rows per row group of the new objects.
+        batch_bytes: the engine's ``storage.compaction.batch.bytes`` (a task reads one partition,
+            so this only bounds what key compaction decodes at once).
     """
 
     store: ObjectStore
@@ -174,6 +176,7 @@ class RewriteTask:
     now_ms: int
     compression: str
     row_group_rows: int
+    batch_bytes: int
 
     @property
     def size_bytes(self) -> int:
@@ -198,12 +201,13 @@ class _SnapshotWriter:
     """What ``engine.compaction.key_compaction`` uses of a broker, over a snapshot, with a
     :class:`RecordingCommitter` as its commit."""
 
-    def __init__(self, catalog: _SnapshotCatalog, commit: RecordingCommitter, compression: str, row_group_rows: int):
+    def __init__(self, catalog: _SnapshotCatalog, commit: RecordingCommitter, task: RewriteTask):
         from types import SimpleNamespace
 
         self.catalog = catalog
         self.commit_under_lock = commit
-        self.config = SimpleNamespace(compression=compression, row_group_rows=row_group_rows)
+        self.config = SimpleNamespace(compression=task.compression, row_group_rows=task.row_group_rows,
+                                      compaction_batch_bytes=task.batch_bytes)
 
 
 def run_rewrite_task(task: RewriteTask) -> list[SegmentRewrite]:
@@ -226,7 +230,7 @@ def run_rewrite_task(task: RewriteTask) -> list[SegmentRewrite]:
     recorder = RecordingCommitter(task.state)
     try:
         if task.run is None:
-            key_compaction(_SnapshotWriter(catalog, recorder, task.compression, task.row_group_rows), reader,
+            key_compaction(_SnapshotWriter(catalog, recorder, task), reader,
                            [task.topic], task.now_ms, None, None)
             return recorder.rewrites
         run = task.run
@@ -501,7 +505,7 @@ def _round(spark, writer: _Writer, topics: Iterable[str] | None, now: int,
 
     def task(state: CatalogState, topic: str, partition: int, run: MergeRun | None) -> RewriteTask:
         return RewriteTask(store, _one_partition(state, topic, partition), topic, partition, run, now,
-                           bcfg.compression, bcfg.row_group_rows)
+                           bcfg.compression, bcfg.row_group_rows, bcfg.compaction_batch_bytes)
 
     # 1. retention
     summary.retention_partitions = len(writer.retention(names, now))

@@ -129,7 +129,7 @@ def test_a_stale_rewrite_is_refused_and_its_objects_deleted(file_storage, close_
     now = int(time.time() * 1000)
     with broker.catalog.lock:
         runs = plan_merges(broker.catalog.state, ["s"])
-        tasks = [RewriteTask(store, broker.catalog.state, r.topic, r.partition, r, now, "snappy", 1 << 20)
+        tasks = [RewriteTask(store, broker.catalog.state, r.topic, r.partition, r, now, "snappy", 1 << 20, 1 << 29)
                  for r in runs]
     rewrites = [rw for t in tasks for rw in run_rewrite_task(t)]
     assert [rw.run.partition for rw in rewrites] == [0, 1]
