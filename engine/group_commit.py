@@ -24,7 +24,6 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from txlake.catalog.catalog import Catalog
 from txlake.catalog.errors import WriterFencedError
@@ -265,12 +264,15 @@ class GroupCommitter:
                 memory = [t.nbytes for t in work.tables]
                 total_memory = sum(memory) or 1
                 for (topic, partition), table, (rg_start, rg_count), mem in zip(keys, work.tables, ranges, memory):
-                    offsets, ts = table.column("offset"), table.column("timestamp")
+                    offsets = table.column("offset")
+                    # numpy, not pyarrow.compute: a compute call releases the GIL, and taking it back
+                    # waits a switch interval (5 ms) while the application's thread runs Python code
+                    ts = table.column("timestamp").to_numpy()
                     # the object's bytes attributed to this partition, by its share of the rows' memory
                     size = max(1, len(work.data) * mem // total_memory)
                     work.segments.append(SegmentInfo(
                         topic, partition, work.path, offsets[0].as_py(), offsets[-1].as_py(), table.num_rows,
-                        size, pc.min(ts).as_py(), pc.max(ts).as_py(), rg_start, rg_count))
+                        size, int(ts.min()), int(ts.max()), rg_start, rg_count))
             if snapshot is not None:
                 work.snapshot_key = f"{SNAPSHOT_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
                 work.snapshot_data = encode_snapshot(*snapshot)
@@ -368,8 +370,7 @@ def record_table(topic: str, partition: int, pending: list[PendingBatch]) -> pa.
         is_append = np.repeat(np.asarray(ts_types, dtype=np.int8), lengths) == TIMESTAMP_LOG_APPEND_TIME
         timestamps = pa.array(np.where(is_append, append, create))
     columns = {
-        "topic": pa.array(np.full(total, topic, dtype=object), pa.string()) if total < 64 else
-        pa.DictionaryArray.from_arrays(pa.array(np.zeros(total, dtype=np.int32)), pa.array([topic])).cast(pa.string()),
+        "topic": _repeated_string(topic, total),
         "partition": pa.array(np.full(total, partition, dtype=np.int32)),
         "offset": pa.array(offsets),
         "timestamp": timestamps,
@@ -388,6 +389,15 @@ def record_table(topic: str, partition: int, pending: list[PendingBatch]) -> pa.
         "coordinator_epoch": _nullable_per_batch([p.batch.coordinator_epoch for p in pending], lengths, pa.int32()),
     }
     return pa.Table.from_pydict(columns, schema=RECORD_SCHEMA)
+
+
+def _repeated_string(text: str, count: int) -> pa.Array:
+    """``text`` on ``count`` rows, as a plain string array built from its buffers. (No pyarrow
+    compute call: each one releases the GIL, and taking it back waits for the switch interval
+    while an application thread runs Python code -- 5 ms per call on a busy producer.)"""
+    data = text.encode()
+    offsets = np.arange(count + 1, dtype=np.int32) * len(data)
+    return pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data * count)])
 
 
 def _nullable_per_batch(values: list, lengths: np.ndarray, type_: pa.DataType) -> pa.Array:

@@ -101,7 +101,9 @@ def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
         ``(data, ranges)`` where ``ranges[i] = (first_row_group, row_group_count)`` of ``tables[i]``.
     """
     assert tables, "a segment object holds at least one partition"
-    sink = io.BytesIO()
+    # a native sink: writing to a Python file object takes the GIL for every page, and each
+    # take waits for the switch interval while an application thread runs Python code
+    sink = pa.BufferOutputStream()
     ranges: list[tuple[int, int]] = []
     next_rg = 0
     # Values are mostly unique payloads: dictionary-encoding them costs time and saves nothing.
@@ -117,7 +119,7 @@ def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
             writer.write_table(table.replace_schema_metadata(STAMPED_SCHEMA.metadata), row_group_size=row_group_rows)
             ranges.append((next_rg, n_groups))
             next_rg += n_groups
-    data = sink.getvalue()
+    data = sink.getvalue().to_pybytes()
     assert data, "a Parquet object is never empty"
     return data, ranges
 
