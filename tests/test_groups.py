@@ -503,7 +503,7 @@ class FrozenHeartbeats:
 def test_zombie_worker_cannot_commit_into_the_new_generation(env, offsets_sent):
     env.topic("in", 2)
     env.topic("out", 2)
-    zombie_conf = {"session.timeout.ms": 500}
+    zombie_conf = {"session.timeout.ms": 1500}  # short for the test, long enough for a loaded machine
     a = Member(env, "a", ["in"], **zombie_conf)
     assert wait_stable(env, [a], 2) == 1
     b = Member(env, "b", ["in"])
@@ -588,7 +588,7 @@ def test_zombie_worker_cannot_commit_into_the_new_generation(env, offsets_sent):
 
 def test_member_whose_session_expired_cannot_commit(env):
     env.topic("in", 1, records=3)
-    a = Member(env, "a", ["in"], **{"session.timeout.ms": 300})
+    a = Member(env, "a", ["in"], **{"session.timeout.ms": 1000})  # short, but no stall of a loaded machine expires it
     assert wait_stable(env, [a], 1) == 1
     wait_until(lambda: len(a.consumed()) == 3, "a consumes")
     a.pause()
