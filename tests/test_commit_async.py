@@ -284,6 +284,39 @@ def test_auto_commit_reports_to_on_commit_and_skips_unmoved_partitions(conf):
     assert committed(conf) == [(3, ""), (5, ""), (3, "")]
 
 
+def test_auto_commit_does_not_resend_offsets_while_its_last_commit_is_in_flight(conf, monkeypatch):
+    """A slow OffsetCommit (here 0.3 s, six auto-commit intervals) must not make the next
+    intervals send the same offsets again: they are not noted as committed until answered,
+    so each interval would otherwise repeat them (and report an unmoved partition again)."""
+    reports = Reports()
+    c = Consumer({**conf, **MEMBER_CONF, "group.id": G, "client.id": "a", "on_commit": reports,
+                  "enable.auto.commit": True, "auto.commit.interval.ms": 50})
+    c.subscribe(["in"])
+    seen = []
+    poll_until(c, lambda: seen.extend(m for m in c.consume(100, 0.02) if m.error() is None) or len(seen) == 9,
+               "9 records")
+    poll_until(c, lambda: reports.calls and reports.calls[-1][1][-1][2] == 3, "the auto-commit of offset 3")
+    slow_commit = GroupOffsets.commit
+
+    def commit(self, *args, **kwargs):
+        time.sleep(0.3)
+        return slow_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(GroupOffsets, "commit", commit)  # the engine makes a GroupOffsets per call
+    before = len(reports.calls)
+    produce(conf, {1: 2})
+    poll_until(c, lambda: len(reports.calls) > before, "the next auto-commit")
+    deadline = time.monotonic() + 0.8             # 16 intervals: nothing moved since, nothing is sent again
+    while time.monotonic() < deadline:
+        c.poll(0.02)
+    moved = [p for _, parts in reports.calls[before:] for p in parts]
+    assert [(t, p) for t, p, _, _, _ in moved] == [("in", 1)] * len(moved)
+    offsets_reported = [o for _, _, o, _, _ in moved]
+    assert offsets_reported[-1] == 5 and offsets_reported == sorted(set(offsets_reported))  # never twice
+    c.close()
+    assert committed(conf) == [(3, ""), (5, ""), (3, "")]
+
+
 def test_close_auto_commits_and_reports_before_leaving(conf):
     reports = Reports()
     c = Consumer({**conf, **MEMBER_CONF, "group.id": G, "client.id": "a", "on_commit": reports,

@@ -131,6 +131,8 @@ class Consumer:
         #: librdkafka's committed offset per partition: commits of the positions skip partitions not past it
         self._committed: dict[tuple[str, int], int] = {}
         self._commit_sender: ThreadPoolExecutor | None = None
+        #: the last auto-commit sent (a Future of its result)
+        self._auto_commit_sent: Future | None = None
         self._commit_reports: deque[CommitResult] = deque()
 
     def _check_open(self) -> None:
@@ -449,9 +451,17 @@ class Consumer:
         The result goes to ``on_commit``; with nothing to commit nothing happens. ``wait``:
         return once it is answered (before a rebalance and on close, as Kafka's
         ``maybeAutoCommitOffsetsSync``); else return at once (Kafka's ``maybeAutoCommitOffsetsAsync``)."""
+        previous = self._auto_commit_sent
+        if previous is not None and not previous.done():
+            # the last auto-commit is still in flight: its offsets are not noted as committed
+            # yet, so a new request would send them again (a second report of an unmoved
+            # partition); the next interval takes whatever moved meanwhile
+            if not wait:
+                return
+            previous.result()
         request = self._commit_request(None, None)
         if request.offsets:
-            sent = self._send_commit(self._group(), request, report=True)
+            sent = self._auto_commit_sent = self._send_commit(self._group(), request, report=True)
             if wait:
                 sent.result()
 
