@@ -254,7 +254,8 @@ def test_offset_metadata_round_trips_and_is_limited_to_4096(conf):
 
 
 # ---------------------------------------------------------------------------- auto-commit
-def test_auto_commit_reports_to_on_commit_and_skips_unmoved_partitions(conf):
+def _auto_committing_consumer(conf: dict) -> tuple[Consumer, Reports]:
+    """A consumer auto-committing every 50 ms that has read the 9 records of ``in``."""
     reports = Reports()
     c = Consumer({**conf, **MEMBER_CONF, "group.id": G, "client.id": "a", "on_commit": reports,
                   "enable.auto.commit": True, "auto.commit.interval.ms": 50})
@@ -262,6 +263,11 @@ def test_auto_commit_reports_to_on_commit_and_skips_unmoved_partitions(conf):
     seen = []
     poll_until(c, lambda: seen.extend(m for m in c.consume(100, 0.02) if m.error() is None) or len(seen) == 9,
                "9 records")
+    return c, reports
+
+
+def test_auto_commit_reports_to_on_commit_and_skips_unmoved_partitions(conf):
+    c, reports = _auto_committing_consumer(conf)
     poll_until(c, lambda: committed(conf) == [(3, ""), (3, ""), (3, "")], "the auto-commit of offset 3")
     poll_until(c, lambda: reports.calls and reports.calls[-1][1][-1][2] == 3, "its report")
     # every report succeeded, with offsets that only move forward, ending at 3 on every partition
@@ -288,13 +294,7 @@ def test_auto_commit_does_not_resend_offsets_while_its_last_commit_is_in_flight(
     """A slow OffsetCommit (here 0.3 s, six auto-commit intervals) must not make the next
     intervals send the same offsets again: they are not noted as committed until answered,
     so each interval would otherwise repeat them (and report an unmoved partition again)."""
-    reports = Reports()
-    c = Consumer({**conf, **MEMBER_CONF, "group.id": G, "client.id": "a", "on_commit": reports,
-                  "enable.auto.commit": True, "auto.commit.interval.ms": 50})
-    c.subscribe(["in"])
-    seen = []
-    poll_until(c, lambda: seen.extend(m for m in c.consume(100, 0.02) if m.error() is None) or len(seen) == 9,
-               "9 records")
+    c, reports = _auto_committing_consumer(conf)
     poll_until(c, lambda: reports.calls and reports.calls[-1][1][-1][2] == 3, "the auto-commit of offset 3")
     slow_commit = GroupOffsets.commit
 
