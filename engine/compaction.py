@@ -173,7 +173,7 @@ def measure_after(broker: "Broker", names: list[str], sizes: dict[str, int], sum
      summary.records_after) = _footprint(planned, sizes)
 
 
-def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms: int,
+def key_compaction(broker: "Broker", names: list[str], now_ms: int,
                    progress: ProgressCallback | None, cancel: threading.Event | None) -> tuple[int, int]:
     """Key compaction of every partition of ``names`` whose ``cleanup.policy`` includes
     ``compact``, with the rules of :func:`txlake.engine.log_cleaner.row_filter`
@@ -183,7 +183,8 @@ def key_compaction(broker: "Broker", reader: LogReader, names: list[str], now_ms
     the LSO (Kafka's first uncleanable offset: records of open transactions are never
     cleaned) and never the partition's last segment (Kafka's active segment, so the log's
     last record survives and consumers reach the high watermark); ``config`` is the topic's
-    effective config; ``reader`` reads segments (``reader.segment_table(segment)``), e.g. to
+    effective config; ``reader`` (a :class:`LogReader` holding the batch of partitions being
+    cleaned, prefetched once) reads segments (``reader.segment_table(segment)``), e.g. to
     build Kafka's offset map. The factory returns the filter for this round, or None when
     nothing is worth cleaning (e.g. below ``min.cleanable.dirty.ratio``). The cleanable
     segments are then cut into groups of at most ``segment.bytes`` (Kafka's
@@ -315,14 +316,13 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
     with round_lock(broker):
         store = broker.store
         names, sizes = measure_before(broker, topics, summary)
-        reader = LogReader(broker.catalog, SegmentCache(0))  # compaction reads once: keep the cache for consumers
 
         # 1. retention
         targets = apply_retention(broker, names, now, dry_run, progress)
         summary.retention_partitions = len(targets)
         # 2. key compaction
         if not dry_run:
-            summary.key_compacted_partitions, skipped = key_compaction(broker, reader, names, now, progress, cancel)
+            summary.key_compacted_partitions, skipped = key_compaction(broker, names, now, progress, cancel)
             summary.skipped += skipped
         # 3. merge
         with broker.catalog.lock:

@@ -230,8 +230,7 @@ def run_rewrite_task(task: RewriteTask) -> list[SegmentRewrite]:
     recorder = RecordingCommitter(task.state)
     try:
         if task.run is None:
-            key_compaction(_SnapshotWriter(catalog, recorder, task), reader,
-                           [task.topic], task.now_ms, None, None)
+            key_compaction(_SnapshotWriter(catalog, recorder, task), [task.topic], task.now_ms, None, None)
             return recorder.rewrites
         run = task.run
         rewrite = replace_segments(reader, recorder, run.segments, target_bytes=run.target_bytes,
