@@ -405,6 +405,17 @@ class _Topics:
         return n
 
 
+def _grouped_by_partition(rb: pa.RecordBatch) -> pa.RecordBatch:
+    """The rows of a resolved batch (``STAGED_SCHEMA``) ordered by partition, each partition's
+    rows kept in input order (a stable sort). Done here, in the parallel tasks, so that the
+    driver's single commit cuts every staged batch into per-partition slices without copying
+    a row (``txlake.producer._split_by_partition``)."""
+    parts = rb.column(1).to_numpy()
+    if len(parts) < 2 or bool((parts[1:] >= parts[:-1]).all()):
+        return rb
+    return rb.take(pa.array(np.argsort(parts, kind="stable")))
+
+
 class TaskStager:
     """Stages the rows of one task attempt (see the module docstring).
 
@@ -437,7 +448,7 @@ class TaskStager:
         """
         if rb.num_rows == 0:
             return
-        staged = self._resolve(rb)
+        staged = _grouped_by_partition(self._resolve(rb))
         if self._writer is None:
             self._sink = pa.BufferOutputStream()
             self._writer = pa.ipc.new_stream(self._sink, STAGED_SCHEMA, options=_IPC_OPTIONS)

@@ -236,6 +236,25 @@ def test_bulk_arrow_load(conf):
     p.close()
 
 
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "interleaved"])
+def test_bulk_arrow_load_by_partition_column_keeps_row_order(conf, grouped):
+    """A partition column grouped by partition is cut into slices, an interleaved one
+    filtered: either way each partition gets its rows in table order, at offsets 0, 1, ..."""
+    import pyarrow as pa
+
+    create(conf, "bulk", 3)
+    parts = sorted(i % 3 for i in range(9_000)) if grouped else [(i * 7) % 3 for i in range(9_000)]
+    table = pa.table({"value": [f"v{i:05d}" for i in range(9_000)], "p": pa.array(parts, pa.int32())})
+    with Producer(conf) as p:
+        result = p.produce_arrow("bulk", table, key=None, partition="p", batch_rows=1_000)
+    assert result.records == 9_000 and result.offsets == {0: (0, 2_999), 1: (0, 2_999), 2: (0, 2_999)}
+    msgs = consume_all(conf, "bulk", 3)
+    for part in range(3):
+        got = [m.value().decode() for m in msgs if m.partition() == part]
+        assert got == [f"v{i:05d}" for i in range(9_000) if parts[i] == part]
+        assert [m.offset() for m in msgs if m.partition() == part] == list(range(3_000))
+
+
 def test_kafka_error_api():
     err = KafkaError(KafkaError.CONCURRENT_TRANSACTIONS)
     assert (err.code(), err.name(), err.retriable(), err.fatal()) == (51, "CONCURRENT_TRANSACTIONS", True, False)

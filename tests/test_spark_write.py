@@ -27,7 +27,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from spark_support import backend, file_storage, spark  # noqa: F401
 from txlake import AdminClient, Consumer, NewTopic, TopicPartition
@@ -37,6 +37,9 @@ from txlake.spark_connector.batch_write import TxlakeBatchWriter
 from txlake.spark_connector.staged_commit import (BatchFenceError, commit_staged, last_committed_batch)
 from txlake.spark_connector.staging import STAGING_PREFIX, delete_stale_staged, murmur2_partitions
 from txlake.spark_connector.stream_write import TxlakeStreamWriter
+
+#: ``key string, value string``, built without a SparkContext (``StructType.fromDDL`` needs one)
+KEY_VALUE = StructType([StructField("key", StringType()), StructField("value", StringType())])
 
 
 def release() -> None:
@@ -141,6 +144,20 @@ def test_write_all_rows_visible_exactly_once_with_keys_values_partitions_headers
     assert staged_objects(storage) == []
 
 
+def test_rows_of_a_spark_partition_keep_their_order_in_each_kafka_partition(file_storage):
+    """Tasks stage each batch grouped by Kafka partition (the commit then slices instead of
+    copying): within a Kafka partition the rows still come in the Spark partition's order."""
+    create_topics(file_storage, t=3)
+    rows = [(f"k{(i * 7) % 11}" if i % 3 else None, f"v{i:04d}", (i * 5) % 3 if i % 2 else None) for i in range(300)]
+    df = spark().createDataFrame(rows, "key string, value string, partition int").coalesce(1)
+    write(df, file_storage, topic="t")
+    got = read_committed(file_storage, "t", 3, expected=300)
+    assert sorted(v for _, v, _, _ in got) == sorted(f"v{i:04d}".encode() for i in range(300))
+    for p in range(3):
+        values = [v for _, v, partition, _ in got if partition == p]
+        assert values == sorted(values) and len(values) > 50, p  # v0000 < v0001 < ...: input order
+
+
 def test_topic_column_and_topic_option_overriding_it(file_storage):
     create_topics(file_storage, a=1, b=2, c=1)
     df = spark().createDataFrame([(t, f"{t}{i}") for i, t in enumerate("abababa")], "topic string, value string")
@@ -169,8 +186,8 @@ def test_topic_column_and_topic_option_overriding_it(file_storage):
 ])
 def test_bad_input_is_refused_at_planning_as_by_the_kafka_sink(file_storage, ddl, options, mode, message):
     create_topics(file_storage, t=1)
-    schema = StructType.fromDDL(ddl)
-    df = spark().createDataFrame([], schema)
+    session = spark()  # first: parsing a DDL string needs a live SparkContext
+    df = session.createDataFrame([], StructType.fromDDL(ddl))
     with pytest.raises(Exception, match=message):
         write(df, file_storage, mode=mode, **options)
     assert staged_objects(file_storage) == []
@@ -280,7 +297,7 @@ def test_only_the_attempts_spark_commits_are_appended(file_storage):
     """Two attempts of one partition both staged everything (as with speculation); the commit
     gets one message: its rows appear once and both attempts' objects are deleted."""
     create_topics(file_storage, t=1)
-    schema = StructType.fromDDL("key string, value string")
+    schema = KEY_VALUE
     writer = TxlakeBatchWriter(spark_options(file_storage, topic="t"), schema, False)
     batch = pa.record_batch([pa.array(["a", "b"]), pa.array(["1", "2"])], names=["key", "value"])
     first = writer.write(iter([batch]))
@@ -420,7 +437,7 @@ def test_stream_restarted_from_its_checkpoint_writes_every_batch_exactly_once(st
     assert staged_objects(storage) == []
 
     # the sink's commit of an already committed batch id, invoked again: nothing is written
-    schema = StructType.fromDDL("key string, value string")
+    schema = KEY_VALUE
     writer = TxlakeStreamWriter(spark_options(storage, topic="out"), schema, False)
     batch = pa.record_batch([pa.array(["again"]), pa.array(["x"])], names=["key", "value"])
     message = writer.write(iter([batch]))
@@ -435,7 +452,7 @@ def test_stream_commit_twice_for_one_batch_id_writes_once(file_storage):
     """The sink's commit(messages, batchId), invoked twice for the same batch id (Spark's
     re-run of a batch whose commit it did not record), appends the batch once."""
     create_topics(file_storage, t=1)
-    schema = StructType.fromDDL("key string, value string")
+    schema = KEY_VALUE
     options = spark_options(file_storage, topic="t", **{"transactional.id": "orders-sink"})
 
     def run(batch_id: int, values: list[str], query_id: str | None = None):

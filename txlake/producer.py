@@ -954,9 +954,17 @@ class Producer:
 def _split_by_partition(payload: pa.Table, parts: np.ndarray) -> Iterable[tuple[int, pa.Table]]:
     """``(partition, rows)`` for each partition present, rows in input order.
 
-    One boolean filter per partition present: it copies each row once, like a sort and
-    take, but filtering is about twice as fast as Arrow's take on binary columns.
+    Rows already grouped by partition (``parts`` non-decreasing, as the Spark sink stages
+    them) are cut into zero-copy slices. Otherwise one boolean filter per partition present:
+    it copies each row once, like a sort and take, but filtering is about twice as fast as
+    Arrow's take on binary columns.
     """
+    n = len(parts)
+    if n > 1 and bool((parts[1:] >= parts[:-1]).all()):
+        cuts = (np.flatnonzero(parts[1:] != parts[:-1]) + 1).tolist()
+        for start, end in zip([0, *cuts], [*cuts, n]):
+            yield int(parts[start]), payload.slice(start, end - start)
+        return
     present = np.unique(parts)
     if len(present) == 1:
         yield int(present[0]), payload
