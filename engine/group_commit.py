@@ -4,16 +4,24 @@ Produce requests are queued after the broker has validated them and given them
 offsets. A flusher thread waits ``flush_linger_ms`` (or until ``flush_max_bytes`` are
 queued), then encodes ONE data object holding the queued batches of every partition;
 an uploader thread PUTs it, makes ONE catalog commit naming it, and only then completes
-the requests: object PUTs per flush do not grow with the number of partitions. The two
+the requests: object PUTs per flush do not grow with the number of partitions. The
 threads form a pipeline (flush N+1 is encoded while flush N is uploaded); commits keep
-the order of the flushes. A producer-state snapshot, when due, is written with the same
-commit, so it never describes batches that were not committed.
+the order in which the flushes took their batches, whatever order their encodings end in.
+A producer-state snapshot, when due, is written with the same commit, so it never
+describes batches that were not committed.
+
+There are :data:`FLUSH_THREADS` flushers. One takes the queue whenever a flush is due;
+a second starts encoding beside it only when a backlog has built up (``flush_max_bytes
+/ 4`` queued, or a flush asked for by ``flush()`` or an urgent batch), so that under
+light load every flush still holds everything that accumulated while the previous one
+was encoded (as few objects as with one flusher), and under a backlog -- a bulk load,
+the tail of a transaction its commit waits for -- Parquet encoding, which runs without
+the GIL, uses two cores.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 import uuid
@@ -40,6 +48,11 @@ log = logging.getLogger(__name__)
 
 DATA_PREFIX = "data/"
 SNAPSHOT_PREFIX = "producer-state/"
+#: flusher threads (encoding flushes side by side when a backlog has built up)
+FLUSH_THREADS = 2
+#: flushes taken from the queue and not yet committed, at most (bounds the pipeline's memory
+#: to about this many flushes of ``flush_max_bytes``, plus the one being uploaded)
+MAX_FLUSHES_IN_PIPELINE = 3
 
 
 def now_ms() -> int:
@@ -78,6 +91,8 @@ class _FlushWork:
     done: threading.Event = field(default_factory=threading.Event)
     #: key of the batches this flush took from the queue in :attr:`GroupCommitter._taken`
     taken: int = 0
+    #: its place in the commit order (the order flushes took their batches from the queue)
+    seq: int = 0
 
 
 class GroupCommitter:
@@ -129,12 +144,22 @@ class GroupCommitter:
         self._flushes = 0
         self._stopped = False
         self._failed: Exception | None = None
-        self._uploads: queue.Queue[_FlushWork | None] = queue.Queue(maxsize=1)  # bounds memory to 2 flushes
+        # the commit order, under :attr:`lock`: a flush gets the next ``seq`` when it takes the
+        # queue; encoded flushes wait in ``_ready`` (None: a flush that had nothing to commit)
+        # until the uploader's ``_next_commit`` reaches them
+        self._next_seq = 0
+        self._next_commit = 0
+        self._ready: dict[int, _FlushWork | None] = {}
+        self._uploadable = threading.Condition(self.lock)
+        self._preparing = 0
+        self._flushers = 0
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         """Start the flusher and uploader threads."""
-        for target, name in ((self._loop, "txlake-flusher"), (self._upload_loop, "txlake-uploader")):
+        self._flushers = FLUSH_THREADS
+        targets = [(self._loop, f"txlake-flusher-{i}") for i in range(FLUSH_THREADS)]
+        for target, name in targets + [(self._upload_loop, "txlake-uploader")]:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -146,12 +171,18 @@ class GroupCommitter:
             self._first_pending_at = time.monotonic()
             self._wake.notify_all()  # the flusher sleeps without a timeout while nothing is queued
         self._pending.append(pending)
+        backlog = self._backlog_bytes()
+        crossed = self._pending_bytes < backlog <= self._pending_bytes + nbytes
         self._pending_bytes += nbytes
         if pending.batch.urgent:
             self._flush_requested = True
             self._wake.notify_all()
-        elif self._pending_bytes >= self.config.flush_max_bytes:
+        elif crossed or self._pending_bytes >= self.config.flush_max_bytes:
             self._wake.notify_all()
+
+    def _backlog_bytes(self) -> int:
+        """Queued bytes from which a second flusher starts beside a busy one."""
+        return max(1, self.config.flush_max_bytes // 4)
 
     def commit_with_snapshot(self, actions: list[dict[str, Any]]) -> Future:
         """Commit catalog ``actions`` with the next flush, in the same catalog commit as a
@@ -195,24 +226,48 @@ class GroupCommitter:
     def _loop(self) -> None:
         while True:
             with self.lock:
-                while not self._stopped and not self._due():
-                    timeout = None
-                    if self._pending:
+                while not self._may_start():
+                    if self._stopped and not self._pending and not self._extra:
+                        self._flushers -= 1
+                        self._uploadable.notify_all()  # the uploader stops once the last flusher has
+                        return
+                    if self._due():  # due, but held back: woken when a flush ends or a backlog builds up
+                        timeout = 0.05
+                    elif self._pending:
                         timeout = max(0.0, self._first_pending_at + self.config.flush_linger_ms / 1000 - time.monotonic())
+                    else:
+                        timeout = None
                     self._wake.wait(timeout)
-                if self._stopped and not self._pending and not self._extra:
-                    self._uploads.put(None)  # the uploader finishes what is queued, then stops
-                    return
-            work = self._prepare(force_snapshot=False)
-            if work is not None:
-                self._uploads.put(work)
+            self._prepare(force_snapshot=False)
+
+    def _may_start(self) -> bool:
+        """Whether a flusher takes the queue now (caller holds :attr:`lock`): a flush is due, the
+        pipeline has room, and either no flush is being encoded or a backlog has built up."""
+        if not self._due() or self._next_seq - self._next_commit >= MAX_FLUSHES_IN_PIPELINE:
+            return False
+        return self._preparing == 0 or self._flush_requested or self._pending_bytes >= self._backlog_bytes()
+
+    def _deliver(self, seq: int, work: _FlushWork | None) -> None:
+        """Hand an encoded flush (None: nothing to commit) to the uploader, in its commit place."""
+        with self.lock:
+            self._ready[seq] = work
+            self._preparing -= 1
+            self._uploadable.notify_all()
+            self._wake.notify_all()  # a flusher held back while this one encoded may start
 
     def _upload_loop(self) -> None:
         while True:
-            work = self._uploads.get()
-            if work is None:
-                return
-            self._execute(work)
+            with self.lock:
+                while self._next_commit not in self._ready:
+                    if self._flushers == 0 and self._next_commit == self._next_seq:
+                        return  # stopped, and every flush taken is committed
+                    self._uploadable.wait()
+                work = self._ready.pop(self._next_commit)
+            if work is not None:
+                self._execute(work)
+            with self.lock:
+                self._next_commit += 1
+                self._wake.notify_all()  # the pipeline has room again
 
     def _due(self) -> bool:
         if not self._pending:
@@ -224,27 +279,50 @@ class GroupCommitter:
         """Flush everything queued now (with a producer-state snapshot if forced) and wait for its commit."""
         work = self._prepare(force_snapshot)
         if work is not None:
-            self._uploads.put(work)
             work.done.wait()
 
     def _prepare(self, force_snapshot: bool) -> _FlushWork | None:
-        """Stage 1 (flusher): take the queue, build the partition tables, encode the objects."""
-        dropped: list[PendingBatch] = []
+        """Stage 1 (flusher): take the queue, build the partition tables, encode the objects;
+        then hand the flush to the uploader (:meth:`_deliver`). Returns it (None: nothing to commit)."""
+        work = None
         with self.lock:
-            pending, self._pending = self._pending, []
-            self._taken[id(pending)] = pending
-            self._pending_bytes = 0
-            self._flush_requested = False
-            live = [p for p in pending if self._is_live(p.batch.topic, p.batch.partition)]
-            dropped = [p for p in pending if p not in live] if len(live) != len(pending) else []
-            self._flushes += 1
-            extra, self._extra = self._extra, []
-            snapshot = None
-            if force_snapshot or extra or (live and self._flushes % self.config.producer_snapshot_interval == 0):
-                snapshot = self._capture_snapshot()
-            unstable = {(p.batch.topic, p.batch.partition): None for p in live}
-            for tp in unstable:
-                unstable[tp] = self._first_unstable_offset(*tp)
+            # the commit order is the order of taking the queue: the two happen under one lock
+            seq = self._next_seq
+            self._next_seq += 1
+            self._preparing += 1
+            try:
+                taken = self._take(force_snapshot)
+            except BaseException:
+                self._deliver(seq, None)
+                raise
+        try:
+            work = self._encode(*taken)
+        finally:
+            self._deliver(seq, work)
+        return work
+
+    def _take(self, force_snapshot: bool) -> tuple:
+        """Take the queued batches, with the producer-state snapshot and first unstable offsets
+        that match them exactly (caller holds :attr:`lock`)."""
+        pending, self._pending = self._pending, []
+        self._taken[id(pending)] = pending
+        self._pending_bytes = 0
+        self._flush_requested = False
+        live = [p for p in pending if self._is_live(p.batch.topic, p.batch.partition)]
+        dropped = [p for p in pending if p not in live] if len(live) != len(pending) else []
+        self._flushes += 1
+        extra, self._extra = self._extra, []
+        snapshot = None
+        if force_snapshot or extra or (live and self._flushes % self.config.producer_snapshot_interval == 0):
+            snapshot = self._capture_snapshot()
+        unstable = {(p.batch.topic, p.batch.partition): None for p in live}
+        for tp in unstable:
+            unstable[tp] = self._first_unstable_offset(*tp)
+        return pending, live, dropped, extra, snapshot, unstable
+
+    def _encode(self, pending: list[PendingBatch], live: list[PendingBatch], dropped: list[PendingBatch],
+                extra: list, snapshot, unstable: dict) -> _FlushWork | None:
+        """The flush of batches :meth:`_take` took: partition tables and the encoded objects."""
         _complete([(p.future, ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART, message="topic was deleted")) for p in dropped])
         if not live and snapshot is None:
             self._untake(id(pending))

@@ -1,0 +1,128 @@
+"""The group commit's flush pipeline (engine/group_commit.py): two flushers encode side by side
+only under a backlog, and the uploader commits flushes in the order they took their batches."""
+
+import threading
+import time
+
+import pytest
+
+from txlake.engine import group_commit
+from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
+from txlake.engine.errors import Errors
+from helpers import payload
+
+
+class GatedEncoder:
+    """``encode_segments`` that holds the flush of topic ``t`` offset 0 until released, and
+    records how many encodings ran at once."""
+
+    def __init__(self, real):
+        self.real = real
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.calls: list[int] = []  # first offset of topic t in each encoding, in start order
+        self.first_started = threading.Event()
+        self.release_first = threading.Event()
+        self.later_done = threading.Event()
+
+    def __call__(self, tables, *args, **kwargs):
+        mine = [t for t in tables if t.column("topic")[0].as_py() == "t"]
+        first = mine[0].column("offset")[0].as_py() if mine else None
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            if first is not None:
+                self.calls.append(first)
+        try:
+            if first == 0:
+                self.first_started.set()
+                assert self.release_first.wait(30), "the test never released the first flush"
+            return self.real(tables, *args, **kwargs)
+        finally:
+            with self.lock:
+                self.running -= 1
+            if first not in (None, 0):
+                self.later_done.set()
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    g = GatedEncoder(group_commit.encode_segments)
+    monkeypatch.setattr(group_commit, "encode_segments", g)
+    yield g
+    g.release_first.set()
+
+
+def open_broker(storage, **config):
+    broker = Broker(storage.object_store(), BrokerConfig(flush_linger_ms=1, lease_ms=60_000, **config))
+    broker.create_topics([("t", 1, {})])
+    return broker
+
+
+def test_under_a_backlog_a_second_flusher_encodes_and_commits_wait_their_turn(storage, gate):
+    # a quarter of flush.max.bytes is below one batch: every queued batch is a backlog
+    broker = open_broker(storage, flush_max_bytes=64)
+    try:
+        first = broker.produce_async([ProduceBatch("t", 0, payload(10))])[0]
+        assert gate.first_started.wait(10)
+        second = broker.produce_async([ProduceBatch("t", 0, payload(5, 10))])[0]
+        assert gate.later_done.wait(10), "the second flusher did not encode beside the held one"
+        time.sleep(0.2)
+        # encoded, but its commit waits for the earlier flush: nothing is committed yet
+        assert not first.done() and not second.done()
+        assert broker.catalog.state.partition("t", 0).high_watermark == 0
+        gate.release_first.set()
+        assert (first.result(10).error, first.result(10).base_offset) == (Errors.NO_ERROR, 0)
+        assert (second.result(10).error, second.result(10).base_offset) == (Errors.NO_ERROR, 10)
+        segments = broker.catalog.state.partition("t", 0).segments
+        assert [(s.base_offset, s.last_offset) for s in segments] == [(0, 9), (10, 14)]
+        assert len({s.path for s in segments}) == 2  # one object per flush
+        assert gate.most == 2 and gate.calls == [0, 10]
+        assert broker.fetch("t", 0, 0).records.column("offset").to_pylist() == list(range(15))
+    finally:
+        broker.close()
+
+
+def test_without_a_backlog_one_flusher_works_until_a_flush_is_asked_for(storage, gate):
+    broker = open_broker(storage)  # flush.max.bytes 64 MiB: a few small batches are no backlog
+    try:
+        first = broker.produce_async([ProduceBatch("t", 0, payload(10))])[0]
+        assert gate.first_started.wait(10)
+        later = [broker.produce_async([ProduceBatch("t", 0, payload(2, 10 + 2 * i))])[0] for i in range(3)]
+        time.sleep(0.3)  # far past the 1 ms linger: the later batches wait for the busy flusher
+        assert gate.calls == [0] and gate.most == 1
+        # flush() asks for everything now: the second flusher takes the queue beside the held one
+        flushed = threading.Thread(target=broker.flush, daemon=True)
+        flushed.start()
+        assert gate.later_done.wait(10)
+        assert gate.calls == [0, 10] and gate.most == 2
+        assert not first.done() and not any(f.done() for f in later)
+        gate.release_first.set()
+        flushed.join(10)
+        assert [f.result(10).base_offset for f in [first, *later]] == [0, 10, 12, 14]
+        segments = broker.catalog.state.partition("t", 0).segments
+        assert [(s.base_offset, s.last_offset) for s in segments] == [(0, 9), (10, 15)]  # the three in one flush
+    finally:
+        broker.close()
+
+
+def test_a_failed_encoding_fails_its_batches_and_later_flushes_do_not_commit(storage, monkeypatch):
+    """A flush that cannot be encoded stops the writer (its offsets were given out): its batches
+    and every later one are answered with an error, and nothing after it is committed."""
+    real = group_commit.encode_segments
+
+    def broken(tables, *args, **kwargs):
+        if any(t.column("topic")[0].as_py() == "t" and t.column("offset")[0].as_py() == 10 for t in tables):
+            raise OSError("disk on fire")
+        return real(tables, *args, **kwargs)
+
+    monkeypatch.setattr(group_commit, "encode_segments", broken)
+    broker = open_broker(storage)
+    try:
+        assert broker.produce([ProduceBatch("t", 0, payload(10))])[0].error == Errors.NO_ERROR
+        assert broker.produce([ProduceBatch("t", 0, payload(5, 10))])[0].error == Errors.KAFKA_STORAGE_ERROR
+        assert broker.produce([ProduceBatch("t", 0, payload(5, 15))])[0].error != Errors.NO_ERROR
+        assert [(s.base_offset, s.last_offset) for s in broker.catalog.state.partition("t", 0).segments] == [(0, 9)]
+    finally:
+        broker.close()
