@@ -3,9 +3,9 @@
 Produce requests are queued after the broker has validated them and given them
 offsets. A flusher thread waits ``flush_linger_ms`` (or until ``flush_max_bytes`` are
 queued), then encodes ONE data object holding the queued batches of every partition;
-an uploader thread PUTs it, makes ONE catalog commit naming it, and only then completes
+the flusher PUTs it; an uploader thread makes ONE catalog commit naming it, and only then completes
 the requests: object PUTs per flush do not grow with the number of partitions. The
-threads form a pipeline (flush N+1 is encoded while flush N is uploaded); commits keep
+threads form a pipeline (flush N+1 is encoded and PUT while flush N is committed); commits keep
 the order in which the flushes took their batches, whatever order their encodings end in.
 A producer-state snapshot, when due, is written with the same commit, so it never
 describes batches that were not committed.
@@ -93,6 +93,8 @@ class _FlushWork:
     taken: int = 0
     #: its place in the commit order (the order flushes took their batches from the queue)
     seq: int = 0
+    #: why its objects could not be PUT (the uploader fails the flush, in its commit order)
+    put_error: Exception | None = None
 
 
 class GroupCommitter:
@@ -297,9 +299,25 @@ class GroupCommitter:
                 raise
         try:
             work = self._encode(*taken)
+            if work is not None:
+                self._put_objects(work)
         finally:
             self._deliver(seq, work)
         return work
+
+    def _put_objects(self, work: _FlushWork) -> None:
+        """PUT a flush's objects from its flusher, so PUTs of flushes run side by side (only the
+        catalog commits need their order). An object PUT but never committed -- this flush or
+        an earlier one failed -- is an orphan, deleted after ``storage.orphan.grace.ms``."""
+        try:
+            if work.segments:
+                self.store.put(work.path, work.data)
+                work.data = b""  # its size is in the segments; the bytes are not needed any more
+            if work.snapshot_key is not None:
+                self.store.put(work.snapshot_key, work.snapshot_data)
+                work.snapshot_data = None
+        except Exception as exc:
+            work.put_error = exc
 
     def _take(self, force_snapshot: bool) -> tuple:
         """Take the queued batches, with the producer-state snapshot and first unstable offsets
@@ -360,15 +378,13 @@ class GroupCommitter:
         return work
 
     def _execute(self, work: _FlushWork) -> None:
-        """Stage 2 (uploader): PUT the objects, commit them, answer the requests."""
+        """Stage 2 (uploader): commit the flush's objects (PUT by its flusher), answer the requests."""
         completions: list[tuple[Future, ProduceResult]] = []
         try:
             if self._failed is not None:
                 raise self._failed
-            if work.segments:
-                self.store.put(work.path, work.data)
-            if work.snapshot_key is not None:
-                self.store.put(work.snapshot_key, work.snapshot_data)
+            if work.put_error is not None:
+                raise work.put_error
             with self.commit_lock:
                 state = self.catalog.state
                 actions = []

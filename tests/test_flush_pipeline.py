@@ -126,3 +126,24 @@ def test_a_failed_encoding_fails_its_batches_and_later_flushes_do_not_commit(sto
         assert [(s.base_offset, s.last_offset) for s in broker.catalog.state.partition("t", 0).segments] == [(0, 9)]
     finally:
         broker.close()
+
+
+def test_a_failed_put_fails_its_flush_in_commit_order(storage):
+    """Flushers PUT their objects; a PUT that fails is reported by the uploader, in the flush's
+    commit place: its batches get KAFKA_STORAGE_ERROR and nothing of it is committed."""
+    broker = open_broker(storage)
+    try:
+        assert broker.produce([ProduceBatch("t", 0, payload(10))])[0].error == Errors.NO_ERROR
+        real_put = broker.store.put
+
+        def failing_put(key, data):
+            if key.startswith("data/"):
+                raise OSError(f"PUT {key} refused")
+            return real_put(key, data)
+
+        broker.store.put = failing_put
+        result = broker.produce([ProduceBatch("t", 0, payload(5, 10))])[0]
+        assert result.error == Errors.KAFKA_STORAGE_ERROR and "refused" in result.message
+        assert [(s.base_offset, s.last_offset) for s in broker.catalog.state.partition("t", 0).segments] == [(0, 9)]
+    finally:
+        broker.close()
