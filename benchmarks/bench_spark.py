@@ -9,6 +9,9 @@ interpreter; the source registered explicitly).
 * read: ``spark.read.format("txlake")...load()`` + ``sum(length(value))`` over a committed
   topic vs ``spark.read.parquet(<the topic's segment objects>)`` filtered to the same rows
   (``topic = ... AND NOT is_control``) + the same aggregate. Ratio parquet / txlake (goal >= 0.7).
+  Also the *floor* of any Python data source with these columns: a source whose tasks only
+  yield prebuilt Arrow batches of the same shape (Spark's Kafka columns, the same row count,
+  the same partitions) and read nothing -- what PySpark's data source API itself costs.
 * write: ``df.write.format("txlake").mode("append")`` of a cached key/value binary DataFrame
   vs ``df.write.parquet(path)`` of the same DataFrame. Ratio parquet / txlake (goal >= 0.5).
 * stream: a ``readStream.format("txlake")`` query with a 1 s processing-time trigger and a
@@ -16,7 +19,8 @@ interpreter; the source registered explicitly).
   carrying its send time; the latency of a record is the wall clock when ``foreachBatch``
   sees it minus the time its ``flush()`` returned (= committed) -- and minus the send time.
 Times are the best of ``--repeat`` runs after one warm-up run of each side (the first Python
-data source call of a session starts Python workers).
+data source call of a session starts Python workers); the read sides run interleaved, round by
+round, and their medians are printed too.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import best, fresh_root, machine, records_table  # noqa: E402
+from common import best, fresh_root, interleaved, machine, records_table  # noqa: E402
 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.duckdb import committed_files  # noqa: E402
@@ -72,10 +76,69 @@ def bench_read(spark, url: str, n: int, repeat: int, results: dict) -> None:
         total, rows = df.selectExpr("sum(length(value))", "count(*)").collect()[0]
         assert (total, rows) == (expected, n), (total, rows)
 
+    def floor_read():
+        df = spark.read.format("txlake_floor").option("rows", str(n)).option("partitions", str(PARTITIONS)).load()
+        total, rows = df.selectExpr("sum(length(value))", "count(*)").collect()[0]
+        assert (total, rows) == (expected, n), (total, rows)
+
+    spark.dataSource.register(floor_source())
     results["read_objects"] = len(files)
-    results["read_parquet_s"] = best(parquet_read, repeat, warmup=True)
-    results["read_txlake_s"] = best(txlake_read, repeat, warmup=True)
+    times = interleaved({"parquet": parquet_read, "txlake": txlake_read, "floor": floor_read}, repeat)
+    for side, runs in times.items():
+        results[f"read_{side}_s"] = min(runs)
+        results[f"read_{side}_median_s"] = statistics.median(runs)
     results["read_ratio_parquet_over_txlake"] = results["read_parquet_s"] / results["read_txlake_s"]
+    results["read_ratio_parquet_over_txlake_medians"] = results["read_parquet_median_s"] / results["read_txlake_median_s"]
+    results["read_ratio_parquet_over_floor"] = results["read_parquet_s"] / results["read_floor_s"]
+    results["read_ratio_floor_over_txlake"] = results["read_floor_s"] / results["read_txlake_s"]
+
+
+def floor_source():
+    """A Python data source with the txlake source's schema whose tasks read nothing: each yields
+    one prebuilt batch of Spark's Kafka columns (7-byte keys, 100-byte values) over and over
+    until it has its share of ``rows`` -- the cost of the Python data source API alone."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from txlake.spark_connector.source import KAFKA_SCHEMA
+
+    class FloorReader(DataSourceReader):
+        def __init__(self, rows: int, partitions: int):
+            self.rows, self.parts = rows, partitions
+
+        def partitions(self):
+            share = -(-self.rows // self.parts)
+            return [InputPartition(min(share, self.rows - i * share)) for i in range(self.parts)]
+
+        def read(self, partition):
+            import numpy as np
+            import pyarrow as pa
+
+            from txlake.spark_connector.batch_read import BATCH_ROWS, arrow_schema, kafka_struct
+
+            schema = arrow_schema(kafka_struct(False))
+            n = min(BATCH_ROWS, partition.value)
+            batch = pa.record_batch([
+                pa.array([b"key-123"] * n, pa.binary()), pa.array([b"v" * 100] * n, pa.binary()),
+                pa.array(["read"] * n, pa.string()), pa.array(np.zeros(n, np.int32)),
+                pa.array(np.arange(n, dtype=np.int64)), pa.array(np.zeros(n, np.int64)).cast(schema.field(5).type),
+                pa.array(np.zeros(n, np.int32))], schema=schema)
+            left = partition.value
+            while left > 0:
+                yield batch.slice(0, min(n, left))
+                left -= n
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls):
+            return "txlake_floor"
+
+        def schema(self):
+            return KAFKA_SCHEMA
+
+        def reader(self, schema):
+            return FloorReader(int(self.options["rows"]), int(self.options["partitions"]))
+
+    return FloorSource
 
 
 def bench_write(spark, url: str, n: int, repeat: int, results: dict) -> None:

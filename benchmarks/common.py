@@ -70,6 +70,21 @@ def best(fn, repeat: int = 5, warmup: bool = False) -> float:
     return min(times)
 
 
+def interleaved(fns: dict, repeat: int = 5) -> dict[str, list[float]]:
+    """Wall times (s) of ``repeat`` rounds, each running every ``fns[name]()`` once in turn
+    (after one untimed warm-up round): a load change on a shared machine then hits every
+    side alike, where a block of runs per side would hit one side only."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 # ---------------------------------------------------------------- helpers of destructive benchmarks
 # (bench_compaction*.py: a root is built once, then compacted copy by copy; each measurement
 # runs in a child process so that its peak RSS is its own)

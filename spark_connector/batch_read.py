@@ -548,6 +548,7 @@ def plan_input_partitions(state: CatalogState, opts: ReadOptions, starts: dict, 
 
 # ------------------------------------------------------------------ reading
 _COLUMNS = ["offset", "timestamp", "timestamp_type", "key", "value", "producer_id", "is_transactional", "is_control"]
+_ABORT_COLUMNS = ("producer_id", "is_transactional")
 
 
 def _open_log(path: str | None, entry: dict) -> None:
@@ -598,7 +599,9 @@ def read_input_partition(store, part: TxlakeInputPartition, schema: pa.Schema, i
 
     filters = filters or PushedFilters()
     aborted = [AbortedTxn(*a) for a in part.aborted]
-    columns = _COLUMNS + (["headers"] if include_headers else [])
+    # the producer columns only serve to drop aborted transactions' records
+    columns = [c for c in _COLUMNS if aborted or c not in _ABORT_COLUMNS] + (["headers"] if include_headers else [])
+    batcher = _Batcher()
     for seg in part.segments:
         location = store.uri(seg.path)
         with store.open_input(seg.path) as f:
@@ -616,8 +619,8 @@ def read_input_partition(store, part: TxlakeInputPartition, schema: pa.Schema, i
             selected = [i for i in wanted if _row_group_may_match(meta.row_group(i), col_index, part.start, part.end, filters)]
             _open_log(open_log, {"object": seg.path, "row_groups": selected, "topic": part.topic,
                                  "partition": part.partition})
-            for rg in selected:  # one row group at a time: memory stays bounded by the row-group size
-                table = read_all(pf, location, [rg], columns)
+            for rgs in _runs(meta, selected):  # a few row groups at a time: memory stays bounded
+                table = read_all(pf, location, rgs, columns)
                 offsets = table.column("offset").to_numpy()
                 keep = (offsets >= part.start) & (offsets < part.end)
                 extra = filters.row_mask(offsets, table.column("timestamp").to_numpy())
@@ -627,9 +630,57 @@ def read_input_partition(store, part: TxlakeInputPartition, schema: pa.Schema, i
                     table = table.filter(pa.array(keep))
                 table = visible_records(table, aborted)
                 if table.num_rows:
-                    out = _to_spark(table, part, schema, include_headers)
-                    rows_per_batch = max(1, min(BATCH_ROWS, BATCH_BYTES * out.num_rows // max(out.nbytes, 1)))
-                    yield from out.to_batches(max_chunksize=rows_per_batch)
+                    yield from batcher.add(_to_spark(table, part, schema, include_headers))
+    yield from batcher.drain()
+
+
+def _runs(meta, row_groups: list[int]) -> Iterator[list[int]]:
+    """``row_groups`` in consecutive runs of about :data:`BATCH_ROWS` records (a row group
+    alone when it is bigger): one decode call per run rather than per small row group."""
+    run: list[int] = []
+    rows = 0
+    for rg in row_groups:
+        run.append(rg)
+        rows += meta.row_group(rg).num_rows
+        if rows >= BATCH_ROWS:
+            yield run
+            run, rows = [], 0
+    if run:
+        yield run
+
+
+class _Batcher:
+    """Cuts tables into RecordBatches of :data:`BATCH_ROWS` rows (fewer when rows are big: about
+    :data:`BATCH_BYTES` at most), joining small row groups and holding back a short remainder
+    for the next table: every batch handed to Spark has a fixed cost in the JVM, and a row
+    group holds as few records as one flush wrote to a partition."""
+
+    def __init__(self):
+        self._held: list[pa.Table] = []
+        self._rows = 0
+        self._bytes = 0
+
+    def add(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
+        """Batches that are full once ``table`` is added (the rest is held)."""
+        self._held.append(table)
+        self._rows += table.num_rows
+        self._bytes += table.nbytes
+        if self._rows >= BATCH_ROWS or self._bytes >= BATCH_BYTES:
+            yield from self._cut(keep_remainder=True)
+
+    def drain(self) -> Iterator[pa.RecordBatch]:
+        """Every held row (the last batch may be short)."""
+        if self._held:
+            yield from self._cut(keep_remainder=False)
+
+    def _cut(self, keep_remainder: bool) -> Iterator[pa.RecordBatch]:
+        table = self._held[0] if len(self._held) == 1 else pa.concat_tables(self._held).combine_chunks()
+        size = max(1, min(BATCH_ROWS, BATCH_BYTES * table.num_rows // max(table.nbytes, 1)))
+        full = table.num_rows - table.num_rows % size if keep_remainder else table.num_rows
+        rest = table.slice(full)
+        self._held = [rest] if rest.num_rows else []
+        self._rows, self._bytes = rest.num_rows, rest.nbytes
+        yield from table.slice(0, full).to_batches(max_chunksize=size)
 
 
 def _to_spark(table: pa.Table, part: TxlakeInputPartition, schema: pa.Schema, include_headers: bool) -> pa.Table:

@@ -268,6 +268,39 @@ def test_min_partitions_split_like_spark(file_storage):
     p.close()
 
 
+def test_small_segments_are_joined_into_batches_of_batch_rows(file_storage, monkeypatch):
+    """A task joins small row groups (one per flush) into RecordBatches of BATCH_ROWS records
+    (the last one shorter), in offset order, without an aborted transaction's records."""
+    from txlake.spark_connector import batch_read
+
+    monkeypatch.setattr(batch_read, "BATCH_ROWS", 25)
+    create(file_storage, small=1)
+    p = Producer({**file_storage.conf(), **TXN_CONF})
+    for flush in range(12):  # 12 flushes of 7 records: 12 segments of one row group each
+        for i in range(7):
+            p.produce("small", value=f"{flush * 7 + i}", partition=0)
+        p.flush(30)
+    t = Producer({**file_storage.conf(), **TXN_CONF, "transactional.id": "joined"})
+    t.init_transactions(30)
+    t.begin_transaction()
+    for i in range(5):
+        t.produce("small", value="aborted", partition=0)
+    t.flush(30)
+    t.abort_transaction(30)
+    p.produce("small", value="84", partition=0)
+    p.flush(30)
+    reader = TxlakeBatchReader(source_options(file_storage, subscribe="small"))
+    (part,) = reader.partitions()
+    assert len(part.segments) >= 13
+    batches = list(reader.read(part))
+    assert [b.num_rows for b in batches] == [25, 25, 25, 10]
+    got = [(r["offset"], r["value"]) for b in batches for r in b.to_pylist()]
+    # offsets 84..88 are the aborted records, 89 the ABORT marker
+    assert got == [(o, f"{o}".encode()) for o in range(84)] + [(90, b"84")]
+    t.close()
+    p.close()
+
+
 # ---------------------------------------------------------------- pushdown
 def test_filter_pushdown_skips_segments_and_row_groups(file_storage, tmp_path):
     """Filters on partition, offset and timestamp are pushed (the session enables
