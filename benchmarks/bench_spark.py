@@ -19,8 +19,8 @@ interpreter; the source registered explicitly).
   carrying its send time; the latency of a record is the wall clock when ``foreachBatch``
   sees it minus the time its ``flush()`` returned (= committed) -- and minus the send time.
 Times are the best of ``--repeat`` runs after one warm-up run of each side (the first Python
-data source call of a session starts Python workers); the read sides run interleaved, round by
-round, and their medians are printed too.
+data source call of a session starts Python workers); the sides of the read and of the write
+run interleaved, round by round, and their medians are printed too.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import best, fresh_root, interleaved, machine, records_table  # noqa: E402
+from common import fresh_root, interleaved, machine, records_table  # noqa: E402
 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.duckdb import committed_files  # noqa: E402
@@ -161,8 +161,10 @@ def bench_write(spark, url: str, n: int, repeat: int, results: dict) -> None:
         written[0] += n
 
     try:
-        results["write_parquet_s"] = best(parquet_write, repeat, warmup=True)
-        results["write_txlake_s"] = best(txlake_write, repeat, warmup=True)
+        times = interleaved({"parquet": parquet_write, "txlake": txlake_write}, repeat)
+        for side, runs in times.items():
+            results[f"write_{side}_s"] = min(runs)
+            results[f"write_{side}_median_s"] = statistics.median(runs)
     finally:
         shutil.rmtree(out, True)
         df.unpersist()
@@ -170,6 +172,8 @@ def bench_write(spark, url: str, n: int, repeat: int, results: dict) -> None:
            .count())
     assert got == written[0], (got, written[0])
     results["write_ratio_parquet_over_txlake"] = results["write_parquet_s"] / results["write_txlake_s"]
+    results["write_ratio_parquet_over_txlake_medians"] = (results["write_parquet_median_s"]
+                                                          / results["write_txlake_median_s"])
 
 
 def bench_stream(spark, url: str, sends: int, interval: float, results: dict) -> None:
