@@ -14,6 +14,7 @@ interpreter; the source registered explicitly).
   the same partitions) and read nothing -- what PySpark's data source API itself costs.
 * write: ``df.write.format("txlake").mode("append")`` of a cached key/value binary DataFrame
   vs ``df.write.parquet(path)`` of the same DataFrame. Ratio parquet / txlake (goal >= 0.5).
+  Also the floor: the same write into a Python data source that drops every batch.
 * stream: a ``readStream.format("txlake")`` query with a 1 s processing-time trigger and a
   ``foreachBatch`` sink; a Producer of this process sends one record every ``--interval`` s
   carrying its send time; the latency of a record is the wall clock when ``foreachBatch``
@@ -96,8 +97,10 @@ def bench_read(spark, url: str, n: int, repeat: int, results: dict) -> None:
 def floor_source():
     """A Python data source with the txlake source's schema whose tasks read nothing: each yields
     one prebuilt batch of Spark's Kafka columns (7-byte keys, 100-byte values) over and over
-    until it has its share of ``rows`` -- the cost of the Python data source API alone."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    until it has its share of ``rows``; and whose write tasks take the Arrow batches and drop
+    them, with a commit that does nothing -- the cost of the Python data source API alone."""
+    from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition,
+                                        WriterCommitMessage)
 
     from txlake.spark_connector.source import KAFKA_SCHEMA
 
@@ -127,6 +130,15 @@ def floor_source():
                 yield batch.slice(0, min(n, left))
                 left -= n
 
+    class FloorWriter(DataSourceArrowWriter):
+        def write(self, iterator):
+            for _ in iterator:  # take every Arrow batch Spark hands over, keep nothing
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages):
+            pass
+
     class FloorSource(DataSource):
         @classmethod
         def name(cls):
@@ -137,6 +149,9 @@ def floor_source():
 
         def reader(self, schema):
             return FloorReader(int(self.options["rows"]), int(self.options["partitions"]))
+
+        def writer(self, schema, overwrite):
+            return FloorWriter()
 
     return FloorSource
 
@@ -160,8 +175,12 @@ def bench_write(spark, url: str, n: int, repeat: int, results: dict) -> None:
          .option("topic", "write").save())
         written[0] += n
 
+    def floor_write():
+        df.write.format("txlake_floor").mode("append").save()
+
+    spark.dataSource.register(floor_source())
     try:
-        times = interleaved({"parquet": parquet_write, "txlake": txlake_write}, repeat)
+        times = interleaved({"parquet": parquet_write, "txlake": txlake_write, "floor": floor_write}, repeat)
         for side, runs in times.items():
             results[f"write_{side}_s"] = min(runs)
             results[f"write_{side}_median_s"] = statistics.median(runs)
@@ -174,6 +193,8 @@ def bench_write(spark, url: str, n: int, repeat: int, results: dict) -> None:
     results["write_ratio_parquet_over_txlake"] = results["write_parquet_s"] / results["write_txlake_s"]
     results["write_ratio_parquet_over_txlake_medians"] = (results["write_parquet_median_s"]
                                                           / results["write_txlake_median_s"])
+    results["write_ratio_parquet_over_floor"] = results["write_parquet_s"] / results["write_floor_s"]
+    results["write_ratio_floor_over_txlake"] = results["write_floor_s"] / results["write_txlake_s"]
 
 
 def bench_stream(spark, url: str, sends: int, interval: float, results: dict) -> None:

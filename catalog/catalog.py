@@ -9,13 +9,19 @@ Layout under the storage root::
 Commit N is created with create-if-absent, so when two processes race for the same
 number exactly one wins; the loser learns it was fenced (DESIGN.md "Storage model").
 State = latest readable checkpoint + replay of the commits after it. Readers tail the
-log by probing for the next commit number (one GET), never by listing.
+log by probing for the next commit number (one GET), never by listing. A reader that
+finds commits reads further ahead in parallel -- 2, 4, ... up to :data:`MAX_READ_AHEAD`
+numbers at a time -- so catching up on a tail of commits (up to a checkpoint interval when
+a process starts) takes a few round trips instead of one per commit, while a reader with
+nothing new still costs one GET per look.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from txlake.formats.catalog_actions import CHECKPOINT_KIND, COMMIT_KIND, decode_actions, encode_actions
@@ -30,6 +36,29 @@ log = logging.getLogger(__name__)
 COMMITS_PREFIX = "_catalog/commits/"
 CHECKPOINTS_PREFIX = "_catalog/checkpoints/"
 DEFAULT_CHECKPOINT_INTERVAL = 100
+#: commit numbers a catching-up reader fetches at once, at most
+MAX_READ_AHEAD = 16
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _reader_pool() -> ThreadPoolExecutor:
+    """The threads that fetch and decode commits ahead (shared by the catalogs of a process)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(MAX_READ_AHEAD, thread_name_prefix="txlake-catalog-read")
+        return _pool
+
+
+def _forget_pool_after_fork() -> None:
+    # a forked child (e.g. a Spark Python worker) has none of the parent's threads
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
 def commit_key(version: int) -> str:
@@ -91,17 +120,37 @@ class Catalog:
             return
 
     def refresh(self) -> bool:
-        """Apply every commit written since the last look. Returns True if any was new."""
+        """Apply every commit written since the last look. Returns True if any was new.
+
+        Raises:
+            CorruptObjectError / UnsupportedFormatVersionError: a commit cannot be decoded
+                (naming it); the commits before it are applied.
+        """
         with self.lock:
             changed = False
+            ahead = 1
             while True:
-                version = self.state.version + 1
-                data = self.store.get_or_none(commit_key(version))
-                if data is None:
-                    return changed
-                actions = decode_actions(data, COMMIT_KIND, self.store.uri(commit_key(version)))
-                self._apply(version, actions)
-                changed = True
+                first = self.state.version + 1
+                for version, actions in self._read_commits(range(first, first + ahead)):
+                    if actions is None:  # numbers are taken in order: nothing after a missing one
+                        return changed
+                    self._apply(version, actions)
+                    changed = True
+                ahead = min(2 * ahead, MAX_READ_AHEAD)
+
+    def _read_commit(self, version: int) -> list[dict[str, Any]] | None:
+        """The actions of commit ``version``, or None when it does not exist (yet)."""
+        data = self.store.get_or_none(commit_key(version))
+        if data is None:
+            return None
+        return decode_actions(data, COMMIT_KIND, self.store.uri(commit_key(version)))
+
+    def _read_commits(self, versions: range):
+        """``(version, actions or None)`` for ``versions``, in order (fetched side by side)."""
+        if len(versions) == 1:
+            yield versions[0], self._read_commit(versions[0])
+            return
+        yield from zip(versions, _reader_pool().map(self._read_commit, versions))
 
     def _apply(self, version: int, actions: list[dict[str, Any]]) -> None:
         assert version == self.state.version + 1, "commits apply in order"

@@ -78,6 +78,45 @@ def test_corrupt_commit_is_refused_naming_it(storage):
         Catalog.open(store)
 
 
+
+def test_catching_up_reads_ahead_in_order_and_stops_at_the_first_missing_commit(storage, monkeypatch):
+    """A reader far behind fetches 1, 2, 4, ... commit numbers at once: it applies them in
+    order, one GET per missing number only at the end; a corrupt commit inside a window raises
+    naming it, with every commit before it applied."""
+    catalog, epoch = _writer(storage)
+    catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    for i in range(38):
+        catalog.commit([_segment("t", 0, f"data/{i}", i * 10, i * 10 + 9)], epoch)
+    assert catalog.version == 40
+    store = storage.object_store()
+    asked: list[int] = []
+    real_get = store.get_or_none
+
+    def counted(key):
+        if key.startswith("_catalog/commits/"):
+            asked.append(int(key.rsplit("/", 1)[-1].split(".")[0]))
+        return real_get(key)
+
+    monkeypatch.setattr(store, "get_or_none", counted)
+    reader = Catalog(store)
+    applied: list[int] = []
+    reader.add_listener(lambda version, actions: applied.append(version))
+    assert reader.refresh() is True
+    assert applied == list(range(1, 41)) and reader.version == 40
+    assert [(s.base_offset, s.path) for s in reader.state.partition("t", 0).segments] == \
+        [(i * 10, f"data/{i}") for i in range(38)]
+    # windows 1, 2, 4, 8, 16, then 16 from 32: 1..47, each number asked once
+    assert sorted(asked) == list(range(1, 48))
+    asked.clear()
+    assert reader.refresh() is False and asked == [41]  # nothing new: one GET
+
+    store.delete(commit_key(37))
+    store.put(commit_key(37), b"PAR1 truncated")
+    late = Catalog(store)
+    with pytest.raises(CorruptObjectError, match=r"_catalog/commits/00000000000000000037\.parquet"):
+        late.refresh()
+    assert late.version == 36
+
 def test_racing_commits_exactly_one_wins(storage):
     catalog, epoch = _writer(storage)
     racers = [Catalog.open(storage.object_store()) for _ in range(6)]
