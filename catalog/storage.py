@@ -192,8 +192,8 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_temp(folder: str, basename: str, data: bytes) -> str:
-    """Write data to a fresh fsync'ed temp file in folder; returns its path."""
+def _write_temp(folder: str, basename: str, data: bytes, durable: bool = True) -> str:
+    """Write data to a fresh temp file in folder (fsync'ed if ``durable``); returns its path."""
     tmp = os.path.join(folder, f"{TEMP_PREFIX}{uuid.uuid4().hex}-{basename}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -201,7 +201,8 @@ def _write_temp(folder: str, basename: str, data: bytes) -> str:
         while view:
             written = os.write(fd, view)
             view = view[written:]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         _unlink_quietly(tmp)
@@ -488,11 +489,15 @@ class ObjectStore:
         meta = head.get("Metadata") or {}
         return meta.get(_S3_TOKEN_META)
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, durable: bool = True) -> None:
         """Create or overwrite the object at key; parent folders are created.
 
         On the local backend the bytes are written to a temp file and renamed
-        over the key, so readers never see a half-written object.
+        over the key, so readers never see a half-written object; with ``durable``
+        (the default) the file and its folder are fsync'ed before returning, so the
+        object survives a machine crash. ``durable=False`` is for scratch objects whose
+        loss only fails the job that wrote them (Spark staging); object stores are
+        durable on every PUT either way.
 
         Raises:
             ValueError: invalid key.
@@ -506,13 +511,14 @@ class ObjectStore:
             folder, basename = os.path.split(path)
             with self._errors("put", url, reading=False):
                 os.makedirs(folder, exist_ok=True)
-                tmp = _write_temp(folder, basename, data)
+                tmp = _write_temp(folder, basename, data, durable)
                 try:
                     os.replace(tmp, path)
                 except BaseException:
                     _unlink_quietly(tmp)
                     raise
-                _fsync_dir(folder)
+                if durable:
+                    _fsync_dir(folder)
             return
         with self._mutation_lock(), self._errors("put", url, reading=False):
             self.fs.pipe_file(path, data)

@@ -555,7 +555,7 @@ class TaskStager:
         self._writer.close()
         data = self._sink.getvalue().to_pybytes()
         key = f"{self.folder}{self.name}-{len(self.files):05d}{_SUFFIX}"
-        self.store.put(key, data)
+        self.store.put(key, data, durable=False)  # a staged object lost in a crash only fails its job
         self.files.append(StagedFile(key, self._rows, tuple(sorted(self._topic_rows.items())), len(data)))
         self._writer = self._sink = None
         self._rows = 0
@@ -702,16 +702,29 @@ def read_staged(store: ObjectStore, files: Iterable[StagedFile], topic: str) -> 
 
     Raises:
         ObjectNotFoundError: a staged object is gone (e.g. the write was aborted meanwhile).
+        CorruptObjectError: a staged object cannot be decoded, or holds another number of
+            records of ``topic`` than its task staged (names it; the caller aborts its
+            transaction, so nothing of the write becomes visible).
     """
+    from txlake.formats.errors import CorruptObjectError
+
     for f in files:
         topics = dict(f.topics)
         if topics.get(topic, 0) == 0:
             continue
         # one GET of the whole object (at most staging.maxFileBytes): decoding from memory takes
         # the GIL once per batch, where a Python file object would take it for every read
-        reader = pa.ipc.open_stream(pa.py_buffer(store.get(f.key)))
-        for rb in reader:
-            if len(topics) > 1:
-                rb = rb.filter(pc.equal(rb.column(0), topic))
-            if rb.num_rows:
-                yield rb
+        data = store.get(f.key)
+        seen = 0
+        try:
+            for rb in pa.ipc.open_stream(pa.py_buffer(data)):
+                if len(topics) > 1:
+                    rb = rb.filter(pc.equal(rb.column(0), topic))
+                seen += rb.num_rows
+                if rb.num_rows:
+                    yield rb
+        except pa.ArrowInvalid as exc:
+            raise CorruptObjectError(store.uri(f.key), f"is not a readable staged Arrow stream ({exc})") from exc
+        if seen != topics[topic]:
+            raise CorruptObjectError(store.uri(f.key), f"holds {seen} staged records of {topic!r}, its task staged "
+                                                       f"{topics[topic]}")

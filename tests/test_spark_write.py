@@ -499,3 +499,32 @@ def test_commit_staged_with_nothing_staged_commits_nothing(file_storage):
     result = commit_staged(file_storage.conf(), "empty", [])
     assert result.records == 0 and not result.skipped
     assert Catalog.open(file_storage.object_store()).state.version == version
+
+
+@pytest.mark.parametrize("damage", ["batch_dropped", "garbage"])
+def test_a_damaged_staged_object_fails_the_commit_naming_it_and_nothing_is_visible(file_storage, damage):
+    """Staged objects are written without fsync (scratch data): one that lost its last Arrow
+    batch -- still a valid stream -- or that is garbage fails the commit, naming the object;
+    the transaction is aborted, so none of the write's rows are visible."""
+    from txlake.formats.errors import CorruptObjectError
+
+    create_topics(file_storage, t=2)
+    writer = TxlakeBatchWriter(spark_options(file_storage, topic="t"), KEY_VALUE, False)
+    batches = [pa.record_batch([pa.array([f"k{i}", f"j{i}"]), pa.array([f"{i}", f"{i}"])], names=["key", "value"])
+               for i in range(3)]
+    message = writer.write(iter(batches))
+    (staged,) = message.files
+    store = file_storage.object_store()
+    if damage == "garbage":
+        store.put(staged.key, b"not an arrow stream")
+    else:
+        reader = pa.ipc.open_stream(store.get(staged.key))
+        kept = list(reader)[:-1]
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, reader.schema) as w:
+            for rb in kept:
+                w.write_batch(rb)
+        store.put(staged.key, sink.getvalue().to_pybytes())
+    with pytest.raises(CorruptObjectError, match=staged.key.replace(".", r"\.")):
+        writer.commit([message])
+    assert read_committed(file_storage, "t", 2) == []
