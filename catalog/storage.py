@@ -156,9 +156,17 @@ def _check_prefix(prefix: str) -> str:
 def _as_bytes(data: Any) -> bytes:
     if isinstance(data, bytes):
         return data
-    if isinstance(data, (bytearray, memoryview)):
-        return bytes(data)
-    raise TypeError(f"object data must be bytes-like, got {type(data).__name__}")
+    return bytes(_as_view(data))
+
+
+def _as_view(data: Any) -> memoryview:
+    """A view of bytes-like ``data`` (bytes, bytearray, memoryview, a pyarrow Buffer, ...), no copy."""
+    if isinstance(data, str):
+        raise TypeError("object data must be bytes-like, got str")
+    try:
+        return memoryview(data)
+    except TypeError:
+        raise TypeError(f"object data must be bytes-like, got {type(data).__name__}") from None
 
 
 def _mtime_ms(info: dict) -> int:
@@ -489,7 +497,7 @@ class ObjectStore:
         meta = head.get("Metadata") or {}
         return meta.get(_S3_TOKEN_META)
 
-    def put(self, key: str, data: bytes, durable: bool = True) -> None:
+    def put(self, key: str, data: bytes | memoryview, durable: bool = True) -> None:
         """Create or overwrite the object at key; parent folders are created.
 
         On the local backend the bytes are written to a temp file and renamed
@@ -501,11 +509,12 @@ class ObjectStore:
 
         Raises:
             ValueError: invalid key.
-            TypeError: data is not bytes-like.
+            TypeError: data is not bytes-like (any object with the buffer protocol is: on
+                the local backend it is written without a copy).
             StorageError: any backend failure, naming the url.
         """
         path = self.fs_path(key)
-        data = _as_bytes(data)
+        data = _as_view(data) if self.protocol == "file" else _as_bytes(data)
         url = self.uri(key)
         if self.protocol == "file":
             folder, basename = os.path.split(path)

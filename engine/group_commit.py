@@ -79,7 +79,7 @@ class _FlushWork:
 
     pending: list[PendingBatch]
     path: str = ""
-    data: bytes = b""
+    data: bytes | pa.Buffer = b""
     segments: list[SegmentInfo] = field(default_factory=list)
     tables: list[pa.Table] = field(default_factory=list)
     unstable: dict[tuple[str, int], int | None] = field(default_factory=dict)
@@ -356,7 +356,8 @@ class GroupCommitter:
             if keys:
                 work.path = f"{DATA_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
                 work.tables = [record_table(topic, partition, by_tp[(topic, partition)]) for topic, partition in keys]
-                work.data, ranges = encode_segments(work.tables, self.config.compression, self.config.row_group_rows)
+                work.data, ranges = encode_segments(work.tables, self.config.compression, self.config.row_group_rows,
+                                                   as_buffer=True)
                 memory = [t.nbytes for t in work.tables]
                 total_memory = sum(memory) or 1
                 for (topic, partition), table, (rg_start, rg_count), mem in zip(keys, work.tables, ranges, memory):

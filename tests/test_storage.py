@@ -280,6 +280,21 @@ def test_put_if_absent_refuses_empty_data(storage):
         store.put_if_absent("text", "not bytes")
 
 
+def test_put_takes_any_bytes_like_object(storage):
+    """A pyarrow Buffer (what the engine encodes into) or a memoryview is stored as its bytes,
+    without a copy on the local backend; text is refused."""
+    import pyarrow as pa
+
+    store = storage.object_store()
+    store.put("a", pa.py_buffer(b"arrow buffer"))
+    store.put("b", memoryview(b"a view of bytes")[2:])
+    store.put("c", bytearray(b"scratch"), durable=False)
+    assert (store.get("a"), store.get("b"), store.get("c")) == (b"arrow buffer", b"view of bytes", b"scratch")
+    with pytest.raises(TypeError, match="bytes-like, got str"):
+        store.put("d", "text")
+    assert store.exists("d") is False
+
+
 def test_put_if_absent_thread_race(storage):
     store = storage.object_store()
     # each S3 conflict costs the losers ~1 s on SeaweedFS (see report): one round there
