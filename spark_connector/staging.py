@@ -53,6 +53,8 @@ __all__ = [
 STAGING_PREFIX = "_staging/spark/"
 #: a task starts a new staged object once the current one holds this many bytes (Arrow, uncompressed)
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+#: a task writes its rows in Arrow batches of this many (each grouped by Kafka partition)
+STAGE_BATCH_ROWS = 65_536
 #: columns of a staged object (one row per record to append)
 STAGED_SCHEMA = pa.schema([
     pa.field("topic", pa.string(), nullable=False),
@@ -436,6 +438,10 @@ class TaskStager:
         self._sticky: dict[str, int] = {}
         self._sink: pa.BufferOutputStream | None = None
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        # resolved rows not written yet: Spark hands a task 10 000-row batches, and every staged
+        # batch costs the commit a produce batch per partition, so they are written in bigger ones
+        self._gathered: list[pa.RecordBatch] = []
+        self._gathered_rows = self._gathered_bytes = 0
         self._rows = 0
         self._topic_rows: dict[str, int] = {}
 
@@ -448,11 +454,10 @@ class TaskStager:
         """
         if rb.num_rows == 0:
             return
-        staged = _grouped_by_partition(self._resolve(rb))
-        if self._writer is None:
-            self._sink = pa.BufferOutputStream()
-            self._writer = pa.ipc.new_stream(self._sink, STAGED_SCHEMA, options=_IPC_OPTIONS)
-        self._writer.write_batch(staged)
+        staged = self._resolve(rb)
+        self._gathered.append(staged)
+        self._gathered_rows += staged.num_rows
+        self._gathered_bytes += staged.nbytes
         self._rows += staged.num_rows
         if self.columns.topic_option is not None:
             topic = self.columns.topic_option
@@ -461,8 +466,21 @@ class TaskStager:
             counts = pc.value_counts(staged.column(0))
             for item in counts.to_pylist():
                 self._topic_rows[item["values"]] = self._topic_rows.get(item["values"], 0) + item["counts"]
-        if self._sink.tell() >= self.columns.max_file_bytes:
-            self._close_part()
+        if self._gathered_rows >= STAGE_BATCH_ROWS or self._gathered_bytes >= self.columns.max_file_bytes:
+            self._write_gathered()
+            if self._sink.tell() >= self.columns.max_file_bytes:
+                self._close_part()
+
+    def _write_gathered(self) -> None:
+        """Write the gathered rows as one Arrow batch, grouped by partition."""
+        if not self._gathered:
+            return
+        batch = self._gathered[0] if len(self._gathered) == 1 else pa.concat_batches(self._gathered)
+        self._gathered, self._gathered_rows, self._gathered_bytes = [], 0, 0
+        if self._writer is None:
+            self._sink = pa.BufferOutputStream()
+            self._writer = pa.ipc.new_stream(self._sink, STAGED_SCHEMA, options=_IPC_OPTIONS)
+        self._writer.write_batch(_grouped_by_partition(batch))
 
     def _resolve(self, rb: pa.RecordBatch) -> pa.RecordBatch:
         cols = self.columns
@@ -550,6 +568,7 @@ class TaskStager:
         return out
 
     def _close_part(self) -> None:
+        self._write_gathered()
         if self._writer is None:
             return
         self._writer.close()
@@ -569,6 +588,7 @@ class TaskStager:
     def discard(self) -> None:
         """Delete what this attempt staged (a failed attempt cleans up after itself; best effort)."""
         self._writer = self._sink = None
+        self._gathered, self._gathered_rows, self._gathered_bytes = [], 0, 0
         for f in self.files:
             try:
                 self.store.delete(f.key)

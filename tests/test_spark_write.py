@@ -35,7 +35,8 @@ from txlake.engine import registry
 from txlake.engine.partitioner import partition_for_key
 from txlake.spark_connector.batch_write import TxlakeBatchWriter
 from txlake.spark_connector.staged_commit import (BatchFenceError, commit_staged, last_committed_batch)
-from txlake.spark_connector.staging import STAGING_PREFIX, delete_stale_staged, murmur2_partitions
+from txlake.spark_connector.staging import (STAGING_PREFIX, delete_stale_staged, murmur2_partitions, stage_task,
+                                            write_columns)
 from txlake.spark_connector.stream_write import TxlakeStreamWriter
 
 #: ``key string, value string``, built without a SparkContext (``StructType.fromDDL`` needs one)
@@ -156,6 +157,32 @@ def test_rows_of_a_spark_partition_keep_their_order_in_each_kafka_partition(file
     for p in range(3):
         values = [v for _, v, partition, _ in got if partition == p]
         assert values == sorted(values) and len(values) > 50, p  # v0000 < v0001 < ...: input order
+
+
+def test_a_task_stages_batches_of_stage_batch_rows_grouped_by_partition(file_storage, monkeypatch):
+    """Spark's small input batches are gathered into staged Arrow batches of STAGE_BATCH_ROWS
+    rows (the last one shorter), each grouped by partition with the input order kept inside."""
+    from txlake.spark_connector import staging
+
+    monkeypatch.setattr(staging, "STAGE_BATCH_ROWS", 25)
+    create_topics(file_storage, t=3)
+    store = file_storage.object_store()
+    columns = write_columns(KEY_VALUE, spark_options(file_storage, topic="t"))
+    batches = [pa.record_batch([pa.array([f"k{(b * 7 + i) % 5}" for i in range(7)]),
+                                pa.array([f"{b * 7 + i:02d}" for i in range(7)])], names=["key", "value"])
+               for b in range(10)]
+    message = stage_task(store, f"{STAGING_PREFIX}gather/", columns, batches)
+    (staged,) = message.files
+    assert staged.rows == 70 and staged.topics == (("t", 70),)
+    got = list(pa.ipc.open_stream(store.get(staged.key)))
+    assert [b.num_rows for b in got] == [28, 28, 14]
+    for b in got:
+        parts = b.column("partition").to_pylist()
+        assert parts == sorted(parts)
+        for p in set(parts):  # inside a partition: input order
+            values = [v for v, q in zip(b.column("value").to_pylist(), parts) if q == p]
+            assert values == sorted(values)
+        assert all(partition_for_key(k, 3) == q for k, q in zip(b.column("key").to_pylist(), parts))
 
 
 def test_topic_column_and_topic_option_overriding_it(file_storage):
