@@ -77,11 +77,6 @@ def s3_server():
     try:
         yield server
     finally:
-        # engines a test left open (closed at interpreter exit otherwise) would keep polling
-        # a stopped server: close them while it still answers
-        from txlake.engine.registry import close_all
-
-        close_all()
         server.stop()
 
 
