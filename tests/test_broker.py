@@ -9,7 +9,7 @@ from txlake.catalog.storage import ObjectStore
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.errors import Errors
 from txlake.engine.producer_state import INT32_MAX
-from helpers import payload
+from helpers import payload, simulate_crash
 
 
 @pytest.fixture
@@ -150,8 +150,7 @@ def test_duplicate_detected_after_restart(storage, snapshot_interval):
     batches = [ProduceBatch("t", 0, payload(3, i * 3), pid, 0, i * 3) for i in range(4)]
     for batch in batches:
         b.produce([batch])
-    b._closed = True           # simulate a crash: no clean close, no final snapshot
-    b.lease.stop_heartbeats()
+    simulate_crash(b)
     b2 = Broker(storage.object_store(), BrokerConfig(**cfg, lease_force=True))
     try:
         r = b2.produce([batches[2]])[0]

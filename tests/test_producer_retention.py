@@ -12,7 +12,7 @@ from txlake.engine.transaction_metadata import TransactionState
 
 from txlake import OFFSET_END, AdminClient, Consumer, KafkaError, NewTopic, Producer, TopicPartition
 
-from helpers import client_conf, close_engines, consume_all, payload  # noqa: F401
+from helpers import client_conf, close_engines, consume_all, payload, simulate_crash  # noqa: F401
 
 DAY_MS = 86_400_000
 CFG = dict(flush_linger_ms=1, lease_ms=60_000, transaction={"transaction.state.log.num.partitions": 2})
@@ -27,13 +27,6 @@ def broker(storage):
     b = open_broker(storage)
     yield b
     b.close()
-
-
-def crash(b):
-    """Stop ``b`` as a SIGKILL would: no final flush, no snapshot, the lease left behind."""
-    b._closed = True
-    b.lease.stop_heartbeats()
-    b._handoff.stop()
 
 
 def produced(b, *batches):
@@ -126,7 +119,7 @@ def test_live_producer_continues_after_its_segments_are_deleted(storage, restart
         b.close()
         b = open_broker(storage)
     elif restart == "crash":
-        crash(b)
+        simulate_crash(b)
         b = open_broker(storage, lease_force=True)
     try:
         e = entry(b, "t", 0, pid)
@@ -165,7 +158,7 @@ def test_old_record_timestamps_do_not_expire_a_producer_across_a_restart(storage
     _, pid, _ = b.init_producer_id()
     old = ProduceBatch("t", 0, payload(3, ts=1_356_998_400_000), pid, 0, 0)       # 2013-01-01
     assert produced(b, old) == [(Errors.NO_ERROR, 0, False)]
-    crash(b)
+    simulate_crash(b)
     b = open_broker(storage, lease_force=True)
     try:
         assert b.remove_expired_producers() == {}
@@ -192,7 +185,7 @@ def test_fencing_abort_marker_keeps_the_fence_after_deletion_and_restart(storage
     p = b.catalog.state.partition("out", 0)
     assert (p.high_watermark, p.last_stable_offset) == (3, 3)
     assert b.delete_records([("out", 0, -1)])[0][:2] == (Errors.NO_ERROR, 3)
-    crash(b)
+    simulate_crash(b)
     b = open_broker(storage, lease_force=True)
     try:
         e = entry(b, "out", 0, pid)

@@ -6,7 +6,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from helpers import TXN_CONF, read_values, transactional_conf  # noqa: F401 (fixture conf)
+from helpers import TXN_CONF, read_values, simulate_crash, transactional_conf  # noqa: F401 (fixture conf)
 from txlake import AdminClient, Consumer, KafkaError, KafkaException, NewTopic, Producer, TopicPartition
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.errors import Errors
@@ -218,8 +218,7 @@ def test_restart_completes_a_half_done_commit(storage, crash_after, monkeypatch)
     monkeypatch.setattr(b, "append_txn_markers", crash)
     with pytest.raises(RuntimeError):
         c.handle_end_txn("x", pid, epoch, True)
-    b._closed = True
-    b.lease.stop_heartbeats()
+    simulate_crash(b)
     b2 = Broker(storage.object_store(), BrokerConfig(**cfg, lease_force=True))
     try:
         c2 = b2.transaction_coordinator()

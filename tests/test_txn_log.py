@@ -10,6 +10,7 @@ from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch, TxnMarker
 from txlake.engine.errors import Errors
 from txlake.engine.registry import close_all
 from txlake.formats.records import PAYLOAD_SCHEMA
+from helpers import simulate_crash
 
 
 def rows(*values):
@@ -128,8 +129,7 @@ def test_transaction_stays_open_across_a_restart(storage, snapshot_interval):
     b.create_topics([("t", 1, {})])
     _, pid, _ = b.init_producer_id()
     produce(b, pid, 0, "in-flight")
-    b._closed = True             # crash: no clean close
-    b.lease.stop_heartbeats()
+    simulate_crash(b)
     b2 = Broker(storage.object_store(), BrokerConfig(**cfg, lease_force=True))
     try:
         assert produce(b2, pid, 1, "plain", txn=False).error == Errors.INVALID_TXN_STATE

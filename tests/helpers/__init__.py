@@ -265,6 +265,16 @@ def consume_all(consumer, expected: int, timeout: float = 20.0) -> list:
     return out
 
 
+def simulate_crash(broker) -> None:
+    """Stop ``broker`` as a SIGKILL would: no final flush, no producer-state snapshot, the writer
+    lease left behind. Its hand-over poller stops too, so that it does not outlive the test's
+    storage (on S3 it polled the stopped server until the worker exited)."""
+    broker._closed = True
+    broker.lease.stop_heartbeats()
+    if broker._handoff is not None:
+        broker._handoff.stop()
+
+
 def payload(n: int, start: int = 0, size: int = 10, ts: int = 1_000):
     """``n`` records of :data:`PAYLOAD_SCHEMA`: keys ``k<i>``, values ``v<i>-`` padded to ``size``
     bytes, timestamps ``ts + i`` (ms), for ``i`` from ``start``."""
