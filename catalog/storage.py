@@ -161,8 +161,6 @@ def _as_bytes(data: Any) -> bytes:
 
 def _as_view(data: Any) -> memoryview:
     """A view of bytes-like ``data`` (bytes, bytearray, memoryview, a pyarrow Buffer, ...), no copy."""
-    if isinstance(data, str):
-        raise TypeError("object data must be bytes-like, got str")
     try:
         return memoryview(data)
     except TypeError:

@@ -28,7 +28,7 @@ import uuid
 from collections import defaultdict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -95,6 +95,17 @@ class _FlushWork:
     seq: int = 0
     #: why its objects could not be PUT (the uploader fails the flush, in its commit order)
     put_error: Exception | None = None
+
+
+class _Taken(NamedTuple):
+    """What a flush took from the queue, with the state that matches it exactly."""
+
+    pending: list[PendingBatch]
+    live: list[PendingBatch]  # of partitions that still exist
+    dropped: list[PendingBatch]  # of deleted topics
+    extra: list[tuple[list[dict[str, Any]], Future]]
+    snapshot: tuple | None  # producer state (rows, end offsets) to write with the commit
+    unstable: dict[tuple[str, int], int | None]  # first unstable offset per partition
 
 
 class GroupCommitter:
@@ -298,7 +309,7 @@ class GroupCommitter:
                 self._deliver(seq, None)
                 raise
         try:
-            work = self._encode(*taken)
+            work = self._encode(taken)
             if work is not None:
                 self._put_objects(work)
         finally:
@@ -319,7 +330,7 @@ class GroupCommitter:
         except Exception as exc:
             work.put_error = exc
 
-    def _take(self, force_snapshot: bool) -> tuple:
+    def _take(self, force_snapshot: bool) -> _Taken:
         """Take the queued batches, with the producer-state snapshot and first unstable offsets
         that match them exactly (caller holds :attr:`lock`)."""
         pending, self._pending = self._pending, []
@@ -336,11 +347,11 @@ class GroupCommitter:
         unstable = {(p.batch.topic, p.batch.partition): None for p in live}
         for tp in unstable:
             unstable[tp] = self._first_unstable_offset(*tp)
-        return pending, live, dropped, extra, snapshot, unstable
+        return _Taken(pending, live, dropped, extra, snapshot, unstable)
 
-    def _encode(self, pending: list[PendingBatch], live: list[PendingBatch], dropped: list[PendingBatch],
-                extra: list, snapshot, unstable: dict) -> _FlushWork | None:
+    def _encode(self, taken: _Taken) -> _FlushWork | None:
         """The flush of batches :meth:`_take` took: partition tables and the encoded objects."""
+        pending, live, dropped, extra, snapshot, unstable = taken
         _complete([(p.future, ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART, message="topic was deleted")) for p in dropped])
         if not live and snapshot is None:
             self._untake(id(pending))
