@@ -417,6 +417,10 @@ class Broker:
         """Wait until every batch queued so far is committed (or failed)."""
         self._committer.flush(timeout_ms)
 
+    def request_flush(self) -> None:
+        """Commit what is queued now instead of after the writer's linger; does not wait."""
+        self._committer.request_flush()
+
     # ---------------------------------------------------------------- producer state retention
     def remove_expired_producers(self, now: int | None = None) -> dict[tuple[str, int], list[int]]:
         """Forget, on every partition, the producers idle for ``producer.id.expiration.ms``
@@ -567,12 +571,15 @@ class Broker:
         """
         return self.await_txn_markers(self.append_txn_markers(markers), timeout_ms)
 
-    def append_txn_markers(self, markers: list[TxnMarker]) -> list[dict[tuple[str, int], "Errors | Future"]]:
+    def append_txn_markers(self, markers: list[TxnMarker],
+                           urgent: bool = True) -> list[dict[tuple[str, int], "Errors | Future"]]:
         """The first half of :meth:`write_txn_markers`: validate and queue the markers.
 
         Answers per marker, per partition: an error (the marker was refused) or a Future of
         its :class:`ProduceResult`. Queued markers commit in queue order with everything
         appended after them: anything appended later is never durable without them.
+        ``urgent`` False lets them wait for the writer's linger, for a caller that queues an
+        urgent record right behind them (they then commit in the same flush).
         """
         try:
             self.ensure_writer()
@@ -583,7 +590,7 @@ class Broker:
             for marker in markers:
                 answer: dict[tuple[str, int], Errors | Future] = {}
                 for tp in marker.partitions:
-                    answer[tp] = self._append_marker(marker, tp)
+                    answer[tp] = self._append_marker(marker, tp, urgent)
                 answers.append(answer)
         return answers
 
@@ -605,7 +612,7 @@ class Broker:
             out.append(resolved)
         return out
 
-    def _append_marker(self, marker: TxnMarker, tp: tuple[str, int]) -> Errors | Future:
+    def _append_marker(self, marker: TxnMarker, tp: tuple[str, int], urgent: bool) -> Errors | Future:
         if self._fatal is not None:
             return Errors._FENCED
         wp = self._partitions.get(tp)
@@ -623,7 +630,7 @@ class Broker:
             schema=PAYLOAD_SCHEMA)
         batch = ProduceBatch(tp[0], tp[1], records, marker.producer_id, marker.producer_epoch, -1,
                              is_transactional=True, is_control=True, control_type=control_type,
-                             coordinator_epoch=marker.coordinator_epoch, urgent=True)
+                             coordinator_epoch=marker.coordinator_epoch, urgent=urgent)
         base = wp.log_end_offset
         wp.log_end_offset += 1
         first = wp.producers.complete_txn(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, now)

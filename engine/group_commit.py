@@ -212,6 +212,13 @@ class GroupCommitter:
             self._wake.notify_all()
         return future
 
+    def request_flush(self) -> None:
+        """End the linger now: what is queued is flushed at once (without waiting for it)."""
+        with self.lock:
+            if self._pending:
+                self._flush_requested = True
+                self._wake.notify_all()
+
     def flush(self, timeout_ms: int = 60_000) -> None:
         """Wait until every batch queued so far is committed (or failed), including the batches
         of flushes already under way."""

@@ -304,6 +304,8 @@ class TransactionCoordinator:
         with self._in_flight_lock:
             settled = self._in_flight.get(transactional_id)
         if settled is not None:
+            if not settled.done():  # its record waits for the writer's linger: nobody else is waiting for it
+                self.broker.request_flush()
             try:
                 settled.result(timeout=SETTLE_TIMEOUT_S)
             except FutureTimeoutError:
@@ -386,11 +388,13 @@ class TransactionCoordinator:
             else:
                 raise IllegalStateError(f"Found transactionalId {transactional_id} with state {state}")
         committed = result is TransactionResult.COMMIT
-        decided = self.state.queue_transaction_to_log(transactional_id, coordinator_epoch, transit)
         # PrepareCommit/PrepareAbort, the markers and CompleteCommit/CompleteAbort are queued back to
         # back and commit together: the writer commits in queue order and stops at its first failed
         # commit, so a marker is never durable without the Prepare record, nor the Complete record
-        # without every marker (one commit instead of three on the EndTxn path)
+        # without every marker (one commit instead of three on the EndTxn path). Only the Complete
+        # record is urgent, so that no flusher takes the queue between them (the Prepare record
+        # alone, refused markers, still commit after the writer's linger)
+        decided = self.state.queue_transaction_to_log(transactional_id, coordinator_epoch, transit, urgent=False)
         completed_at = _now_ms()
         complete = TransactionMetadata.complete_transit_after(transit, completed_at)
         markers, completion = self._queue_markers_and_complete(transactional_id, coordinator_epoch, committed,
@@ -432,7 +436,7 @@ class TransactionCoordinator:
             return [], None
         (answer,) = self.broker.append_txn_markers([TxnMarker(
             prepared.producer_id, prepared.producer_epoch, coordinator_epoch, committed,
-            tuple(sorted(prepared.topic_partitions)))])
+            tuple(sorted(prepared.topic_partitions)))], urgent=False)
         markers = [value for value in answer.values() if isinstance(value, Future)]
         if len(markers) != len(answer) or any(f.done() and f.result().error != Errors.NO_ERROR for f in markers):
             return markers, None

@@ -47,6 +47,38 @@ def test_client_state_machine(conf):
     assert code(not_configured) == KafkaError._NOT_CONFIGURED
 
 
+def test_commit_makes_the_tail_and_the_end_txn_records_durable_in_one_catalog_commit(storage):
+    """commit_transaction hands its last records over without urgency, and EndTxn queues
+    PrepareCommit and the markers without urgency and CompleteCommit urgently: once the
+    transaction's partitions are durably added, its tail and the three control writes commit
+    in ONE catalog commit. A transaction whose AddPartitionsToTxn record is still lingering
+    takes two (EndTxn waits for that record, and asks for it at once). With a 60 s engine
+    linger, anything left behind non-urgent would make the commit time out instead."""
+    conf = {**storage.conf(), **TXN_CONF, "storage.flush.linger.ms": 60_000}
+    with AdminClient(conf) as admin:
+        admin.create_topics([NewTopic("out", 2)])["out"].result()
+    p = Producer({**conf, "transactional.id": "one-commit", "linger.ms": 60_000})
+    p.init_transactions(10)
+    catalog = p._broker.catalog
+    for txn in range(2):
+        p.begin_transaction()
+        p.produce("out", value=f"{txn}-0", partition=0)
+        p.produce("out", value=f"{txn}-1", partition=1)
+        if txn == 0:
+            p.flush(10)  # the records and the partitions' Ongoing record are durable
+        for i in range(2, 6):
+            p.produce("out", value=f"{txn}-{i}", partition=i % 2)
+        before = catalog.version
+        p.commit_transaction(10)
+        assert catalog.version == before + (1 if txn == 0 else 2)
+    # offsets 3 and 7 of each partition are the COMMIT markers
+    assert read(conf) == [(part, offset, f"{txn}-{2 * i + part}") for part in (0, 1)
+                          for txn, base in ((0, 0), (1, 4)) for i, offset in enumerate(range(base, base + 3))]
+    md = p._broker.transaction_coordinator().state.get_transaction_state("one-commit").transaction_metadata
+    assert md.state is TransactionState.COMPLETE_COMMIT
+    p.close()
+
+
 def test_commit_abort_and_visibility(conf):
     p = Producer({**conf, "transactional.id": "t1"})
     p.init_transactions(10)

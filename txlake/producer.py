@@ -718,7 +718,7 @@ class Producer:
         """
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
-            self._close_all_urgent()
+            self._close_all(urgent=False)  # EndTxn's urgent Complete record follows: one flush for both
             while self._buffers or self._txn_pending or any(self._queues.values()):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -726,13 +726,15 @@ class Producer:
                 self._cond.wait(min(remaining, 0.05) if remaining is not None else 0.05)
             return 0
 
-    def _close_all_urgent(self) -> None:
-        """A flush waits: close every open batch and mark every queued one urgent (caller holds the lock)."""
-        for queue in self._queues.values():
-            for flight in queue:
-                flight.batch.urgent = True
+    def _close_all(self, urgent: bool) -> None:
+        """Close every open batch (caller holds the lock). ``urgent`` when a flush waits: every
+        queued batch is marked urgent too, so the engine commits them without lingering."""
+        if urgent:
+            for queue in self._queues.values():
+                for flight in queue:
+                    flight.batch.urgent = True
         for tp in list(self._buffers):
-            self._close_batch(tp, urgent=True)
+            self._close_batch(tp, urgent=urgent)
 
     # ------------------------------------------------------------------ reports
     def poll(self, timeout: float | None = None) -> int:
@@ -779,7 +781,7 @@ class Producer:
         """
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
-            self._close_all_urgent()
+            self._close_all(urgent=True)
         while True:
             self.poll(0)
             with self._lock:
