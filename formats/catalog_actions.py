@@ -12,13 +12,11 @@ business (:mod:`txlake.catalog.actions`).
 
 from __future__ import annotations
 
-import io
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .versioning import check_schema, check_tags, open_parquet, read_all, stamp
+from .versioning import check_schema, check_tags, encode_parquet, open_parquet, read_all, stamp
 
 COMMIT_KIND = "catalog-commit"
 CHECKPOINT_KIND = "catalog-checkpoint"
@@ -75,9 +73,7 @@ def encode_actions(rows: Sequence[Mapping[str, Any]], kind: str, version_number:
         [{**row, "config": list(row["config"].items()) if row.get("config") is not None else None} for row in rows],
         schema=stamp(ACTION_SCHEMA, kind, VERSION, {"txlake.catalog.version": str(version_number)}),
     )
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
-    return sink.getvalue()
+    return encode_parquet(table)
 
 
 def decode_actions(data: bytes, kind: str, location: str) -> list[dict[str, Any]]:

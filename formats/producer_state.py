@@ -14,15 +14,13 @@ batches' sequence and offset ranges, used for duplicate detection (KIP-98).
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any, Mapping
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .errors import CorruptObjectError
-from .versioning import check_schema, check_tags, open_parquet, read_all, stamp
+from .versioning import check_schema, check_tags, encode_parquet, open_parquet, read_all, stamp
 
 KIND = "producer-state"
 VERSION = 1
@@ -57,9 +55,7 @@ def encode_snapshot(rows: list[Mapping[str, Any]], end_offsets: Mapping[str, Map
     schema = stamp(SNAPSHOT_SCHEMA, KIND, VERSION)
     schema = schema.with_metadata({**schema.metadata, END_OFFSETS_KEY: json.dumps(end_offsets).encode()})
     table = pa.Table.from_pylist(list(rows), schema=schema)
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
-    return sink.getvalue()
+    return encode_parquet(table)
 
 
 def decode_snapshot(data: bytes, location: str) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:

@@ -33,7 +33,6 @@ coordinator_epoch  int32       the transaction coordinator's epoch on a marker; 
 
 from __future__ import annotations
 
-import io
 from typing import Iterable, Sequence
 
 import pyarrow as pa

@@ -10,7 +10,6 @@ Every object carries two Parquet key-value metadata entries:
 
 from __future__ import annotations
 
-import io
 from typing import Mapping
 
 import pyarrow as pa
@@ -59,10 +58,24 @@ def check_tags(metadata: Mapping[bytes, bytes] | None, kind: str, supported: int
     return version
 
 
+def encode_parquet(table: pa.Table, compression: str = "zstd") -> bytes:
+    """Encode ``table`` as one Parquet object.
+
+    The writer writes into a native Arrow buffer, not a Python file object: that would take
+    the GIL for every page, and beside an application thread running Python code each take
+    waits for the interpreter's switch interval (5 ms) -- a 1 ms catalog commit took 330 ms.
+    """
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression=compression)
+    return sink.getvalue().to_pybytes()
+
+
 def open_parquet(source, location: str) -> pq.ParquetFile:
-    """Open a Parquet object (bytes or a seekable file), mapping decode failures to CorruptObjectError."""
+    """Open a Parquet object (bytes or a seekable file), mapping decode failures to CorruptObjectError.
+
+    Bytes are read through a native reader (no GIL taken per read; see :func:`encode_parquet`)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        source = io.BytesIO(source)
+        source = pa.BufferReader(source)
     try:
         return pq.ParquetFile(source)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:

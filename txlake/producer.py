@@ -93,6 +93,7 @@ class _Buffer:
     callbacks: list = field(default_factory=list)
     nbytes: int = 0
     any_headers: bool = False
+    any_callbacks: bool = False
 
 
 @dataclass
@@ -283,6 +284,7 @@ class Producer:
             buf.headers.append(hdrs)
             buf.callbacks.append(cb)
             buf.any_headers = buf.any_headers or hdrs is not None
+            buf.any_callbacks = buf.any_callbacks or cb is not None
             buf.nbytes += size + RECORD_OVERHEAD
             self._queued += 1
             if buf.nbytes >= self._batch_bytes or len(buf.values) >= self._batch_records:
@@ -762,7 +764,7 @@ class Producer:
         buf, batch = flight.buffer, flight.batch
         n = len(buf.values)
         ts_type = TIMESTAMP_LOG_APPEND_TIME if result.log_append_time >= 0 else TIMESTAMP_CREATE_TIME
-        for i in range(n):
+        for i in range(n if buf.any_callbacks else 0):  # nothing to call: no loop over the records
             cb = buf.callbacks[i]
             if cb is not None and (err is not None or not self._only_errors):
                 offset = result.base_offset + i if err is None else -1001
