@@ -224,8 +224,7 @@ class GroupCommitter:
         of flushes already under way."""
         with self.lock:
             futures = [p.future for p in self._pending] + [p.future for taken in self._taken.values() for p in taken]
-            self._flush_requested = True
-            self._wake.notify_all()
+        self.request_flush()  # (nothing queued: no request left behind to cut a later batch's linger short)
         for fut in futures:
             fut.exception(timeout=timeout_ms / 1000)
 

@@ -416,9 +416,10 @@ class TransactionCoordinator:
                 return Errors.INVALID_TXN_STATE
             prepared = metadata.prepare_complete(completed_at)
         assert prepared == complete, f"the queued Complete record {complete} differs from the transition {prepared}"
-        if completion is None:  # a marker was refused when queued: write them again, with retries
-            return self._send_markers_and_complete(transactional_id, coordinator_epoch, committed, metadata, complete)
-        for future in markers:
+        if completion is None:  # a marker was refused when queued: write the others, with retries
+            return self._send_markers_and_complete(transactional_id, coordinator_epoch, committed, metadata, complete,
+                                                   queued=markers)
+        for future in markers.values():
             error = self._marker_error(transactional_id, metadata, None, future.result().error)
             if error is not None:
                 return error
@@ -426,43 +427,49 @@ class TransactionCoordinator:
 
     def _queue_markers_and_complete(self, transactional_id: str, coordinator_epoch: int, committed: bool,
                                     prepared: TxnTransitMetadata, complete: TxnTransitMetadata,
-                                    decided: TxnLogAppend) -> tuple[list[Future], TxnLogAppend | None]:
+                                    decided: TxnLogAppend) -> tuple[dict[tuple[str, int], Future], TxnLogAppend | None]:
         """Queue the markers of a transaction whose Prepare record is queued (``decided``), then
-        its Complete record. Returns the markers' futures and the queued Complete record; None
-        instead of the latter when the Prepare record or a marker was refused at once (nothing
-        more is queued then: the caller waits for the Prepare record and writes the markers
-        again, with retries)."""
+        its Complete record. Returns the queued markers' futures by partition and the queued
+        Complete record; None instead of the latter when the Prepare record or a marker was
+        refused at once (nothing more is queued then: the caller waits for the Prepare record
+        and writes the other markers, with retries)."""
         if _refused_at_once(decided):
-            return [], None
+            return {}, None
         (answer,) = self.broker.append_txn_markers([TxnMarker(
             prepared.producer_id, prepared.producer_epoch, coordinator_epoch, committed,
             tuple(sorted(prepared.topic_partitions)))], urgent=False)
-        markers = [value for value in answer.values() if isinstance(value, Future)]
-        if len(markers) != len(answer) or any(f.done() and f.result().error != Errors.NO_ERROR for f in markers):
+        markers = {tp: value for tp, value in answer.items()
+                   if isinstance(value, Future) and not (value.done() and value.result().error != Errors.NO_ERROR)}
+        if len(markers) != len(answer):
+            self.broker.request_flush()  # no urgent Complete record follows: the caller waits for these
             return markers, None
         return markers, self.state.queue_transaction_to_log(transactional_id, coordinator_epoch, complete)
 
     def _send_markers_and_complete(self, transactional_id: str, coordinator_epoch: int, committed: bool,
-                                   metadata: TransactionMetadata, complete: TxnTransitMetadata) -> Errors:
+                                   metadata: TransactionMetadata, complete: TxnTransitMetadata,
+                                   queued: dict[tuple[str, int], Future] | None = None) -> Errors:
         """Write the markers to every partition of the transaction, then CompleteCommit/CompleteAbort
         (Kafka's ``TransactionMarkerChannelManager``). Retriable marker errors are retried; a
-        partition whose topic is gone is dropped from the transaction, as Kafka does.
+        partition whose topic is gone is dropped from the transaction, as Kafka does. ``queued``:
+        markers already queued (their partitions get no second marker).
 
         The markers are queued, and CompleteCommit/CompleteAbort is appended right behind them
         without waiting for their commit: the writer commits in queue order and stops at its
         first failed commit, so the Complete record is never durable without every marker
         before it (one commit instead of two on the EndTxn path).
         """
-        partitions = tuple(sorted(metadata.topic_partitions))
-        queued: list[Future] = []
-        remaining = partitions
+        already = queued or {}
+        queued_markers: list[Future] = list(already.values())
+        remaining = tuple(sorted(tp for tp in metadata.topic_partitions if tp not in already))
         for attempt in range(MARKER_RETRIES):
+            if not remaining:
+                break
             (answer,) = self.broker.append_txn_markers(
                 [TxnMarker(metadata.producer_id, metadata.producer_epoch, coordinator_epoch, committed, remaining)])
             retry = []
             for tp, value in answer.items():
                 if isinstance(value, Future):
-                    queued.append(value)
+                    queued_markers.append(value)
                     continue
                 error = self._marker_error(transactional_id, metadata, tp, value)
                 if error is not None:
@@ -478,7 +485,7 @@ class TransactionCoordinator:
                 metadata.pending_state = None
             return Errors.COORDINATOR_NOT_AVAILABLE
         completed = self.state.append_transaction_to_log(transactional_id, coordinator_epoch, complete)
-        for future in queued:
+        for future in queued_markers:
             error = self._marker_error(transactional_id, metadata, None, future.result().error)
             if error is not None:
                 assert completed != Errors.NO_ERROR, "a Complete record was committed before a failed marker"

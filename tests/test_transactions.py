@@ -1,6 +1,7 @@
 """Transactions end to end (KIP-98): the transactional producer's state machine, the
 transaction coordinator's answers in each state, fencing, timeouts, and recovery."""
 
+import threading
 import time
 
 import pyarrow as pa
@@ -225,6 +226,34 @@ def test_timed_out_transaction_is_aborted_and_its_producer_fenced(conf):
     with pytest.raises(KafkaException) as fenced:
         p.commit_transaction(10)
     assert fenced.value.args[0].fatal() and code(fenced) == KafkaError.PRODUCER_FENCED
+
+
+def test_end_txn_with_a_refused_marker_does_not_wait_for_the_linger(storage):
+    """A marker refused when queued (its topic was deleted) leaves no urgent Complete record
+    behind the non-urgent PrepareCommit: EndTxn asks the writer to flush at once, then writes
+    the markers again, dropping the deleted partition (Kafka does the same). With a 60 s linger,
+    waiting for it would outlast the 20 s this test allows."""
+    b = Broker(storage.object_store(), BrokerConfig(flush_linger_ms=60_000, lease_ms=60_000, transaction=dict(TXN_CONF)))
+    try:
+        b.create_topics([("out", 1, {}), ("gone", 1, {})])
+        c = b.transaction_coordinator()
+        _, pid, epoch = c.handle_init_producer_id("x", 60_000)
+        assert set(c.handle_add_partitions_to_txn("x", pid, epoch, [("out", 0), ("gone", 0)]).values()) == {Errors.NO_ERROR}
+        results = b.produce([ProduceBatch("out", 0, rows("a"), pid, epoch, 0, is_transactional=True, urgent=True),
+                             ProduceBatch("gone", 0, rows("b"), pid, epoch, 0, is_transactional=True, urgent=True)])
+        assert [r.error for r in results] == [Errors.NO_ERROR, Errors.NO_ERROR]
+        assert b.delete_topics(["gone"])[0][0] == Errors.NO_ERROR
+        answer = []
+        worker = threading.Thread(target=lambda: answer.append(c.handle_end_txn("x", pid, epoch, True)), daemon=True)
+        worker.start()
+        worker.join(20)
+        assert answer == [Errors.NO_ERROR]
+        md = c.state.get_transaction_state("x").transaction_metadata
+        assert md.state is TransactionState.COMPLETE_COMMIT and md.topic_partitions == set()
+        part = b.catalog.state.partition("out", 0)
+        assert (part.high_watermark, part.last_stable_offset) == (2, 2)  # the record, then its COMMIT marker
+    finally:
+        b.close()
 
 
 @pytest.mark.parametrize("crash_after", ["prepare", "some_markers"])
