@@ -14,6 +14,7 @@ from txlake import (AdminClient, Consumer, HangingTransaction, KafkaError, Kafka
                     PartitionProducerState, Producer, ProducerState, TopicPartition, TransactionDescription,
                     TransactionListing)
 from txlake.catalog.catalog import Catalog
+from txlake.catalog.storage import ObjectStore
 from txlake.engine.errors import Errors
 from txlake.engine.registry import close_all
 from txlake.engine.transaction_admin import ActiveProducer, DescribedTransaction, OpenTransaction, hanging_transactions
@@ -314,24 +315,78 @@ def test_hanging_transaction_from_lost_coordinator_state_is_found_and_aborted(st
     close_all()
 
 
-def test_abort_needs_the_writer_lease(tmp_path):
+def test_abort_is_refused_when_the_lease_holder_does_not_take_the_hand_over(tmp_path):
     from txlake.engine.broker import Broker, BrokerConfig
-    from txlake.catalog.storage import ObjectStore
+    from txlake.engine.handoff import REQUESTS_PREFIX
 
     url = f"file://{tmp_path}/root"
     with AdminClient({"storage.url": url}) as admin:
         admin.create_topics([NewTopic("out", 1)])["out"].result()
     close_all()
-    other = Broker(ObjectStore(url), BrokerConfig(lease_ms=60_000))   # another process, as far as the registry knows
+    # another process, as far as the registry knows, that looks for hand-overs once a minute
+    other = Broker(ObjectStore(url), BrokerConfig(lease_ms=60_000, handoff_poll_ms=60_000))
     other.ensure_writer()
     try:
         with AdminClient({"storage.url": url}) as admin:
             assert admin.find_hanging_transactions() == [] and admin.list_transactions().result() == []
             with pytest.raises(KafkaException) as held:
-                admin.abort_transaction(OUT0, 5, 0, 0).result()
+                admin.abort_transaction(OUT0, 5, 0, 0, request_timeout=1).result()
             assert code(held) == KafkaError.NOT_LEADER_OR_FOLLOWER
+            assert "did not take it within 1 s" in held.value.args[0].str()
+            assert other.store.list(REQUESTS_PREFIX) == []          # withdrawn: it will never run
+            assert other.catalog.state.partition("out", 0).high_watermark == 0
     finally:
         other.close()
+        close_all()
+
+
+_HOLDER = """
+import sys
+from txlake import Producer
+p = Producer({"storage.url": sys.argv[1], "transactional.id": "app", "storage.handoff.poll.ms": 50})
+p.init_transactions(30)
+p.begin_transaction()
+p.produce("out", value=b"h0", partition=0)
+p.produce("out", value=b"h1", partition=0)
+p.flush(30)
+print("ready", flush=True)
+sys.stdin.read()   # hold the writer lease (and serve hand-overs) until the test closes stdin
+"""
+
+
+def test_abort_from_another_process_is_written_by_the_lease_holder(tmp_path):
+    """kafka-transactions.sh abort against a running application: the process that holds the
+    writer lease (here a subprocess with an open transaction) writes the ABORT marker handed
+    over to it; the answers are those of a local abort."""
+    import subprocess
+    import sys
+
+    url = f"file://{tmp_path}/root"
+    with AdminClient({"storage.url": url}) as admin:
+        admin.create_topics([NewTopic("out", 1)])["out"].result()
+    close_all()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with AdminClient({"storage.url": url}) as admin:
+            assert not admin._broker.is_writer
+            (app,) = producers(admin, OUT0)
+            assert (app.producer_epoch, app.current_transaction_start_offset) == (0, 0)
+            with pytest.raises(KafkaException) as stale:      # answered by the holder's engine
+                admin.abort_transaction(OUT0, app.producer_id, app.producer_epoch - 1, 0).result()
+            assert code(stale) == KafkaError.INVALID_PRODUCER_EPOCH
+            assert admin.abort_transaction(OUT0, app.producer_id, app.producer_epoch, 0).result() is None
+            assert not admin._broker.is_writer
+        state = Catalog.open(ObjectStore(url)).state.partition("out", 0)
+        assert (state.high_watermark, state.last_stable_offset) == (3, 3)   # h0, h1, the ABORT marker
+        assert [(a.producer_id, a.first_offset, a.last_offset) for a in state.aborted_transactions] == \
+            [(app.producer_id, 0, 2)]
+        assert read({"storage.url": url}, 0, "read_committed") == []
+        assert read({"storage.url": url}, 0, "read_uncommitted") == [b"h0", b"h1"]
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
         close_all()
 
 

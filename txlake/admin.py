@@ -365,7 +365,8 @@ class AdminClient:
 
         Only for a transaction the coordinator will never end (see
         :meth:`find_hanging_transactions`): a live transaction's records on the partition
-        would be aborted under the producer's feet. Takes the writer lease.
+        would be aborted under the producer's feet. Takes the writer lease, or hands the
+        marker to the process that holds it (below).
 
         Args:
             coordinator_epoch: written into the marker; use the producer's coordinator epoch
@@ -378,7 +379,13 @@ class AdminClient:
             UNKNOWN_TOPIC_OR_PART; INVALID_PRODUCER_EPOCH (47, the producer has a newer
             epoch on the partition); TRANSACTION_COORDINATOR_FENCED (52, a marker with a newer
             coordinator epoch was written for it); NOT_LEADER_OR_FOLLOWER (another process
-            holds the writer lease); REQUEST_TIMED_OUT.
+            holds the writer lease and did not take the hand-over in time); REQUEST_TIMED_OUT;
+            UNKNOWN_SERVER_ERROR (the lease holder failed while writing the marker).
+
+        When another process holds the writer lease (a running application, the usual case for
+        a hanging transaction), the abort is handed to it through the storage root
+        (engine/handoff.py, kind ``txn.abort``) and written by its engine: the same marker
+        and answers, as Kafka's WriteTxnMarkers goes to whichever broker leads the partition.
 
         Raises:
             TypeError: ``partition`` is not a TopicPartition.
@@ -386,15 +393,39 @@ class AdminClient:
         if not isinstance(partition, TopicPartition):
             raise TypeError("Expected a TopicPartition")
         timeout_ms = 30_000 if request_timeout is None or request_timeout < 0 else int(request_timeout * 1000)
-        tp = (partition.topic, partition.partition)
-        (answer,) = self._transactions().handle_write_txn_markers(
-            [TxnMarker(int(producer_id), int(producer_epoch), int(coordinator_epoch), False, (tp,))], timeout_ms)
-        error, message = answer[tp]
+        marker = TxnMarker(int(producer_id), int(producer_epoch), int(coordinator_epoch), False,
+                           ((partition.topic, partition.partition),))
+        error, message = self._write_abort_marker(marker, timeout_ms)
+        if error == Errors.NOT_LEADER_OR_FOLLOWER:
+            error, message = self._hand_over_abort_marker(marker, timeout_ms, message)
         if error == Errors.NO_ERROR:
             fut: Future = Future()
             fut.set_result(None)
             return fut
         return _failed(KafkaException(KafkaError(error, message)))
+
+    def _write_abort_marker(self, marker: TxnMarker, timeout_ms: int) -> tuple[Errors, str]:
+        """WriteTxnMarkers of one ABORT marker to its one partition, on this process's engine."""
+        (answer,) = self._transactions().handle_write_txn_markers([marker], timeout_ms)
+        return answer[marker.partitions[0]]
+
+    def _hand_over_abort_marker(self, marker: TxnMarker, timeout_ms: int, held: str) -> tuple[Errors, str]:
+        """Have the writer-lease holder write the ABORT marker (``held``: why this process could not)."""
+        from txlake.engine.handoff import HandoffCancelled, HandoffError, submit
+        from txlake.handoff_handlers import TXN_ABORT
+
+        (topic, partition), = marker.partitions
+        payload = {"topic": topic, "partition": partition, "producer_id": marker.producer_id,
+                   "producer_epoch": marker.producer_epoch, "coordinator_epoch": marker.coordinator_epoch,
+                   "timeout_ms": timeout_ms}
+        try:
+            answer = submit(self._broker.store, TXN_ABORT, payload, timeout_ms / 1000)
+        except HandoffCancelled:
+            return Errors.NOT_LEADER_OR_FOLLOWER, (f"{held}; the abort was handed to that process, which did not "
+                                                   f"take it within {timeout_ms / 1000:.0f} s")
+        except HandoffError as exc:
+            return Errors.UNKNOWN_SERVER_ERROR, f"the writer-lease holder failed to write the ABORT marker: {exc}"
+        return Errors(answer["error"]), answer["message"]
 
     def find_hanging_transactions(self, partitions: list[TopicPartition] | None = None,
                                   max_transaction_timeout_ms: int | None = None) -> list[HangingTransaction]:
@@ -469,3 +500,14 @@ def _list_arg(value, name: str, kind: type) -> list:
 def _producer_state(a: ActiveProducer) -> ProducerState:
     return ProducerState(a.producer_id, a.producer_epoch, a.last_sequence, a.last_timestamp, a.coordinator_epoch,
                          a.current_txn_start_offset)
+
+
+def abort_handed_over(conf: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    """The writer-lease holder's side of a handed-over :meth:`AdminClient.abort_transaction`
+    (engine/handoff.py kind ``txn.abort``): write the ABORT marker with this process's engine
+    (``conf`` names the holder's storage root) and answer ``{"error": code, "message": str}``."""
+    marker = TxnMarker(int(payload["producer_id"]), int(payload["producer_epoch"]), int(payload["coordinator_epoch"]),
+                       False, ((str(payload["topic"]), int(payload["partition"])),))
+    with AdminClient(conf) as admin:
+        error, message = admin._write_abort_marker(marker, int(payload["timeout_ms"]))
+    return {"error": int(error), "message": message}

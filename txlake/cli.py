@@ -379,7 +379,8 @@ def transactions() -> None:
     describe a partition's producers, find and abort hanging transactions.
 
     The reading commands never take the writer lease: in a process that is not the writer
-    they show the last committed state. `abort` writes a marker and takes the lease.
+    they show the last committed state. `abort` writes a marker: it takes the lease, or hands
+    the marker to the process that holds it.
     """
 
 
@@ -538,7 +539,8 @@ def transactions_abort(ctx: click.Context, topic: str, partition: int, start_off
                        producer_id: int | None, producer_epoch: int | None, coordinator_epoch: int | None) -> None:
     """Abort a hanging transaction on one partition: write the ABORT marker its coordinator
     never will. Its records become aborted (read_committed skips them) and the partition's
-    LSO moves past them. Takes the writer lease."""
+    LSO moves past them. Takes the writer lease, or hands the marker to the process that holds
+    it (a running application) to write."""
     from . import AdminClient, TopicPartition
 
     if start_offset is None and producer_id is None:

@@ -10,6 +10,8 @@ handlers are registered here, when txlake is imported, so that any process using
 * ``spark.compaction_swap`` -- the retention step and the segment swaps of a compaction run
   as a Spark job (txlake/spark_connector/compaction_job.py), committed on this process's
   engine; needs no pyspark here.
+* ``txn.abort`` -- the ABORT marker of ``AdminClient.abort_transaction`` (``txlake
+  transactions abort``, KIP-664) run from another process, written by this process's engine.
 """
 
 from __future__ import annotations
@@ -41,3 +43,15 @@ def _spark_compaction_swap(store: ObjectStore, payload: dict) -> dict:
 
 
 register_handler(SPARK_COMPACTION_SWAP, _spark_compaction_swap)
+
+
+TXN_ABORT = "txn.abort"
+
+
+def _txn_abort(store: ObjectStore, payload: dict) -> dict:
+    from txlake.admin import abort_handed_over
+
+    return abort_handed_over({"storage.url": store.url, "storage.options": dict(store.storage_options)}, payload)
+
+
+register_handler(TXN_ABORT, _txn_abort)
