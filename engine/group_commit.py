@@ -224,7 +224,8 @@ class GroupCommitter:
         of flushes already under way."""
         with self.lock:
             futures = [p.future for p in self._pending] + [p.future for taken in self._taken.values() for p in taken]
-        self.request_flush()  # (nothing queued: no request left behind to cut a later batch's linger short)
+        # only when something is queued: a request left behind would cut a later batch's linger short
+        self.request_flush()
         for fut in futures:
             fut.exception(timeout=timeout_ms / 1000)
 

@@ -418,7 +418,7 @@ class TransactionCoordinator:
         assert prepared == complete, f"the queued Complete record {complete} differs from the transition {prepared}"
         if completion is None:  # a marker was refused when queued: write the others, with retries
             return self._send_markers_and_complete(transactional_id, coordinator_epoch, committed, metadata, complete,
-                                                   queued=markers)
+                                                   already_queued=markers)
         for future in markers.values():
             error = self._marker_error(transactional_id, metadata, None, future.result().error)
             if error is not None:
@@ -447,20 +447,20 @@ class TransactionCoordinator:
 
     def _send_markers_and_complete(self, transactional_id: str, coordinator_epoch: int, committed: bool,
                                    metadata: TransactionMetadata, complete: TxnTransitMetadata,
-                                   queued: dict[tuple[str, int], Future] | None = None) -> Errors:
+                                   already_queued: dict[tuple[str, int], Future] | None = None) -> Errors:
         """Write the markers to every partition of the transaction, then CompleteCommit/CompleteAbort
         (Kafka's ``TransactionMarkerChannelManager``). Retriable marker errors are retried; a
-        partition whose topic is gone is dropped from the transaction, as Kafka does. ``queued``:
-        markers already queued (their partitions get no second marker).
+        partition whose topic is gone is dropped from the transaction, as Kafka does.
+        ``already_queued``: markers queued before (their partitions get no second marker).
 
         The markers are queued, and CompleteCommit/CompleteAbort is appended right behind them
         without waiting for their commit: the writer commits in queue order and stops at its
         first failed commit, so the Complete record is never durable without every marker
         before it (one commit instead of two on the EndTxn path).
         """
-        already = queued or {}
-        queued_markers: list[Future] = list(already.values())
-        remaining = tuple(sorted(tp for tp in metadata.topic_partitions if tp not in already))
+        already_queued = already_queued or {}
+        queued: list[Future] = list(already_queued.values())
+        remaining = tuple(sorted(tp for tp in metadata.topic_partitions if tp not in already_queued))
         for attempt in range(MARKER_RETRIES):
             if not remaining:
                 break
@@ -469,7 +469,7 @@ class TransactionCoordinator:
             retry = []
             for tp, value in answer.items():
                 if isinstance(value, Future):
-                    queued_markers.append(value)
+                    queued.append(value)
                     continue
                 error = self._marker_error(transactional_id, metadata, tp, value)
                 if error is not None:
@@ -485,7 +485,7 @@ class TransactionCoordinator:
                 metadata.pending_state = None
             return Errors.COORDINATOR_NOT_AVAILABLE
         completed = self.state.append_transaction_to_log(transactional_id, coordinator_epoch, complete)
-        for future in queued_markers:
+        for future in queued:
             error = self._marker_error(transactional_id, metadata, None, future.result().error)
             if error is not None:
                 assert completed != Errors.NO_ERROR, "a Complete record was committed before a failed marker"
