@@ -14,6 +14,17 @@ finds commits reads further ahead in parallel -- 2, 4, ... up to :data:`MAX_READ
 numbers at a time -- so catching up on a tail of commits (up to a checkpoint interval when
 a process starts) takes a few round trips instead of one per commit, while a reader with
 nothing new still costs one GET per look.
+
+Old commits are deleted once a checkpoint covers them and they are older than the catalog
+log retention (:mod:`.log_cleanup`; Delta Lake's expired-log cleanup). Probing by number
+stays safe because every view keeps the time it last *confirmed* it was current (the next
+number was absent, or its own commit created it): a commit created after that moment is
+younger than :data:`TAIL_STALE_MS`, and the cleanup deletes no commit younger than
+:data:`MIN_LOG_RETENTION_MS`, twice as long. A view that has not confirmed for
+:data:`TAIL_STALE_MS` first looks for a checkpoint newer than its version and, when there is
+one, restarts from it before probing. So a lagging reader never stalls at a deleted number,
+and a zombie writer (paused past the retention) learns it was superseded before it could
+recreate a deleted number.
 """
 
 from __future__ import annotations
@@ -21,11 +32,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from txlake.formats.catalog_actions import CHECKPOINT_KIND, COMMIT_KIND, decode_actions, encode_actions
-from txlake.formats.errors import FormatError
+from txlake.formats.errors import CorruptObjectError, FormatError
 
 from .errors import CommitConflictError, WriterFencedError
 from .state import CatalogState
@@ -38,6 +50,21 @@ CHECKPOINTS_PREFIX = "_catalog/checkpoints/"
 DEFAULT_CHECKPOINT_INTERVAL = 100
 #: commit numbers a catching-up reader fetches at once, at most
 MAX_READ_AHEAD = 16
+#: a view that has not confirmed it is current for this long (ms) looks for a newer
+#: checkpoint before probing the next commit number (the module docstring says why)
+TAIL_STALE_MS = 15 * 60_000
+#: the cleanup never deletes a commit younger than this (ms): twice :data:`TAIL_STALE_MS`,
+#: so clocks may disagree by up to :data:`TAIL_STALE_MS` without a reader missing a commit
+MIN_LOG_RETENTION_MS = 2 * TAIL_STALE_MS
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def elapsed_clock() -> float:
+    """Seconds on a clock that keeps counting while the host is suspended (Linux CLOCK_BOOTTIME;
+    ``time.monotonic`` elsewhere): a process frozen with its host must count that time as
+    elapsed when it asks how long ago it last confirmed its view."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -71,6 +98,19 @@ def checkpoint_key(version: int) -> str:
     return f"{CHECKPOINTS_PREFIX}{version:020d}.parquet"
 
 
+def version_of(key: str) -> int | None:
+    """The version a commit or checkpoint key names (``..../00000000000000000100.parquet`` -> 100);
+    None for any other key."""
+    name = key.rsplit("/", 1)[-1]
+    stem, dot, ext = name.partition(".")
+    return int(stem) if dot and ext == "parquet" and stem.isdigit() else None
+
+
+def checkpoint_versions(store: ObjectStore) -> list[int]:
+    """The versions of the checkpoints under ``store``, ascending (one LIST)."""
+    return sorted(v for v in (version_of(o.key) for o in store.list(CHECKPOINTS_PREFIX)) if v is not None)
+
+
 class Catalog:
     """One process's view of a storage root's catalog log.
 
@@ -89,54 +129,109 @@ class Catalog:
         self.state = CatalogState()
         self.lock = threading.RLock()
         self._listeners: list[Callable[[int, list[dict[str, Any]]], None]] = []
+        #: :func:`elapsed_clock` time this view last knew it was current (None: never)
+        self._confirmed_at: float | None = None
+        #: ms after which an unconfirmed view looks for a newer checkpoint (tests shorten it)
+        self.tail_stale_ms = TAIL_STALE_MS
 
     # -- loading and tailing ---------------------------------------------------------
     @classmethod
     def open(cls, store: ObjectStore, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL) -> "Catalog":
         """Load the catalog: latest readable checkpoint, then every commit after it.
 
-        A corrupt checkpoint is skipped (the commits it summarises are still there);
+        A corrupt checkpoint is skipped when the commits it summarises are still there;
         a corrupt commit raises :class:`~txlake.formats.errors.CorruptObjectError`
         naming it, because skipping it would lose committed data.
+
+        Raises:
+            CorruptObjectError: a commit is unreadable, or the newest checkpoint is and the
+                commits it summarises were already cleaned up (:mod:`.log_cleanup`).
         """
         catalog = cls(store, checkpoint_interval)
-        catalog._load_checkpoint()
-        catalog.refresh()
+        with catalog.lock:
+            listed = checkpoint_versions(store)
+            catalog._load_checkpoint(listed)
+            catalog._tail()
+            newest = listed[-1] if listed else 0
+            if catalog.state.version < newest:
+                raise CorruptObjectError(
+                    store.uri(checkpoint_key(newest)),
+                    f"catalog checkpoint is unreadable and the commits it summarises from version "
+                    f"{catalog.state.version + 1} on were already cleaned up: the catalog cannot be loaded past version "
+                    f"{catalog.state.version}. Restore that checkpoint object from a backup.")
         return catalog
 
-    def _load_checkpoint(self) -> None:
-        keys = sorted((o.key for o in self.store.list(CHECKPOINTS_PREFIX) if o.key.endswith(".parquet")), reverse=True)
-        for key in keys:
+    def _load_checkpoint(self, versions: list[int]) -> bool:
+        """Replace the state by the newest readable checkpoint among ``versions`` that is newer
+        than this view; returns True if one was loaded."""
+        for version in sorted((v for v in versions if v > self.state.version), reverse=True):
+            key = checkpoint_key(version)
             try:
                 actions = decode_actions(self.store.get(key), CHECKPOINT_KIND, self.store.uri(key))
-                version = int(key.rsplit("/", 1)[-1].split(".")[0])
-            except (FormatError, ValueError) as exc:
+            except FormatError as exc:
                 log.warning("skipping unreadable catalog checkpoint %s: %s", self.store.uri(key), exc)
                 continue
             state = CatalogState(version=version)
             for action in actions:
                 state.apply(action)
             self.state = state
-            return
+            return True
+        return False
+
+    def _is_stale(self) -> bool:
+        return self._confirmed_at is None or (elapsed_clock() - self._confirmed_at) * 1000 > self.tail_stale_ms
+
+    def _catch_up_if_stale(self) -> bool:
+        """A view unconfirmed for :attr:`tail_stale_ms` restarts from a newer checkpoint, if
+        there is one (the commits between may be cleaned up). Returns True if it did."""
+        if not self._is_stale():
+            return False
+        if not self._load_checkpoint(checkpoint_versions(self.store)):
+            return False
+        log.info("catalog view of %s restarted from the checkpoint at version %d", self.store.url, self.state.version)
+        return True
 
     def refresh(self) -> bool:
         """Apply every commit written since the last look. Returns True if any was new.
+
+        A view that has not confirmed it is current for :attr:`tail_stale_ms` first restarts
+        from a newer checkpoint when there is one (then listeners are not called for the
+        commits it skipped).
 
         Raises:
             CorruptObjectError / UnsupportedFormatVersionError: a commit cannot be decoded
                 (naming it); the commits before it are applied.
         """
         with self.lock:
-            changed = False
-            ahead = 1
-            while True:
-                first = self.state.version + 1
-                for version, actions in self._read_commits(range(first, first + ahead)):
-                    if actions is None:  # numbers are taken in order: nothing after a missing one
-                        return changed
-                    self._apply(version, actions)
-                    changed = True
-                ahead = min(2 * ahead, MAX_READ_AHEAD)
+            jumped = self._catch_up_if_stale()
+            return self._tail() or jumped
+
+    def _tail(self) -> bool:
+        """Apply the commits after this view's version, up to the first missing number."""
+        changed = False
+        ahead = 1
+        while True:
+            first = self.state.version + 1
+            probed_at = elapsed_clock()
+            for version, actions in self._read_commits(range(first, first + ahead)):
+                if actions is None:  # numbers are taken in order: nothing after a missing one
+                    self._confirmed_at = probed_at  # absent since then, and all before it applied
+                    return changed
+                self._apply(version, actions)
+                changed = True
+            ahead = min(2 * ahead, MAX_READ_AHEAD)
+
+    def has_foreign_commit(self) -> bool:
+        """True if a commit exists after this view's version (one GET; a stale view also
+        lists the checkpoints). The writer's check that nobody else committed: it applies nothing."""
+        with self.lock:
+            if self._is_stale() and any(v > self.state.version for v in checkpoint_versions(self.store)):
+                return True
+            probed_at = elapsed_clock()
+            if self.store.get_or_none(commit_key(self.state.version + 1)) is not None:
+                return True
+            self._confirmed_at = probed_at
+            return False
 
     def _read_commit(self, version: int) -> list[dict[str, Any]] | None:
         """The actions of commit ``version``, or None when it does not exist (yet)."""
@@ -184,10 +279,13 @@ class Catalog:
         """
         assert actions, "a commit holds at least one action"
         with self.lock:
+            if self._catch_up_if_stale() and lease_epoch is None:
+                self._tail()  # acquiring: the lease check below is the caller's, on the current state
             if lease_epoch is not None:
                 self._check_lease(lease_epoch)
             version = self.state.version + 1
             data = encode_actions(list(actions), COMMIT_KIND, version)
+            written_at = elapsed_clock()
             if not self.store.put_if_absent(commit_key(version), data):
                 self.refresh()
                 if lease_epoch is not None:
@@ -195,6 +293,7 @@ class Catalog:
                 raise CommitConflictError(
                     f"catalog commit {version} at {self.store.uri(commit_key(version))} was written by another process"
                 )
+            self._confirmed_at = written_at
             self._apply(version, list(actions))
             if version % self.checkpoint_interval == 0:
                 self.write_checkpoint()

@@ -548,6 +548,31 @@ class ObjectStore:
         finally:
             self._invalidate(path)
 
+    def delete_many(self, keys: list[str]) -> None:
+        """Delete every object in ``keys``; missing ones are not an error.
+
+        On S3 this is one DeleteObjects request per 1000 keys (s3fs batches them);
+        elsewhere one delete per key.
+
+        Raises:
+            ValueError: an invalid key.
+            StorageError: any backend failure, naming the first key's url.
+        """
+        if not keys:
+            return
+        if self.protocol not in _S3_PROTOCOLS:
+            for key in keys:
+                self.delete(key)
+            return
+        paths = [self.fs_path(key) for key in keys]
+        try:
+            with self._errors("delete", self.uri(keys[0])):
+                self.fs.rm(paths)
+        except ObjectNotFoundError:
+            pass
+        finally:
+            self._invalidate()
+
     # ------------------------------------------------------------------- reads
 
     def get(self, key: str) -> bytes:

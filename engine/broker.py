@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from txlake.catalog.catalog import Catalog, commit_key
+from txlake.catalog.catalog import Catalog
 from txlake.catalog.errors import (CatalogError, InvalidConfigError, InvalidTopicError, UnknownTopicError,
                                    WriterFencedError, WriterLeaseHeldError)
 from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK, REMOVE_SEGMENT,
@@ -208,7 +208,7 @@ class Broker:
         self._last_refresh = now
         if self.is_writer:
             with self._commit_lock:
-                if self.store.get_or_none(commit_key(self.catalog.version + 1)) is None:
+                if not self.catalog.has_foreign_commit():
                     return False
                 self._set_fatal(WriterFencedError(
                     f"another process committed to {self.store.url} after catalog version {self.catalog.version}: "

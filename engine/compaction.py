@@ -10,7 +10,9 @@ One round (:func:`compact`) does, in the writer and in this order:
 3. **Small-file merge**: :func:`txlake.engine.segment_merge.plan_merges` /
    :func:`~txlake.engine.segment_merge.replace_segments`.
 4. **Object cleaning**: retired objects past ``file.delete.delay.ms`` and orphans past
-   ``storage.orphan.grace.ms`` are deleted (:mod:`.object_cleaner`).
+   ``storage.orphan.grace.ms`` are deleted (:mod:`.object_cleaner`), and so are the catalog
+   commits and checkpoints a kept checkpoint covers once older than
+   ``storage.catalog.retention.ms`` (:mod:`txlake.catalog.log_cleanup`).
 
 Every commit goes through the writer's lease and commit lock (``Broker.commit_under_lock``,
 ``Broker.delete_records``), so it serialises with flushes; only segments already in the
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from txlake.catalog.errors import UnknownTopicError
+from txlake.catalog.log_cleanup import clean_catalog_log
 from txlake.catalog.state import CatalogState, PartitionState, SegmentInfo
 from txlake.catalog.topic_config import cleanup_policies, effective_config
 
@@ -81,6 +84,9 @@ class CompactionSummary:
         deleted_objects: retired objects deleted (their grace had passed).
         orphans_deleted: never-committed objects deleted (older than ``storage.orphan.grace.ms``).
         pending_deletion: retired objects still within their grace.
+        catalog_commits_deleted / catalog_checkpoints_deleted: catalog commits and checkpoints
+            deleted because a kept checkpoint covers them and they are older than
+            ``storage.catalog.retention.ms`` (:mod:`txlake.catalog.log_cleanup`).
         skipped: rewrites not committed because their segments changed meanwhile.
     """
 
@@ -99,6 +105,8 @@ class CompactionSummary:
     deleted_objects: int = 0
     orphans_deleted: int = 0
     pending_deletion: int = 0
+    catalog_commits_deleted: int = 0
+    catalog_checkpoints_deleted: int = 0
     skipped: int = 0
 
     @property
@@ -372,6 +380,9 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
             summary.deleted_objects = len(cleanup.deleted)
             summary.orphans_deleted = len(cleanup.orphans)
             summary.pending_deletion = len(cleanup.pending)
+            log_cleanup = clean_catalog_log(broker.catalog, broker.config.catalog_retention_ms, now, dry_run)
+            summary.catalog_commits_deleted = len(log_cleanup.commits)
+            summary.catalog_checkpoints_deleted = len(log_cleanup.checkpoints)
         if progress is not None:
             progress("cleaning", 1, 1)
         measure_after(broker, names, sizes, summary, planned if dry_run else None)

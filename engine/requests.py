@@ -34,6 +34,9 @@ class BrokerConfig:
         compaction_batch_bytes: catalog bytes of segments a compaction round reads together
             (each object once for all the partitions it holds); a round's peak memory is
             about 2.5 times this.
+        catalog_retention_ms: catalog commits and checkpoints a newer checkpoint covers are
+            deleted by the compaction round once older than this (ms; at least 30 minutes,
+            :mod:`txlake.catalog.log_cleanup`).
         handoff_poll_ms: how often (ms) the lease holder looks for writes handed over to it
             by other processes (engine/handoff.py).
         row_group_rows: rows per Parquet row group; compression: Parquet codec.
@@ -55,6 +58,7 @@ class BrokerConfig:
     file_delete_delay_ms: int = 3_600_000
     compaction_interval_ms: int = 300_000
     compaction_batch_bytes: int = 512 * 1024 * 1024
+    catalog_retention_ms: int = 3_600_000
     handoff_poll_ms: int = 500
     row_group_rows: int = 1024 * 1024
     compression: str = "snappy"

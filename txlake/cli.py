@@ -1082,6 +1082,8 @@ def _print_compaction_summary(console, summary, elapsed: float) -> None:
     console.print(f"Replaced objects {would}deleted: {summary.deleted_objects:,} "
                   f"({summary.pending_deletion:,} waiting for storage.file.delete.delay.ms)")
     console.print(f"Orphaned objects {would}deleted: {summary.orphans_deleted:,}")
+    console.print(f"Catalog commits {would}deleted: {summary.catalog_commits_deleted:,} "
+                  f"(and {summary.catalog_checkpoints_deleted:,} checkpoints; older than storage.catalog.retention.ms)")
 
 
 # ------------------------------------------------------------------ demo

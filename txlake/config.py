@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from txlake.catalog.catalog import MIN_LOG_RETENTION_MS
+from txlake.catalog.log_cleanup import DEFAULT_LOG_RETENTION_MS
 from txlake.engine.requests import BrokerConfig
 
 from .error import KafkaError, kafka_exception
@@ -100,6 +102,7 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "storage.file.delete.delay.ms": (_int(0), 3_600_000),
     "storage.compaction.interval.ms": (_int(0), 300_000),
     "storage.compaction.batch.bytes": (_int(1024 * 1024), 512 * 1024 * 1024),
+    "storage.catalog.retention.ms": (_int(MIN_LOG_RETENTION_MS), DEFAULT_LOG_RETENTION_MS),
     "storage.handoff.poll.ms": (_int(10, 60_000), 500),
     "storage.handoff.timeout.ms": (_int(100, 3_600_000), 30_000),
     "num.partitions": (_int(1), 1),
@@ -213,6 +216,7 @@ class ClientConfig:
             file_delete_delay_ms=v["storage.file.delete.delay.ms"],
             compaction_interval_ms=v["storage.compaction.interval.ms"],
             compaction_batch_bytes=v["storage.compaction.batch.bytes"],
+            catalog_retention_ms=v["storage.catalog.retention.ms"],
             producer_id_expiration_ms=v["producer.id.expiration.ms"],
             producer_id_expiration_check_interval_ms=v["producer.id.expiration.check.interval.ms"],
             transaction={k: v[k] for k in TRANSACTION_BROKER_KEYS},
