@@ -66,3 +66,30 @@ def test_only_dry_run_while_another_process_is_the_writer(storage, writer_procs)
     assert "Segment merges would be done: 1" in plan, plan
     done = w.request("compact", "compacted")  # the writer compacts itself
     assert done["merges"] == 1 and done["objects_after"] == 1
+
+
+@file_only
+def test_compact_deletes_catalog_commits_older_than_the_retention(storage, close_engines):
+    import os
+    import time
+
+    from txlake.engine.registry import close_all
+
+    produce_varied_log(storage, "t", partitions=1, flushes=5, per_flush=3, transactions=False,
+                       extra_conf={"storage.checkpoint.interval": 3})
+    close_all()  # the writer exits; the command takes the lease
+    store = storage.object_store()
+    aged = fresh_catalog(storage).version
+    newest = aged - aged % 3
+    assert [o.key for o in store.list("_catalog/checkpoints/")] == [
+        f"_catalog/checkpoints/{v:020d}.parquet" for v in range(3, newest + 1, 3)]
+    two_hours_ago = time.time() - 7200
+    for o in store.list("_catalog/"):  # as if all written two hours ago (the retention is one hour)
+        os.utime(store.fs_path(o.key), (two_hours_ago, two_hours_ago))
+    floor = newest - 3  # the newest expired checkpoint stays, and the one below it is the floor
+    out = _run(storage).stdout
+    assert (f"Catalog commits deleted: {floor} (and {floor // 3 - 1} checkpoints; older than "
+            "storage.catalog.retention.ms)") in out
+    versions = [int(o.key.rsplit("/", 1)[-1].split(".")[0]) for o in store.list("_catalog/commits/")]
+    assert versions == list(range(floor + 1, versions[-1] + 1)) and versions[-1] > aged
+    assert fresh_catalog(storage).version == versions[-1]

@@ -255,3 +255,50 @@ def test_a_reader_of_an_old_snapshot_with_a_log_reader_cache(storage, close_engi
     compact(writer_broker(storage))
     rest = reader.read("q", 0, 7, 15)
     assert first.column("offset").to_pylist() + rest.column("offset").to_pylist() == list(range(15))
+
+
+@pytest.mark.parametrize("backend", ["file", pytest.param("s3", marks=pytest.mark.s3)])
+def test_catalog_commits_a_kept_checkpoint_covers_go_after_the_retention(storage, close_engines):
+    """Every flush is a catalog commit: a round deletes those a kept checkpoint covers once older
+    than ``storage.catalog.retention.ms``, and readers starting afterwards read the same records."""
+    from txlake import Consumer, TopicPartition
+    from txlake import duckdb as txduck
+    from txlake.catalog.log_cleanup import DEFAULT_LOG_RETENTION_MS
+
+    extra = {"storage.checkpoint.interval": 4}
+    conf = produce_varied_log(storage, "t", partitions=2, flushes=6, per_flush=4, extra_conf=extra)
+    expected = committed_tables(storage, "t")
+    broker = writer_broker(storage, extra)
+    young = compact(broker, now_ms=_now())
+    assert (young.catalog_commits_deleted, young.catalog_checkpoints_deleted) == (0, 0)
+    store = storage.object_store()
+    assert store.exists("_catalog/commits/00000000000000000001.parquet")
+
+    later = compact(broker, now_ms=_now() + DEFAULT_LOG_RETENTION_MS + 60_000)
+    version = broker.catalog.version
+    floor = 4 * (version // 4 - 1)  # every checkpoint is expired: the floor is the one below the newest
+    assert (later.catalog_commits_deleted, later.catalog_checkpoints_deleted) == (floor, floor // 4 - 1)
+    assert [o.key for o in store.list("_catalog/checkpoints/")] == [
+        f"_catalog/checkpoints/{v:020d}.parquet" for v in (floor, floor + 4)]
+    assert [o.key for o in store.list("_catalog/commits/")] == [
+        f"_catalog/commits/{v:020d}.parquet" for v in range(floor + 1, version + 1)]
+
+    # new readers: a catalog view, DuckDB and a consumer see every record, exactly
+    fresh = fresh_catalog(storage)
+    assert fresh.version == version
+    assert all(committed_tables(storage, "t", fresh)[p].equals(t) for p, t in expected.items())
+    con = txduck.connect(storage.url, storage.options, isolation_level="read_uncommitted")
+    rows = con.execute("SELECT partition, \"offset\" FROM t ORDER BY partition, \"offset\"").fetchall()
+    con.close()
+    data = {p: [o for o, c in zip(t.column("offset").to_pylist(), t.column("is_control").to_pylist()) if not c]
+            for p, t in expected.items()}
+    assert rows == [(p, o) for p in sorted(data) for o in data[p]]
+    with Consumer({**conf, "group.id": "after-cleanup", "isolation.level": "read_uncommitted"}) as c:
+        c.assign([TopicPartition("t", p, 0) for p in expected])
+        got: dict[int, list[int]] = {p: [] for p in expected}
+        deadline = time.monotonic() + 30
+        while sum(map(len, got.values())) < sum(map(len, data.values())) and time.monotonic() < deadline:
+            for m in c.consume(100, 0.1):
+                assert m.error() is None
+                got[m.partition()].append(m.offset())
+    assert got == data
