@@ -187,23 +187,29 @@ class TransactionAdmin:
 
     # ------------------------------------------------------------------ ListTransactions
     def handle_list_transactions(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = (),
-                                 duration_filter_ms: int = -1) -> ListTransactionsResult:
-        """ListTransactions (KIP-664; KIP-994 adds the duration filter).
+                                 duration_filter_ms: int = -1,
+                                 transactional_id_pattern: str | None = None) -> ListTransactionsResult:
+        """ListTransactions (KIP-664; KIP-994 adds the duration filter, KIP-1152 the
+        transactional id pattern).
 
         Args:
             state_filters: Kafka state names; empty = every state (Dead is never listed).
             producer_id_filters: producer ids; empty = every producer.
             duration_filter_ms: >= 0 keeps only transactions running longer than this (ms,
                 now - transaction start time); < 0 = no filter.
+            transactional_id_pattern: a regular expression the whole transactional id must
+                match; None or empty = no filter.
 
         Returns:
-            ``(error, transaction_states, unknown_state_filters)`` with Kafka's error codes.
+            ``(error, transaction_states, unknown_state_filters)`` with Kafka's error codes
+            (INVALID_REGULAR_EXPRESSION for a pattern that does not compile).
         """
         try:
             state, _ = self._coordinator_state()
         except ApiError as exc:
             return ListTransactionsResult(exc.error, [], [])
-        return state.list_transaction_states(producer_id_filters, state_filters, duration_filter_ms)
+        return state.list_transaction_states(producer_id_filters, state_filters, duration_filter_ms,
+                                             filter_transactional_id_pattern=transactional_id_pattern)
 
     # ------------------------------------------------------------------ DescribeTransactions
     def handle_describe_transactions(self, transactional_ids: Iterable[str]) -> list[DescribedTransaction]:

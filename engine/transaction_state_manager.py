@@ -27,6 +27,7 @@ own lock; the state lock is always taken before a metadata lock, never the other
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -482,12 +483,22 @@ class TransactionStateManager:
         return result
 
     def list_transaction_states(self, filter_producer_ids: Iterable[int] = (), filter_state_names: Iterable[str] = (),
-                                filter_duration_ms: int = -1, now: int | None = None) -> ListTransactionsResult:
+                                filter_duration_ms: int = -1, now: int | None = None,
+                                filter_transactional_id_pattern: str | None = None) -> ListTransactionsResult:
         """ListTransactions (KIP-664, Kafka's ``listTransactionStates``).
 
         Dead transactions are never listed; a duration filter keeps transactions running
-        longer than ``filter_duration_ms`` (by start time); unknown state names are reported.
+        longer than ``filter_duration_ms`` (by start time); a transactional id pattern
+        (KIP-1152) keeps ids the regular expression matches whole (Java's
+        ``Matcher.matches``), None or empty = no filter; unknown state names are reported.
+        Every filter given must hold. An invalid pattern answers INVALID_REGULAR_EXPRESSION.
         """
+        pattern = None
+        if filter_transactional_id_pattern:
+            try:
+                pattern = re.compile(filter_transactional_id_pattern)
+            except re.error:
+                return ListTransactionsResult(Errors.INVALID_REGULAR_EXPRESSION, [], [])
         now = self.time_ms() if now is None else now
         producer_ids = set(filter_producer_ids)
         state_names = list(filter_state_names)
@@ -507,6 +518,8 @@ class TransactionStateManager:
                         if state_names and md.state not in states:
                             continue
                         if filter_duration_ms >= 0 and now - md.txn_start_timestamp <= filter_duration_ms:
+                            continue
+                        if pattern is not None and pattern.fullmatch(md.transactional_id) is None:
                             continue
                         out.append(ListedTransaction(md.transactional_id, md.producer_id, md.state.state_name))
             return ListTransactionsResult(Errors.NO_ERROR, out, unknown)

@@ -748,14 +748,17 @@ def test_list_transactions_filtering(tlog, clock):
 
     put("t0", 0, S.ONGOING)
     put("t1", 1, S.ONGOING)
+    put("my-special-0", 0, S.ONGOING)
     clock.sleep(1000)
     put("t2", 2, S.PREPARE_COMMIT)
     put("t3", 3, S.PREPARE_ABORT)
+    put("your-special-1", 0, S.PREPARE_ABORT)
     clock.sleep(1000)
     put("t4", 4, S.COMPLETE_COMMIT)
     put("t5", 5, S.COMPLETE_ABORT)
     put("t6", 6, S.COMPLETE_ABORT)
     put("t7", 7, S.PREPARE_EPOCH_FENCE)
+    put("their-special-2", 7, S.COMPLETE_ABORT)
     clock.sleep(1000)
     put("t8", 8, S.DEAD)
 
@@ -764,20 +767,35 @@ def test_list_transactions_filtering(tlog, clock):
         assert result.error is Errors.NO_ERROR
         return {t.transactional_id for t in result.transaction_states}, set(result.unknown_state_filters)
 
-    everyone = {f"t{i}" for i in range(8)}
+    special = {"my-special-0", "your-special-1", "their-special-2"}
+    everyone = {f"t{i}" for i in range(8)} | special
     assert listed() == (everyone, set())
     assert listed(filter_duration_ms=0) == (everyone, set())
-    assert listed(filter_duration_ms=1000) == ({"t0", "t1", "t2", "t3"}, set())
-    assert listed(filter_duration_ms=2000) == ({"t0", "t1"}, set())
+    assert listed(filter_duration_ms=1000) == ({"t0", "t1", "t2", "t3", "my-special-0", "your-special-1"}, set())
+    assert listed(filter_duration_ms=2000) == ({"t0", "t1", "my-special-0"}, set())
     assert listed(filter_duration_ms=3000) == (set(), set())
-    assert listed(filter_state_names=["Ongoing"]) == ({"t0", "t1"}, set())
-    assert listed(filter_state_names=["Ongoing", "UnknownState"]) == ({"t0", "t1"}, {"UnknownState"})
+    assert listed(filter_state_names=["Ongoing"]) == ({"t0", "t1", "my-special-0"}, set())
+    assert listed(filter_state_names=["Ongoing", "UnknownState"]) == ({"t0", "t1", "my-special-0"}, {"UnknownState"})
     assert listed(filter_state_names=["PrepareCommit", "CompleteCommit"]) == ({"t2", "t4"}, set())
     assert listed(filter_state_names=["UnknownState"]) == (set(), {"UnknownState"})
     assert listed(filter_producer_ids=[5]) == ({"t5"}, set())
     assert listed(filter_producer_ids=[5, 6, 8, 9]) == ({"t5", "t6"}, set())
     assert listed(filter_producer_ids=[4, 5], filter_state_names=["CompleteCommit"]) == ({"t4"}, set())
     assert listed(filter_state_names=["Dead"]) == (set(), set())
+    # KIP-1152: the transactional id pattern, with every other filter (Kafka's own cases)
+    assert listed(filter_transactional_id_pattern=".*special-.*") == (special, set())
+    assert listed(filter_transactional_id_pattern="nothing") == (set(), set())
+    assert listed(filter_duration_ms=1000, filter_transactional_id_pattern=".*special-.*") == (
+        {"my-special-0", "your-special-1"}, set())
+    assert listed(filter_producer_ids=[7], filter_state_names=["CompleteCommit", "CompleteAbort"],
+                  filter_transactional_id_pattern=".*special-.*") == ({"their-special-2"}, set())
+    # the whole id must match (Java's Matcher.matches), and an empty pattern is no filter
+    assert listed(filter_transactional_id_pattern="special") == (set(), set())
+    assert listed(filter_transactional_id_pattern="t[0-3]") == ({"t0", "t1", "t2", "t3"}, set())
+    assert listed(filter_transactional_id_pattern="") == (everyone, set())
+    bad = mgr.list_transaction_states(filter_transactional_id_pattern="(ab(cd")
+    assert (bad.error, bad.transaction_states, bad.unknown_state_filters) == (Errors.INVALID_REGULAR_EXPRESSION, [], [])
+    assert Errors.INVALID_REGULAR_EXPRESSION == 128
 
 
 # ---------------------------------------------------------------------------- random operations (hypothesis)

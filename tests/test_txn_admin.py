@@ -162,6 +162,17 @@ def test_list_transactions_filters_by_state_producer_id_and_duration(conf):
         assert code(bad) == KafkaError._INVALID_ARG and "Running" in bad.value.args[0].str()
         with pytest.raises(TypeError):
             admin.list_transactions(states="Ongoing")
+    # KIP-1152: a regular expression the whole transactional id matches, with the other filters
+    assert listed(transactional_id_pattern=".*ed") == [("aborted", "CompleteAbort"), ("committed", "CompleteCommit")]
+    assert listed(transactional_id_pattern="co.*", states=["CompleteCommit", "Ongoing"]) == [
+        ("committed", "CompleteCommit")]
+    assert listed(transactional_id_pattern="ongo") == []
+    assert listed(transactional_id_pattern="") == listed()
+    with AdminClient(conf) as admin:
+        with pytest.raises(KafkaException) as bad:
+            admin.list_transactions(transactional_id_pattern="(ab(cd").result()
+        assert code(bad) == KafkaError.INVALID_REGULAR_EXPRESSION == 128
+        assert "'(ab(cd' is not a valid regular expression" in bad.value.args[0].str()
     open_producer.close()
 
 

@@ -78,6 +78,12 @@ def test_reading_commands_on_the_demo(demo):
                                                [COPIER_TXN_ID, "0", str(pid), "CompleteCommit"]]
     assert table(run(demo, "list", "--duration-filter", "3600000").output) == \
         [["TransactionalId", "Coordinator", "ProducerId", "TransactionState"]]
+    assert table(run(demo, "list", "--transactional-id-pattern", COPIER_TXN_ID[:3] + ".*").output) == \
+        [["TransactionalId", "Coordinator", "ProducerId", "TransactionState"], [COPIER_TXN_ID, "0", str(pid), "CompleteCommit"]]
+    assert table(run(demo, "list", "--transactional-id-pattern", COPIER_TXN_ID[:3]).output) == \
+        [["TransactionalId", "Coordinator", "ProducerId", "TransactionState"]]
+    bad = run(demo, "list", "--transactional-id-pattern", "(ab(cd", ok=False)
+    assert bad.exit_code == 1 and "INVALID_REGULAR_EXPRESSION" in bad.stderr and "Traceback" not in bad.stderr
 
     described = table(run(demo, "describe", "--transactional-id", COPIER_TXN_ID).output)
     assert described[0] == ["CoordinatorId", "TransactionalId", "ProducerId", "ProducerEpoch", "TransactionState",

@@ -273,7 +273,8 @@ class AdminClient:
         return TransactionAdmin(self._broker)
 
     def list_transactions(self, states: list[str] | None = None, producer_ids: list[int] | None = None,
-                          duration_filter: int | None = None, request_timeout: float = -1) -> Future:
+                          duration_filter: int | None = None, request_timeout: float = -1,
+                          transactional_id_pattern: str | None = None) -> Future:
         """ListTransactions (KIP-664; Java ``Admin.listTransactions``).
 
         Args:
@@ -281,6 +282,10 @@ class AdminClient:
             producer_ids: keep only these producer ids; None = all.
             duration_filter: ms; keep only transactions running longer than this (now minus
                 their start time, KIP-994 ``filterOnDuration``); None or < 0 = no filter.
+            transactional_id_pattern: a regular expression the whole transactional id must
+                match (KIP-1152 ``filterOnTransactionalIdPattern``; Java's ``Matcher.matches``);
+                None or "" = no filter. A pattern that does not compile fails the future with
+                INVALID_REGULAR_EXPRESSION (128). All filters given must hold.
 
         Returns:
             A future whose result is ``list[TransactionListing]`` sorted by transactional id;
@@ -296,8 +301,14 @@ class AdminClient:
         if unknown:
             names = ", ".join(t.state_name for t in TransactionState)
             raise KafkaException(KafkaError(Errors._INVALID_ARG, f"Unknown transaction state(s) {unknown}: expected {names}"))
+        if transactional_id_pattern is not None and not isinstance(transactional_id_pattern, str):
+            raise TypeError(f"transactional_id_pattern must be a str, got {type(transactional_id_pattern).__name__}")
         answer = self._transactions().handle_list_transactions(
-            states, producer_ids, -1 if duration_filter is None else int(duration_filter))
+            states, producer_ids, -1 if duration_filter is None else int(duration_filter), transactional_id_pattern)
+        if answer.error == Errors.INVALID_REGULAR_EXPRESSION:
+            return _failed(KafkaException(KafkaError(answer.error, f"Failed to list transactions: transactional id "
+                                                                  f"pattern {transactional_id_pattern!r} is not a valid "
+                                                                  "regular expression")))
         if answer.error != Errors.NO_ERROR:
             return _failed(KafkaException(KafkaError(answer.error, f"Failed to list transactions: {answer.error.name}")))
         fut: Future = Future()

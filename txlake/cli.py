@@ -410,15 +410,18 @@ def _now_ms() -> int:
 @click.option("--duration-filter", type=int, default=None, metavar="MS",
               help="List only the transactions running for more than MS milliseconds (KIP-994); "
                    "a negative value lists all [default: all].")
+@click.option("--transactional-id-pattern", default=None, metavar="REGEX",
+              help="List only the transactional ids the regular expression matches whole (KIP-1152) [default: all].")
 @storage_options
 @click.pass_context
-def transactions_list(ctx: click.Context, duration_filter: int | None) -> None:
+def transactions_list(ctx: click.Context, duration_filter: int | None, transactional_id_pattern: str | None) -> None:
     """List the transactional ids the coordinator knows, with producer id and state."""
     from . import AdminClient
 
     with AdminClient(client_conf(ctx)) as admin:
         try:
-            listings = admin.list_transactions(duration_filter=duration_filter).result()
+            listings = admin.list_transactions(duration_filter=duration_filter,
+                                               transactional_id_pattern=transactional_id_pattern).result()
         except Exception as exc:  # noqa: BLE001 - a KafkaException gets the tool's prefix, anything else goes on
             raise _failed("Failed to list transactions", exc) from None
     _print_columns(["TransactionalId", "Coordinator", "ProducerId", "TransactionState"],
