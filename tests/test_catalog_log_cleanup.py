@@ -6,6 +6,8 @@ recreating one."""
 import time
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from test_catalog import _segment, _writer
 
 from txlake import Producer
@@ -179,3 +181,93 @@ def test_retention_below_the_minimum_is_refused(storage):
                         "producer").broker_config().catalog_retention_ms == MIN_LOG_RETENTION_MS
     with pytest.raises(KafkaException, match="storage.catalog.retention.ms"):
         Producer({"storage.url": storage.url, "storage.catalog.retention.ms": 60_000})
+
+
+# ---------------------------------------------------------------------------- simulation (hypothesis)
+MINUTE = 60_000
+
+
+def _simulated_root(monkeypatch):
+    """A fresh memory:// root whose clock is simulated: ``clock[0]`` is now (ms). Objects are
+    stamped with the simulated time they were created at, and every view measures elapsed
+    time on the same clock."""
+    import uuid
+
+    import txlake.catalog.catalog as catalog_module
+    from txlake.catalog.storage import ObjectInfo, ObjectStore
+
+    clock = [1_000_000_000_000]
+    monkeypatch.setattr(catalog_module, "elapsed_clock", lambda: clock[0] / 1000)
+    url = f"memory://txlake-sim-{uuid.uuid4().hex}"
+    created: dict[str, int] = {}
+    real_put_if_absent, real_list = ObjectStore.put_if_absent, ObjectStore.list
+
+    def put_if_absent(self, key, data):
+        won = real_put_if_absent(self, key, data)
+        if won:
+            created[key] = clock[0]
+        return won
+
+    def listing(self, prefix="", include_temporary=False):
+        return [ObjectInfo(o.key, o.size, created.get(o.key, clock[0])) for o in real_list(self, prefix, include_temporary)]
+
+    monkeypatch.setattr(ObjectStore, "put_if_absent", put_if_absent)
+    monkeypatch.setattr(ObjectStore, "list", listing)
+    return url, clock
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.tuples(st.just("commit"), st.integers(1, 8)),
+                          # around the stale time (15 min), the retention (30 min) and beyond
+                          st.tuples(st.just("wait"), st.sampled_from([MINUTE, 14 * MINUTE, 16 * MINUTE, 29 * MINUTE,
+                                                                     31 * MINUTE, 45 * MINUTE, 61 * MINUTE])),
+                          st.tuples(st.just("clean"), st.just(0)),
+                          st.tuples(st.just("refresh"), st.integers(0, 2)),
+                          st.tuples(st.just("open"), st.integers(0, 2))), max_size=60))
+# a reader confirms, the next commits age past the retention under two newer checkpoints and
+# are cleaned: its refresh 35 minutes after confirming must not trust the gap
+@example([("refresh", 0), ("commit", 4), ("commit", 4), ("wait", 35 * MINUTE), ("clean", 0), ("refresh", 0)])
+def test_simulated_readers_always_reach_the_writers_state_whatever_the_cleanup_deleted(monkeypatch, ops):
+    """A writer commits, time passes, the cleanup runs with the minimum retention, and three
+    readers refresh or reopen at arbitrary moments: every refresh brings a reader exactly to
+    the writer's version and segments (none stalls at a deleted commit), and a reader never
+    applies a commit twice or out of order."""
+    from txlake.catalog.storage import ObjectStore
+
+    url, clock = _simulated_root(monkeypatch)
+    writer = Catalog.open(ObjectStore(url), checkpoint_interval=3)
+    epoch = WriterLease(writer, lease_ms=60_000).acquire()
+    writer.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    readers = [Catalog.open(ObjectStore(url)) for _ in range(3)]
+    applied: list[list[int]] = [[], [], []]
+    for i, r in enumerate(readers):
+        r.add_listener(lambda version, actions, i=i: applied[i].append(version))
+    offset = 0
+    try:
+        for op, n in ops:
+            if op == "commit":
+                for _ in range(n):
+                    writer.commit([_segment("t", 0, f"data/{offset}", offset, offset + 9)], epoch)
+                    offset += 10
+                    clock[0] += 1_000
+            elif op == "wait":
+                clock[0] += n
+            elif op == "clean":
+                clean_catalog_log(writer, RETENTION, clock[0])
+            else:
+                if op == "open":
+                    readers[n] = Catalog.open(ObjectStore(url))
+                    applied[n] = []
+                    readers[n].add_listener(lambda version, actions, i=n: applied[i].append(version))
+                else:
+                    readers[n].refresh()
+                assert readers[n].version == writer.version
+                assert _segments(readers[n]) == _segments(writer)
+                assert applied[n] == sorted(set(applied[n]))  # each commit applied once, in order
+    finally:
+        import fsspec
+
+        fs = fsspec.filesystem("memory")
+        root = "/" + url.removeprefix("memory://")
+        for path in [p for p in list(fs.store) if p.startswith(root + "/")]:
+            fs.store.pop(path, None)
