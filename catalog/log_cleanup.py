@@ -25,6 +25,7 @@ Objects whose backend reports no last-modified time are never taken for expired.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from txlake.formats.catalog_actions import CHECKPOINT_KIND, decode_actions
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: default ``storage.catalog.retention.ms``: commits and checkpoints are kept at least this long (ms)
 DEFAULT_LOG_RETENTION_MS = 3_600_000
+#: deletes between two looks at ``cancel`` (one S3 DeleteObjects request)
+DELETE_BATCH = 1000
 
 
 @dataclass
@@ -68,7 +71,8 @@ def _readable(catalog: Catalog, version: int) -> bool:
     return True
 
 
-def clean_catalog_log(catalog: Catalog, retention_ms: int, now_ms: int, dry_run: bool = False) -> CatalogLogCleanup:
+def clean_catalog_log(catalog: Catalog, retention_ms: int, now_ms: int, dry_run: bool = False,
+                      cancel: threading.Event | None = None) -> CatalogLogCleanup:
     """Delete the commits and checkpoints older than ``retention_ms`` that a kept checkpoint covers.
 
     Runs in the writer (the holder of the lease); readers may run concurrently.
@@ -79,6 +83,8 @@ def clean_catalog_log(catalog: Catalog, retention_ms: int, now_ms: int, dry_run:
             :data:`~.catalog.MIN_LOG_RETENTION_MS`.
         now_ms: the current time, ms since the epoch.
         dry_run: report what would be deleted, delete nothing.
+        cancel: when set, stop after the batch of :data:`DELETE_BATCH` deletes in progress (the
+            writer is closing); the result then lists only what was deleted.
 
     Returns:
         A :class:`CatalogLogCleanup`.
@@ -107,10 +113,15 @@ def clean_catalog_log(catalog: Catalog, retention_ms: int, now_ms: int, dry_run:
                 out.heartbeats.append(o.key)
     if dry_run:
         return out
-    # the floor checkpoint and everything after it stay whatever step a crash interrupts
-    store.delete_many([commit_key(v) for v in out.commits])
-    store.delete_many([checkpoint_key(v) for v in out.checkpoints])
-    store.delete_many(out.heartbeats)
+    # the floor checkpoint and everything after it stay whatever step a crash or `cancel` interrupts
+    for deleted, keys in ((out.commits, [commit_key(v) for v in out.commits]),
+                          (out.checkpoints, [checkpoint_key(v) for v in out.checkpoints]),
+                          (out.heartbeats, list(out.heartbeats))):
+        for start in range(0, len(keys), DELETE_BATCH):
+            if cancel is not None and cancel.is_set():
+                del deleted[start:]
+                break
+            store.delete_many(keys[start:start + DELETE_BATCH])
     if out.commits or out.checkpoints:
         log.info("catalog log of %s cleaned below checkpoint %s: %d commits, %d checkpoints deleted",
                  store.url, out.floor, len(out.commits), len(out.checkpoints))

@@ -380,7 +380,7 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
             summary.deleted_objects = len(cleanup.deleted)
             summary.orphans_deleted = len(cleanup.orphans)
             summary.pending_deletion = len(cleanup.pending)
-            log_cleanup = clean_catalog_log(broker.catalog, broker.config.catalog_retention_ms, now, dry_run)
+            log_cleanup = clean_catalog_log(broker.catalog, broker.config.catalog_retention_ms, now, dry_run, cancel)
             summary.catalog_commits_deleted = len(log_cleanup.commits)
             summary.catalog_checkpoints_deleted = len(log_cleanup.checkpoints)
         if progress is not None:

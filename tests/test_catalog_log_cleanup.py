@@ -89,6 +89,33 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_kept_floor(storage):
         Catalog.open(store)
 
 
+def test_a_cancelled_cleanup_stops_between_batches_and_reports_only_what_it_deleted(storage, monkeypatch):
+    import threading
+
+    import txlake.catalog.log_cleanup as log_cleanup
+
+    catalog, _ = _ten_commits(storage)
+    store = catalog.store
+    monkeypatch.setattr(log_cleanup, "DELETE_BATCH", 2)
+    cancel = threading.Event()
+    real_delete_many = store.delete_many
+    batches = []
+
+    def delete_many(keys):
+        batches.append(len(keys))
+        real_delete_many(keys)
+        cancel.set()  # the writer starts closing during the first batch
+
+    monkeypatch.setattr(store, "delete_many", delete_many)
+    done = clean_catalog_log(catalog, RETENTION, _later(), cancel=cancel)
+    assert batches == [2] and (done.floor, done.commits, done.checkpoints) == (6, [1, 2], [])
+    assert _log(store) == (list(range(3, 11)), [3, 6, 9])
+    assert Catalog.open(storage.object_store()).version == 10
+    cancel.clear()
+    rest = clean_catalog_log(catalog, RETENTION, _later())  # the next round finishes the work
+    assert (rest.commits, rest.checkpoints) == ([3, 4, 5, 6], [3]) and _log(store) == ([7, 8, 9, 10], [6, 9])
+
+
 def test_an_unreadable_checkpoint_is_never_the_floor(storage):
     catalog, _ = _ten_commits(storage)
     store = catalog.store
