@@ -279,8 +279,8 @@ class Catalog:
         """
         assert actions, "a commit holds at least one action"
         with self.lock:
-            if self._catch_up_if_stale() and lease_epoch is None:
-                self._tail()  # acquiring: the lease check below is the caller's, on the current state
+            if self._catch_up_if_stale():
+                self._tail()  # so the lease check below sees the current holder
             if lease_epoch is not None:
                 self._check_lease(lease_epoch)
             version = self.state.version + 1
