@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from txlake.catalog.log_cleanup import DEFAULT_LOG_RETENTION_MS
+
 from .errors import Errors
 from .producer_state import NO_PRODUCER_ID
 
@@ -58,7 +60,7 @@ class BrokerConfig:
     file_delete_delay_ms: int = 3_600_000
     compaction_interval_ms: int = 300_000
     compaction_batch_bytes: int = 512 * 1024 * 1024
-    catalog_retention_ms: int = 3_600_000
+    catalog_retention_ms: int = DEFAULT_LOG_RETENTION_MS
     handoff_poll_ms: int = 500
     row_group_rows: int = 1024 * 1024
     compression: str = "snappy"
