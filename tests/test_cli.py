@@ -228,7 +228,7 @@ def test_errors_print_kafka_names_not_tracebacks(root, tmp_path):
     assert res.exit_code == 1 and "UNKNOWN_TOPIC_OR_PART" in res.stderr
     path = write_inputs(tmp_path)["csv"]
     res = run(["produce", "nope", "-f", str(path), *s], ok=False)
-    assert res.exit_code == 1 and res.stderr.startswith("Error: _UNKNOWN_TOPIC: Unknown topic: nope")
+    assert res.exit_code == 1 and res.stderr.startswith("Error: _UNKNOWN_TOPIC: Topic 'nope' does not exist")
     res = run(["produce", "t", "-f", str(path), "-k", "missing", *s], ok=False)
     assert res.exit_code == 2 and "--key-column 'missing' is not a column" in res.stderr
     res = run(["consume", "nope", "--from-beginning", "--timeout", "0.1", *s], ok=False)

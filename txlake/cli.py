@@ -267,8 +267,10 @@ def topics_describe(ctx: click.Context, name: str | None) -> None:
         configs = ",".join(f"{k}={v}" for k, v in sorted(t.config.items()))
         console.print(f"[bold]Topic: {topic}[/]\tTopicId: {t.topic_id}\tPartitionCount: {len(t.partitions)}"
                       f"\tConfigs: {configs}", markup=True)
-        table = Table(show_edge=False)
-        for col in ("Partition", "Log start offset", "High watermark", "LSO", "Records", "Segments", "Bytes"):
+        table = Table(show_edge=False, caption="Offsets: offsets from the log start offset up to the high watermark "
+                      "held in segments (control markers and aborted records included; `txlake sql` counts "
+                      "committed records only)", caption_justify="left")
+        for col in ("Partition", "Log start offset", "High watermark", "LSO", "Offsets", "Segments", "Bytes"):
             table.add_column(col, justify="right")
         for p in t.partitions:
             records = sum(s.record_count for s in p.segments
@@ -317,10 +319,13 @@ def groups_list(ctx: click.Context) -> None:
 
     broker = _reader_broker(ctx)
     try:
-        for g in list_groups(broker):
-            click.echo(f"{g.group_id}\t{g.state}\t{g.protocol_type or '-'}")
+        listed = list_groups(broker)
     finally:
         release_broker(broker)
+    if not listed:
+        click.echo(f"No consumer groups in {storage_url(ctx)}.")
+    for g in listed:
+        click.echo(f"{g.group_id}\t{g.state}\t{g.protocol_type or '-'}")
 
 
 @groups.command("describe")
@@ -399,6 +404,8 @@ def _failed(what: str, exc: Exception) -> Exception:
     if not isinstance(exc, KafkaException):
         return exc
     err = exc.args[0]
+    if err.str().startswith(f"{what}:"):   # the admin client already said what failed
+        return exc
     return KafkaException(KafkaError(err.code(), f"{what}: {err.str()}"))
 
 
@@ -615,8 +622,55 @@ def _detect_format(path: str) -> str:
     return fmt
 
 
-def _open_batches(path: str, fmt: str, batch_rows: int) -> tuple[Iterator, Callable[[], float], float, str]:
-    """``(record batches, progress(), total, unit)`` of an input file, streamed."""
+def _open_text_stream(path: str):
+    """``(arrow input stream, counting raw reader)`` of a text input file, decompressed."""
+    import pyarrow as pa
+
+    raw = _CountingReader(open(path, "rb"))
+    compression = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}.get(os.path.splitext(path.lower())[1])
+    stream = pa.PythonFile(io.BufferedReader(raw, 1 << 20), mode="r")
+    if compression:
+        stream = pa.CompressedInputStream(stream, compression)
+    return stream, raw
+
+
+def _text_reader(path: str, fmt: str, text_columns: dict):
+    """``(streaming reader, counting raw reader)`` of a CSV / JSON-lines file whose
+    ``text_columns`` (name -> ``pa.string()``) are read as their text, unconverted."""
+    import pyarrow as pa
+
+    stream, raw = _open_text_stream(path)
+    try:
+        if fmt == "csv":
+            import pyarrow.csv as pcsv
+
+            delimiter = "\t" if ".tsv" in path.lower() else ","
+            reader = pcsv.open_csv(stream, read_options=pcsv.ReadOptions(block_size=8 << 20),
+                                   parse_options=pcsv.ParseOptions(delimiter=delimiter),
+                                   convert_options=pcsv.ConvertOptions(column_types=text_columns))
+        else:
+            import pyarrow.json as pjson
+
+            parse = pjson.ParseOptions(explicit_schema=pa.schema(list(text_columns.items())),
+                                       unexpected_field_behavior="infer") if text_columns else None
+            reader = pjson.open_json(stream, read_options=pjson.ReadOptions(block_size=8 << 20),
+                                     parse_options=parse)
+    except BaseException:
+        raw.close()
+        raise
+    return reader, raw
+
+
+def _open_batches(path: str, fmt: str, batch_rows: int,
+                  verbatim: tuple[str, ...] = ()) -> tuple[Iterator, Callable[[], float], float, str]:
+    """``(record batches, progress(), total, unit)`` of an input file, streamed.
+
+    Text inputs keep their cells' text where a conversion would rewrite it: values that look
+    like dates or timestamps stay the text the file holds (pyarrow would infer a timestamp
+    and print it back differently), and so do the CSV columns named in ``verbatim`` (the key
+    and value columns: their bytes are the record's, as kafka-console-producer sends a line).
+    Numbers and booleans are inferred, so a row's JSON keeps its types.
+    """
     import pyarrow as pa
 
     if fmt == "parquet":
@@ -630,22 +684,16 @@ def _open_batches(path: str, fmt: str, batch_rows: int) -> tuple[Iterator, Calla
                 done[0] += rb.num_rows
                 yield rb
         return gen(), lambda: done[0], float(pf.metadata.num_rows), "rows"
-    raw = _CountingReader(open(path, "rb"))
     size = float(os.path.getsize(path))
-    compression = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}.get(os.path.splitext(path.lower())[1])
-    stream = pa.PythonFile(io.BufferedReader(raw, 1 << 20), mode="r")
-    if compression:
-        stream = pa.CompressedInputStream(stream, compression)
-    if fmt == "csv":
-        import pyarrow.csv as pcsv
-
-        delimiter = "\t" if ".tsv" in path.lower() else ","
-        reader = pcsv.open_csv(stream, read_options=pcsv.ReadOptions(block_size=8 << 20),
-                               parse_options=pcsv.ParseOptions(delimiter=delimiter))
-    else:
-        import pyarrow.json as pjson
-
-        reader = pjson.open_json(stream, read_options=pjson.ReadOptions(block_size=8 << 20))
+    probe, probe_raw = _text_reader(path, fmt, {})
+    try:
+        inferred = probe.schema   # types pyarrow infers from the first block, which the whole read keeps
+    finally:
+        probe_raw.close()
+    temporal = (pa.types.is_timestamp, pa.types.is_date, pa.types.is_time)
+    text_columns = {f.name: pa.string() for f in inferred
+                    if any(is_(f.type) for is_ in temporal) or (fmt == "csv" and f.name in verbatim)}
+    reader, raw = _text_reader(path, fmt, text_columns)
 
     def gen():
         try:
@@ -680,6 +728,14 @@ def _as_millis(col):
         return col.cast(pa.timestamp("ms", tz=col.type.tz)).cast(pa.int64())
     if pa.types.is_date(col.type):
         return col.cast(pa.timestamp("ms")).cast(pa.int64())
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        # integer milliseconds, else ISO-8601 text: without a zone offset it is UTC
+        for target in (pa.int64(), pa.timestamp("ms"), pa.timestamp("ms", tz="UTC")):
+            try:
+                return col.cast(target).cast(pa.int64())
+            except pa.ArrowInvalid:
+                if target == pa.timestamp("ms", tz="UTC"):
+                    raise
     return col.cast(pa.int64())
 
 
@@ -715,7 +771,8 @@ def produce(ctx: click.Context, topic: str, path: str, fmt: str | None, key_colu
     from .duckdb import json_values
 
     fmt = fmt or _detect_format(path)
-    batches, progress_of, total, unit = _open_batches(path, fmt, batch_rows)
+    batches, progress_of, total, unit = _open_batches(
+        path, fmt, batch_rows, verbatim=tuple(c for c in (key_column, value_column) if c is not None))
     console = _console()
     rows = [0]
 
@@ -738,6 +795,12 @@ def produce(ctx: click.Context, topic: str, path: str, fmt: str | None, key_colu
 
     t0 = time.perf_counter()
     with Producer(client_conf(ctx)) as producer:
+        if producer.list_topics(topic).topics[topic].error is not None:
+            from .error import KafkaError, KafkaException
+
+            raise KafkaException(KafkaError(
+                KafkaError._UNKNOWN_TOPIC, f"Topic '{topic}' does not exist in {storage_url(ctx)}. "
+                f"Create it first: txlake topics create {topic} --partitions N"))
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TextColumn("{task.fields[rows]:>12,} rows"), TimeElapsedColumn(), TimeRemainingColumn(),
                       console=console, transient=False) as progress:
