@@ -104,7 +104,8 @@ class TransactionTopicLog:
         records = pa.Table.from_arrays(
             [pa.array([now_ms()], pa.int64()), pa.array([key], pa.binary()), pa.array([value], pa.binary()),
              pa.nulls(1, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
-        (queued,) = self.broker.produce_async([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records, urgent=urgent)])
+        (queued,) = self.broker.produce_async([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records, urgent=urgent)],
+                                              internal_topics_allowed=True)  # the coordinator's own append
         offset: Future = Future()
 
         def resolve(done: Future) -> None:

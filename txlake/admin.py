@@ -243,8 +243,9 @@ class AdminClient:
 
         Returns:
             One future per partition; its result is :class:`DeletedRecords`, or it raises
-            KafkaException UNKNOWN_TOPIC_OR_PART, OFFSET_OUT_OF_RANGE (past the high
-            watermark), POLICY_VIOLATION (``cleanup.policy`` without ``delete``),
+            KafkaException UNKNOWN_TOPIC_OR_PART, INVALID_TOPIC_EXCEPTION (an internal topic,
+            as Kafka), OFFSET_OUT_OF_RANGE (past the high watermark), POLICY_VIOLATION
+            (``cleanup.policy`` without ``delete``),
             NOT_LEADER_OR_FOLLOWER (another process holds the writer lease) or REQUEST_TIMED_OUT.
 
         Raises:
