@@ -13,8 +13,8 @@ at the commit.
 Reads never need the writer lease; the first write takes it.
 
 The internal topics (``__consumer_offsets``, ``__transaction_state``) belong to the
-coordinators: a client's Produce and DeleteRecords on them are refused (Kafka's
-``ReplicaManager`` ``internalTopicsAllowed``); the coordinators' own calls pass
+coordinators: a client's Produce, CreateTopics, DeleteTopics and DeleteRecords on them are
+refused (Kafka's ``ReplicaManager`` ``internalTopicsAllowed``); the coordinators' own calls pass
 ``internal_topics_allowed=True``. Fetch and ListOffsets of them stay open to everyone.
 """
 
@@ -225,12 +225,21 @@ class Broker:
         with self.catalog.lock:
             return dict(self.catalog.state.topics)
 
-    def create_topics(self, specs: list[tuple[str, int, dict]], validate_only: bool = False) -> list[tuple[Errors, str]]:
+    def create_topics(self, specs: list[tuple[str, int, dict]], validate_only: bool = False,
+                      internal_topics_allowed: bool = False) -> list[tuple[Errors, str]]:
         """CreateTopics: ``specs`` of ``(name, num_partitions or -1, config overrides)``.
 
-        Returns one ``(error, message)`` per spec: NO_ERROR, INVALID_TOPIC_EXCEPTION,
-        TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG. All valid topics are
-        created in one catalog commit.
+        Returns one ``(error, message)`` per spec: NO_ERROR, INVALID_REQUEST (an internal
+        topic, see below), INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS,
+        INVALID_CONFIG. All valid topics are created in one catalog commit.
+
+        ``__consumer_offsets`` and ``__transaction_state`` are created only by their
+        coordinators (``internal_topics_allowed=True``, as Kafka's ``AutoTopicCreationManager``
+        creates them), with the partition count and config the coordinators read them with;
+        a client's request answers INVALID_REQUEST "Creation of internal topic X is
+        prohibited." -- the answer Kafka's ``ControllerApis.createTopics`` gives for its
+        prohibited internal topic. (Kafka's broker lets a client create these two; a txlake
+        coordinator cannot work with another layout, so txlake refuses them too.)
         """
         results: list[tuple[Errors, str]] = []
         actions = []
@@ -240,6 +249,9 @@ class Broker:
             state = self.catalog.state
             seen = {unify_collision_chars(n): n for n in state.topics}
             for name, num_partitions, config in specs:
+                if is_internal(name) and not internal_topics_allowed:
+                    results.append((Errors.INVALID_REQUEST, f"Creation of internal topic {name} is prohibited."))
+                    continue
                 try:
                     validate_topic_name(name)
                     if name in state.topics or name in {a["topic"] for a in actions}:
@@ -277,6 +289,13 @@ class Broker:
 
         Queued records of a deleted topic are flushed first; its objects become orphans
         that the cleaner removes after the grace period.
+
+        An internal topic (``__consumer_offsets``, ``__transaction_state``) is never deleted:
+        INVALID_TOPIC_EXCEPTION, the code Kafka's broker refuses a destructive request on an
+        internal topic with (DeleteRecords), with the message of Kafka's ``TopicCommand``
+        ("... is a kafka internal topic and is not allowed to be marked for deletion."). Kafka's
+        broker itself deletes them on request; txlake keeps every group's offsets and every
+        open transaction's state instead.
         """
         self.ensure_writer()
         self.flush()
@@ -284,6 +303,10 @@ class Broker:
         with self._commit_lock:
             actions = []
             for name in names:
+                if is_internal(name):
+                    results.append((Errors.INVALID_TOPIC_EXCEPTION, f"Topic {name} is a kafka internal topic and is "
+                                    "not allowed to be marked for deletion."))
+                    continue
                 topic = self.catalog.state.topics.get(name)
                 if topic is None:
                     results.append((Errors.UNKNOWN_TOPIC_OR_PART, f"Topic '{name}' does not exist"))

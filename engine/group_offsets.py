@@ -162,7 +162,7 @@ class GroupOffsets:
         if CONSUMER_OFFSETS_TOPIC in self.broker.topics():
             return
         ((error, message),) = self.broker.create_topics(
-            [(CONSUMER_OFFSETS_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))])
+            [(CONSUMER_OFFSETS_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))], internal_topics_allowed=True)
         if error not in (Errors.NO_ERROR, Errors.TOPIC_ALREADY_EXISTS):
             raise ApiError(error, f"cannot create {CONSUMER_OFFSETS_TOPIC}: {message}")
 

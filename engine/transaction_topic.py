@@ -75,7 +75,7 @@ class TransactionTopicLog:
                                f"transaction.state.log.num.partitions is {self.num_partitions}; it cannot change")
             return
         ((error, message),) = self.broker.create_topics(
-            [(TRANSACTION_STATE_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))])
+            [(TRANSACTION_STATE_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))], internal_topics_allowed=True)
         if error not in (Errors.NO_ERROR, Errors.TOPIC_ALREADY_EXISTS):
             raise ApiError(error, f"cannot create {TRANSACTION_STATE_TOPIC}: {message}")
 

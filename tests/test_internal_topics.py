@@ -9,7 +9,9 @@ high watermarks before and after), and the coordinators go on working: ``init_tr
 * a transactional produce: AddPartitionsToTxn answers TOPIC_AUTHORIZATION_FAILED for the
   internal partitions, OPERATION_NOT_ATTEMPTED for the others (Kafka's ``KafkaApis``);
 * DeleteRecords: INVALID_TOPIC_EXCEPTION "Cannot delete records of internal topic X"
-  (``ReplicaManager.deleteRecordsOnLocalLog``).
+  (``ReplicaManager.deleteRecordsOnLocalLog``);
+* CreateTopics: INVALID_REQUEST "Creation of internal topic X is prohibited." and DeleteTopics:
+  INVALID_TOPIC_EXCEPTION -- stricter than Kafka's broker (see docs/operations.md).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ CONF = {"transaction.state.log.num.partitions": N, "offsets.topic.num.partitions
 GROUP, TID = "g", "copier"
 #: where the coordinators keep GROUP's offsets and TID's state: the partitions garbage would break
 TARGET = {"__consumer_offsets": group_partition(GROUP, N), "__transaction_state": txn_partition(TID, N)}
-INVALID_TOPIC_EXCEPTION, TOPIC_AUTHORIZATION_FAILED = 17, 29
+INVALID_TOPIC_EXCEPTION, TOPIC_AUTHORIZATION_FAILED, INVALID_REQUEST = 17, 29, 42
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -181,6 +183,48 @@ def test_add_partitions_to_txn_with_an_internal_partition_adds_none(conf):
         p.close()
 
 
+# ---------------------------------------------------------------------------- CreateTopics
+def test_a_client_cannot_create_an_internal_topic(fresh, storage):
+    """Created early with another layout, __transaction_state would fail init_transactions for
+    good (INVALID_PARTITIONS): the coordinators create their topics themselves."""
+    with AdminClient(fresh) as admin:
+        for validate_only in (True, False):
+            futures = admin.create_topics([NewTopic(name, 5) for name in INTERNAL], validate_only=validate_only)
+            for name in INTERNAL:
+                assert failure(futures[name]) == (INVALID_REQUEST, "INVALID_REQUEST",
+                                                  f"Creation of internal topic {name} is prohibited.")
+        assert not set(INTERNAL) & set(admin.list_topics().topics)
+    run_transaction(fresh, TID, value=b"first", offsets={0: 5, 1: 7})
+    assert committed(fresh) == {0: 5, 1: 7}
+    assert {name: len(t.partitions) for name, t in open_catalog(storage).state.topics.items() if name in INTERNAL} \
+        == {"__consumer_offsets": N, "__transaction_state": N}
+    with AdminClient(fresh) as admin:   # once they exist: the same answer (not TOPIC_ALREADY_EXISTS)
+        futures = admin.create_topics([NewTopic("__consumer_offsets", N)])
+        assert failure(futures["__consumer_offsets"])[0] == INVALID_REQUEST
+
+
+# ---------------------------------------------------------------------------- DeleteTopics
+def test_a_client_cannot_delete_an_internal_topic_even_with_a_transaction_open(conf, storage):
+    p = Producer({**conf, "transactional.id": "open"})
+    p.init_transactions(10)
+    p.begin_transaction()
+    p.produce("out", value=b"open", partition=0)
+    p.send_offsets_to_transaction([TopicPartition("in", 0, 11)], GROUP, 10)
+    assert p.flush(10) == 0
+    before = watermarks(storage)
+    with AdminClient(conf) as admin:
+        futures = admin.delete_topics(list(INTERNAL))
+        for name in INTERNAL:
+            assert failure(futures[name]) == (
+                INVALID_TOPIC_EXCEPTION, "INVALID_TOPIC_EXCEPTION",
+                f"Topic {name} is a kafka internal topic and is not allowed to be marked for deletion.")
+    assert watermarks(storage) == before
+    p.commit_transaction(10)   # the open transaction completes: its offset and record become visible
+    p.close()
+    assert committed(conf) == {0: 11, 1: 7}
+    assert out_values(conf) == [b"first", b"open"]
+
+
 # ---------------------------------------------------------------------------- DeleteRecords
 @pytest.mark.parametrize("topic", INTERNAL)
 def test_a_client_cannot_delete_records_of_an_internal_topic(conf, storage, topic):
@@ -197,8 +241,13 @@ def test_a_client_cannot_delete_records_of_an_internal_topic(conf, storage, topi
 @pytest.mark.parametrize("command, expected", [
     (["produce", "__consumer_offsets", "-f", "{data}", "-k", "k"],
      "INVALID_TOPIC_EXCEPTION: Cannot append to internal topic __consumer_offsets"),
-], ids=["produce"])
-def test_the_cli_reports_kafkas_refusal(conf, storage, tmp_path, command, expected):
+    (["topics", "create", "__transaction_state"],
+     "INVALID_REQUEST: Creation of internal topic __transaction_state is prohibited."),
+    (["topics", "delete", "__consumer_offsets"],
+     "INVALID_TOPIC_EXCEPTION: Topic __consumer_offsets is a kafka internal topic and is not allowed to be "
+     "marked for deletion."),
+], ids=["produce", "topics-create", "topics-delete"])
+def test_the_cli_reports_the_refusal(conf, storage, tmp_path, command, expected):
     data = tmp_path / "rows.jsonl"
     data.write_text('{"k": "x", "v": "garbage"}\n')   # a keyed record: a compacted topic takes it
     before = watermarks(storage)
