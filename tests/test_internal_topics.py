@@ -95,7 +95,7 @@ def out_values(conf):
         return [m.value() for m in c.consume(100, 2.0) if m.error() is None]
 
 
-def assert_coordinators_work(conf, storage):
+def assert_coordinators_work(conf):
     """GROUP's offsets are readable, TID re-initialises (fencing its last instance) and commits
     another transaction with offsets, which GROUP then sees."""
     assert committed(conf) == {0: 5, 1: 7}
@@ -133,7 +133,7 @@ def test_a_producer_cannot_append_to_an_internal_topic(conf, storage, topic, ide
     assert reports[1] == (None, 0)
     p.close()
     assert watermarks(storage) == before
-    assert_coordinators_work(conf, storage)
+    assert_coordinators_work(conf)
 
 
 def test_a_transaction_cannot_add_an_internal_partition(conf, storage):
@@ -234,7 +234,7 @@ def test_a_client_cannot_delete_records_of_an_internal_topic(conf, storage, topi
         assert failure(futures[TopicPartition(topic, TARGET[topic], -1)]) == (
             INVALID_TOPIC_EXCEPTION, "INVALID_TOPIC_EXCEPTION", f"Cannot delete records of internal topic {topic}")
     assert watermarks(storage) == before
-    assert_coordinators_work(conf, storage)
+    assert_coordinators_work(conf)
 
 
 # ---------------------------------------------------------------------------- the CLI and Spark's sink
@@ -256,7 +256,7 @@ def test_the_cli_reports_the_refusal(conf, storage, tmp_path, command, expected)
     assert result.exit_code == 1, (result.stdout, result.stderr)
     assert result.stderr.strip() == f"Error: {expected}"
     assert watermarks(storage) == before
-    assert_coordinators_work(conf, storage)
+    assert_coordinators_work(conf)
 
 
 @pytest.mark.parametrize("backend", ["file"])
@@ -276,7 +276,7 @@ def test_the_spark_sink_cannot_write_an_internal_topic(conf, storage):
         writer.commit([message])
     assert info.value.args[0].code() == TOPIC_AUTHORIZATION_FAILED
     assert watermarks(storage, ["__consumer_offsets"]) == before
-    assert_coordinators_work(conf, storage)
+    assert_coordinators_work(conf)
 
 
 # ---------------------------------------------------------------------------- reading stays open
