@@ -352,7 +352,9 @@ def bulk_build(url: str, n_ids: int, n_state_partitions: int, seed: int, txn_ext
 
         def flush_state_batches() -> None:
             if batches:
-                _check_all(broker.produce(batches, timeout_ms=600_000), TRANSACTION_STATE_TOPIC)
+                # written as the coordinator appends them
+                _check_all(broker.produce(batches, timeout_ms=600_000, internal_topics_allowed=True),
+                           TRANSACTION_STATE_TOPIC)
                 batches.clear()
 
         def state_batch(partition: int, chunk: list) -> ProduceBatch:

@@ -11,6 +11,11 @@ catalog commit per flush) and only then answers (acks=all). The high watermark m
 at the commit.
 
 Reads never need the writer lease; the first write takes it.
+
+The internal topics (``__consumer_offsets``, ``__transaction_state``) belong to the
+coordinators: a client's Produce, CreateTopics, DeleteTopics and DeleteRecords on them are
+refused (Kafka's ``ReplicaManager`` ``internalTopicsAllowed``); the coordinators' own calls pass
+``internal_topics_allowed=True``. Fetch and ListOffsets of them stay open to everyone.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, 
                                   CatalogState, TopicState)
 from txlake.catalog.storage import ObjectStore
 from txlake.catalog.topic_config import cleanup_policies, effective_config, validate_topic_config
-from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, unify_collision_chars, validate_topic_name
+from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, is_internal, unify_collision_chars, validate_topic_name
 from txlake.catalog.writer_lease import WriterLease
 from txlake.formats.errors import FormatError
 from txlake.formats.records import (CONTROL_ABORT, CONTROL_COMMIT, HEADER_TYPE, PAYLOAD_SCHEMA, RECORD_SCHEMA,
@@ -220,12 +225,21 @@ class Broker:
         with self.catalog.lock:
             return dict(self.catalog.state.topics)
 
-    def create_topics(self, specs: list[tuple[str, int, dict]], validate_only: bool = False) -> list[tuple[Errors, str]]:
+    def create_topics(self, specs: list[tuple[str, int, dict]], validate_only: bool = False,
+                      internal_topics_allowed: bool = False) -> list[tuple[Errors, str]]:
         """CreateTopics: ``specs`` of ``(name, num_partitions or -1, config overrides)``.
 
-        Returns one ``(error, message)`` per spec: NO_ERROR, INVALID_TOPIC_EXCEPTION,
-        TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_CONFIG. All valid topics are
-        created in one catalog commit.
+        Returns one ``(error, message)`` per spec: NO_ERROR, INVALID_REQUEST (an internal
+        topic, see below), INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS,
+        INVALID_CONFIG. All valid topics are created in one catalog commit.
+
+        ``__consumer_offsets`` and ``__transaction_state`` are created only by their
+        coordinators (``internal_topics_allowed=True``, as Kafka's ``AutoTopicCreationManager``
+        creates them), with the partition count and config the coordinators read them with;
+        a client's request answers INVALID_REQUEST "Creation of internal topic X is
+        prohibited." -- the answer Kafka's ``ControllerApis.createTopics`` gives for its
+        prohibited internal topic. (Kafka's broker lets a client create these two; a txlake
+        coordinator cannot work with another layout, so txlake refuses them too.)
         """
         results: list[tuple[Errors, str]] = []
         actions = []
@@ -235,6 +249,9 @@ class Broker:
             state = self.catalog.state
             seen = {unify_collision_chars(n): n for n in state.topics}
             for name, num_partitions, config in specs:
+                if is_internal(name) and not internal_topics_allowed:
+                    results.append((Errors.INVALID_REQUEST, f"Creation of internal topic {name} is prohibited."))
+                    continue
                 try:
                     validate_topic_name(name)
                     if name in state.topics or name in {a["topic"] for a in actions}:
@@ -272,6 +289,13 @@ class Broker:
 
         Queued records of a deleted topic are flushed first; its objects become orphans
         that the cleaner removes after the grace period.
+
+        An internal topic (``__consumer_offsets``, ``__transaction_state``) is never deleted:
+        INVALID_TOPIC_EXCEPTION, the code Kafka's broker refuses a destructive request on an
+        internal topic with (DeleteRecords), with the message of Kafka's ``TopicCommand``
+        ("... is a kafka internal topic and is not allowed to be marked for deletion."). Kafka's
+        broker itself deletes them on request; txlake keeps every group's offsets and every
+        open transaction's state instead.
         """
         self.ensure_writer()
         self.flush()
@@ -279,6 +303,10 @@ class Broker:
         with self._commit_lock:
             actions = []
             for name in names:
+                if is_internal(name):
+                    results.append((Errors.INVALID_TOPIC_EXCEPTION, f"Topic {name} is a kafka internal topic and is "
+                                    "not allowed to be marked for deletion."))
+                    continue
                 topic = self.catalog.state.topics.get(name)
                 if topic is None:
                     results.append((Errors.UNKNOWN_TOPIC_OR_PART, f"Topic '{name}' does not exist"))
@@ -337,9 +365,10 @@ class Broker:
         return Errors.NO_ERROR, pid, 0
 
     # ---------------------------------------------------------------- produce
-    def produce(self, batches: list[ProduceBatch], timeout_ms: int = 30_000) -> list[ProduceResult]:
-        """Produce (acks=all): append and wait until the batches are committed."""
-        futures = self.produce_async(batches)
+    def produce(self, batches: list[ProduceBatch], timeout_ms: int = 30_000,
+                internal_topics_allowed: bool = False) -> list[ProduceResult]:
+        """Produce (acks=all): append and wait until the batches are committed (see :meth:`produce_async`)."""
+        futures = self.produce_async(batches, internal_topics_allowed)
         deadline = time.monotonic() + timeout_ms / 1000
         results = []
         for fut in futures:
@@ -349,21 +378,27 @@ class Broker:
                 results.append(ProduceResult(Errors.REQUEST_TIMED_OUT, message="commit did not complete in time"))
         return results
 
-    def produce_async(self, batches: list[ProduceBatch]) -> list[Future]:
+    def produce_async(self, batches: list[ProduceBatch], internal_topics_allowed: bool = False) -> list[Future]:
         """Validate and queue ``batches``; each future resolves to a :class:`ProduceResult` after the commit.
 
         Validation errors (UNKNOWN_TOPIC_OR_PART, MESSAGE_TOO_LARGE, INVALID_PRODUCER_EPOCH,
         OUT_OF_ORDER_SEQUENCE_NUMBER, ...) resolve at once; a duplicate resolves at once
         to the original offsets (KIP-98).
+
+        ``internal_topics_allowed`` (Kafka's ``ReplicaManager.appendRecords`` argument): only
+        the coordinators' own appends pass True. Otherwise a batch for ``__consumer_offsets`` or
+        ``__transaction_state`` answers INVALID_TOPIC_EXCEPTION "Cannot append to internal topic
+        X" and nothing is appended. (Kafka's ``KafkaApis`` passes True for a Produce request
+        whose client id is ``__admin_client``; a wire server does the same.)
         """
         try:
             self.ensure_writer()
         except ApiError as exc:
             return [_done(ProduceResult(exc.error, message=exc.message)) for _ in batches]
         with self._append_lock:
-            return [self._append(batch) for batch in batches]
+            return [self._append(batch, internal_topics_allowed) for batch in batches]
 
-    def _append(self, batch: ProduceBatch) -> Future:
+    def _append(self, batch: ProduceBatch, internal_topics_allowed: bool) -> Future:
         if self._fatal is not None:
             return _done(ProduceResult(Errors._FENCED, message=str(self._fatal)))
         wp = self._partitions.get((batch.topic, batch.partition))
@@ -371,6 +406,9 @@ class Broker:
         if wp is None or topic is None:
             return _done(ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART,
                                        message=f"Unknown topic or partition: {batch.topic} [{batch.partition}]"))
+        if not internal_topics_allowed and is_internal(batch.topic):
+            return _done(ProduceResult(Errors.INVALID_TOPIC_EXCEPTION,
+                                       message=f"Cannot append to internal topic {batch.topic}"))
         n = batch.records.num_rows
         assert n > 0, "a batch holds at least one record"
         config = effective_config(topic.config)
@@ -451,8 +489,8 @@ class Broker:
                 log.warning("removing expired producers failed: %s", exc)
 
     # ---------------------------------------------------------------- DeleteRecords
-    def delete_records(self, requests: list[tuple[str, int, int]],
-                       timeout_ms: int = 30_000) -> list[tuple[Errors, int, str | None]]:
+    def delete_records(self, requests: list[tuple[str, int, int]], timeout_ms: int = 30_000,
+                       internal_topics_allowed: bool = False) -> list[tuple[Errors, int, str | None]]:
         """DeleteRecords: advance each partition's log start offset (Kafka's
         ``ReplicaManager.deleteRecords`` / ``UnifiedLog.maybeIncrementLogStartOffset``).
 
@@ -463,8 +501,11 @@ class Broker:
         Returns:
             ``(error, low_watermark, message)`` per request, in order: the partition's log
             start offset after the call (it never moves back), or -1 with UNKNOWN_TOPIC_OR_PART,
-            OFFSET_OUT_OF_RANGE (an offset below -1 or past the high watermark) or
-            POLICY_VIOLATION (the topic's ``cleanup.policy`` lacks ``delete``).
+            INVALID_TOPIC_EXCEPTION (an internal topic, unless ``internal_topics_allowed``: Kafka's
+            ``ReplicaManager.deleteRecordsOnLocalLog`` answers "Cannot delete records of internal
+            topic X"; only the engine's own retention passes True), OFFSET_OUT_OF_RANGE (an
+            offset below -1 or past the high watermark) or POLICY_VIOLATION (the topic's
+            ``cleanup.policy`` lacks ``delete``).
 
         Records below the new log start offset become unreadable at once (Fetch answers
         OFFSET_OUT_OF_RANGE, committed views start there); segments wholly below it leave
@@ -486,6 +527,9 @@ class Broker:
                     p = state.partition(topic, partition)
                 except UnknownTopicError as exc:
                     answers.append((Errors.UNKNOWN_TOPIC_OR_PART, -1, str(exc)))
+                    continue
+                if not internal_topics_allowed and is_internal(topic):
+                    answers.append((Errors.INVALID_TOPIC_EXCEPTION, -1, f"Cannot delete records of internal topic {topic}"))
                     continue
                 if "delete" not in cleanup_policies(state.topics[topic].config):
                     answers.append((Errors.POLICY_VIOLATION, -1, f"Records of partition {topic}-{partition} can not "

@@ -279,7 +279,9 @@ def apply_retention(broker: "Broker", names: list[str], now_ms: int, dry_run: bo
     wanted = set(names)
     targets = [(t.topic, t.partition, t.log_start_offset) for t in found if t.topic in wanted]
     if targets and not dry_run:
-        for (topic, partition, _), (error, _, message) in zip(targets, broker.delete_records(targets)):
+        # the log's own retention, not a client's DeleteRecords: internal topics are no exception
+        answers = broker.delete_records(targets, internal_topics_allowed=True)
+        for (topic, partition, _), (error, _, message) in zip(targets, answers):
             if error:
                 log.warning("retention of %s [%d] failed: %s %s", topic, partition, error.name, message or "")
     if progress is not None:

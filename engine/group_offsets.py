@@ -162,7 +162,7 @@ class GroupOffsets:
         if CONSUMER_OFFSETS_TOPIC in self.broker.topics():
             return
         ((error, message),) = self.broker.create_topics(
-            [(CONSUMER_OFFSETS_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))])
+            [(CONSUMER_OFFSETS_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))], internal_topics_allowed=True)
         if error not in (Errors.NO_ERROR, Errors.TOPIC_ALREADY_EXISTS):
             raise ApiError(error, f"cannot create {CONSUMER_OFFSETS_TOPIC}: {message}")
 
@@ -204,7 +204,8 @@ class GroupOffsets:
             stored = {tp: replace(om, expire_timestamp=expire) for tp, om in offsets.items() if tp not in answers}
             if stored:
                 (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
-                                                              offset_records(group_id, stored, now), urgent=True)])
+                                                              offset_records(group_id, stored, now), urgent=True)],
+                                                internal_topics_allowed=True)
                 answers.update(dict.fromkeys(stored, result.error))
         return {tp: answers[tp] for tp in offsets}
 
@@ -225,7 +226,8 @@ class GroupOffsets:
         if not keys:
             return Errors.NO_ERROR
         (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, partition,
-                                                      _payload(keys, [None] * len(keys), _wall_ms()), urgent=True)])
+                                                      _payload(keys, [None] * len(keys), _wall_ms()), urgent=True)],
+                                        internal_topics_allowed=True)
         return result.error
 
     def append_group_record(self, group_id: str, key: bytes, value: bytes | None) -> Errors:
@@ -235,7 +237,8 @@ class GroupOffsets:
         except ApiError as exc:
             return exc.error
         (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
-                                                      _payload([key], [value], _wall_ms()), urgent=True)])
+                                                      _payload([key], [value], _wall_ms()), urgent=True)],
+                                        internal_topics_allowed=True)
         return result.error
 
     def records(self, partition: int) -> Iterator[tuple[bytes, bytes | None]]:

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC
+from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, is_internal
 
 from .errors import ApiError, Errors
 from .requests import TxnMarker
@@ -211,12 +211,21 @@ class TransactionCoordinator:
     # ------------------------------------------------------------------ AddPartitionsToTxn
     def handle_add_partitions_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                      partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Errors]:
-        """AddPartitionsToTxn: one error for all the partitions (Kafka answers them alike).
+        """AddPartitionsToTxn from a client: one error for all the partitions (Kafka answers them alike).
 
         INVALID_PRODUCER_ID_MAPPING (unknown id or another producer id), PRODUCER_FENCED
         (another epoch), CONCURRENT_TRANSACTIONS (a transition or an EndTxn in progress).
+
+        A client never writes an internal topic: when any partition is of ``__consumer_offsets``
+        or ``__transaction_state``, nothing is added and those partitions answer
+        TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED (Kafka's ``KafkaApis``
+        leaves internal topics out of a client's WRITE authorization). The group's
+        ``__consumer_offsets`` partition joins a transaction through AddOffsetsToTxn only.
         """
         partitions = frozenset(partitions)
+        if any(is_internal(topic) for topic, _ in partitions):
+            return {tp: Errors.TOPIC_AUTHORIZATION_FAILED if is_internal(tp[0]) else Errors.OPERATION_NOT_ATTEMPTED
+                    for tp in partitions}
         error = self._add_partitions(transactional_id, producer_id, producer_epoch, partitions)
         return {tp: error for tp in partitions}
 

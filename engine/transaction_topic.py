@@ -75,7 +75,7 @@ class TransactionTopicLog:
                                f"transaction.state.log.num.partitions is {self.num_partitions}; it cannot change")
             return
         ((error, message),) = self.broker.create_topics(
-            [(TRANSACTION_STATE_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))])
+            [(TRANSACTION_STATE_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))], internal_topics_allowed=True)
         if error not in (Errors.NO_ERROR, Errors.TOPIC_ALREADY_EXISTS):
             raise ApiError(error, f"cannot create {TRANSACTION_STATE_TOPIC}: {message}")
 
@@ -104,7 +104,8 @@ class TransactionTopicLog:
         records = pa.Table.from_arrays(
             [pa.array([now_ms()], pa.int64()), pa.array([key], pa.binary()), pa.array([value], pa.binary()),
              pa.nulls(1, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
-        (queued,) = self.broker.produce_async([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records, urgent=urgent)])
+        (queued,) = self.broker.produce_async([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records, urgent=urgent)],
+                                              internal_topics_allowed=True)  # the coordinator's own append
         offset: Future = Future()
 
         def resolve(done: Future) -> None:

@@ -89,7 +89,7 @@ def refuse_next(monkeypatch, broker: Broker, tp: tuple[str, int], error: Errors,
     real = broker.produce_async
     refused: list = []
 
-    def produce_async(batches):
+    def produce_async(batches, internal_topics_allowed=False):
         out = []
         for b in batches:
             if (b.topic, b.partition) == tp and (times < 0 or len(refused) < times):
@@ -98,7 +98,7 @@ def refuse_next(monkeypatch, broker: Broker, tp: tuple[str, int], error: Errors,
                 f.set_result(ProduceResult(error, message=f"{error.name} (refused by the test)"))
                 out.append(f)
             else:
-                out.extend(real([b]))
+                out.extend(real([b], internal_topics_allowed))
         return out
 
     monkeypatch.setattr(broker, "produce_async", produce_async)

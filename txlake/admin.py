@@ -208,7 +208,11 @@ class AdminClient:
 
     def create_topics(self, new_topics: list[NewTopic], operation_timeout: float = 0, request_timeout: float = -1,
                       validate_only: bool = False) -> dict[str, Future]:
-        """CreateTopics: one future per topic (None, or KafkaException with Kafka's error)."""
+        """CreateTopics: one future per topic (None, or KafkaException with Kafka's error).
+
+        ``__consumer_offsets`` and ``__transaction_state`` are created by their coordinators
+        only: asking for one fails with INVALID_REQUEST (see docs/operations.md).
+        """
         if not isinstance(new_topics, list) or not all(isinstance(t, NewTopic) for t in new_topics):
             raise TypeError("Expected list of NewTopic")
         if len({t.topic for t in new_topics}) != len(new_topics):
@@ -220,7 +224,11 @@ class AdminClient:
         return {t.topic: _future(err, msg) for t, (err, msg) in zip(new_topics, results)}
 
     def delete_topics(self, topics: list[str], operation_timeout: float = 0, request_timeout: float = -1) -> dict[str, Future]:
-        """DeleteTopics: one future per topic."""
+        """DeleteTopics: one future per topic (None, or KafkaException with Kafka's error).
+
+        An internal topic (``__consumer_offsets``, ``__transaction_state``) is never deleted:
+        its future fails with INVALID_TOPIC_EXCEPTION (see docs/operations.md).
+        """
         if not isinstance(topics, list):
             raise TypeError("Expected list of topic names")
         try:
@@ -243,8 +251,9 @@ class AdminClient:
 
         Returns:
             One future per partition; its result is :class:`DeletedRecords`, or it raises
-            KafkaException UNKNOWN_TOPIC_OR_PART, OFFSET_OUT_OF_RANGE (past the high
-            watermark), POLICY_VIOLATION (``cleanup.policy`` without ``delete``),
+            KafkaException UNKNOWN_TOPIC_OR_PART, INVALID_TOPIC_EXCEPTION (an internal topic,
+            as Kafka), OFFSET_OUT_OF_RANGE (past the high watermark), POLICY_VIOLATION
+            (``cleanup.policy`` without ``delete``),
             NOT_LEADER_OR_FOLLOWER (another process holds the writer lease) or REQUEST_TIMED_OUT.
 
         Raises:

@@ -662,7 +662,8 @@ class Producer:
             seq = self._assign_sequence((topic, partition), records.num_rows)
             batch = ProduceBatch(topic, partition, records, self._producer_id, self._epoch, seq,
                                  is_transactional=True, urgent=True)
-        (result,) = self._broker.produce([batch], timeout_ms=int((timeout or 30) * 1000))
+        # the group coordinator's append (Kafka's TxnOffsetCommit handler may write __consumer_offsets)
+        (result,) = self._broker.produce([batch], timeout_ms=int((timeout or 30) * 1000), internal_topics_allowed=True)
         if result.error != Errors.NO_ERROR:
             with self._lock:
                 code = Errors._MSG_TIMED_OUT if result.error.retriable else result.error

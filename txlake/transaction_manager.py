@@ -196,7 +196,8 @@ class TransactionManager:
 
         Returns NO_ERROR (the partitions are in the transaction), or the error after moving to
         FATAL_ERROR (PRODUCER_FENCED and other fencing answers) or ABORTABLE_ERROR (with an
-        epoch bump for UNKNOWN_PRODUCER_ID / INVALID_PRODUCER_ID_MAPPING, KIP-360). In an error
+        epoch bump for UNKNOWN_PRODUCER_ID / INVALID_PRODUCER_ID_MAPPING, KIP-360; without one
+        for TOPIC_AUTHORIZATION_FAILED, a partition of an internal topic). In an error
         state nothing is sent and the state's error is returned (Kafka's
         ``maybeTerminateRequestWithError``).
         """
@@ -206,7 +207,10 @@ class TransactionManager:
         def request() -> Errors:
             answers = self._coordinator().handle_add_partitions_to_txn(
                 self.transactional_id, self.producer_id, self.epoch, partitions)
-            return next(iter(answers.values()))  # one answer for all the partitions
+            # one answer for all the partitions, except that when some are refused (TOPIC_AUTHORIZATION_FAILED)
+            # the others answer OPERATION_NOT_ATTEMPTED: the refusal is the answer (Kafka's AddPartitionsToTxnHandler)
+            return next((e for e in answers.values() if e != Errors.OPERATION_NOT_ATTEMPTED),
+                        Errors.OPERATION_NOT_ATTEMPTED)
 
         try:
             error = self._call(request, timeout, "AddPartitionsToTxn")
