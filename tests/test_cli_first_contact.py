@@ -78,3 +78,17 @@ def test_topics_describe_counts_offsets_not_records(root, tmp_path):  # noqa: F8
     assert [c.strip() for c in header.split("┃")] == [
         "Partition", "Log start offset", "High watermark", "LSO", "Offsets", "Segments", "Bytes"]
     assert "control markers and aborted records included" in " ".join(out.split())
+
+
+def test_topics_list_exclude_internal_drops_only_kafkas_internal_topics(root):  # noqa: F811
+    """kafka-topics.sh --exclude-internal drops the internal topics, not every name with '__'."""
+    from txlake import Consumer, TopicPartition
+
+    s = storage_args(root)
+    run(["topics", "create", "__mine", *s])
+    run(["topics", "create", "t", *s])
+    c = Consumer({"storage.url": root, "group.id": "g"})
+    c.commit(offsets=[TopicPartition("t", 0, 0)], asynchronous=False)   # creates __consumer_offsets
+    c.close()
+    assert run(["topics", "list", *s]).stdout == "__consumer_offsets\n__mine\nt\n"
+    assert run(["topics", "list", "--exclude-internal", *s]).stdout == "__mine\nt\n"

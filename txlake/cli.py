@@ -237,9 +237,11 @@ def topics_create(ctx: click.Context, name: str, partitions: int | None, configs
 @click.pass_context
 def topics_list(ctx: click.Context, exclude_internal: bool) -> None:
     """List topic names, one per line (as kafka-topics.sh --list)."""
+    from txlake.catalog.topic_names import is_internal
+
     state = _catalog(ctx).state
     for name in sorted(state.topics):
-        if exclude_internal and name.startswith("__"):
+        if exclude_internal and is_internal(name):
             continue
         click.echo(name)
 
