@@ -8,4 +8,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
+# editable install; txlake's build backend (dev/txlake_build.py) adds spark_discovery/ to sys.path,
+# so Spark finds format("txlake") from any working directory (docs/spark.md)
 .venv/bin/python -m pip install --quiet -e ".[test]"

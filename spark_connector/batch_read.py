@@ -328,8 +328,10 @@ def subscribed_partitions(state: CatalogState, sub: Subscription, url: str, stri
     """The ``(topic, partition)`` pairs a subscription covers in ``state``, sorted.
 
     ``subscribe``: every partition of the named topics; ``subscribePattern``: every
-    partition of the non-internal topics the pattern matches whole (Kafka's
-    ``Pattern.matches``); ``assign``: the named partitions.
+    partition of the non-internal topics in whose name the pattern is found anywhere
+    (``re.search``), as Spark's Kafka source matches it (``SubscribePatternStrategy``:
+    ``topicRegex.findFirstIn(name)`` over the admin client's topic listing, which leaves
+    out internal topics); ``assign``: the named partitions.
 
     Raises:
         OptionError: with ``strict``, a named topic or an assigned partition does not
@@ -341,7 +343,7 @@ def subscribed_partitions(state: CatalogState, sub: Subscription, url: str, stri
     if sub.kind == "subscribePattern":
         rx = re.compile(sub.pattern)
         for name in sorted(state.topics):
-            if not is_internal(name) and rx.fullmatch(name):
+            if not is_internal(name) and rx.search(name):
                 out += [(name, p.partition) for p in state.topics[name].partitions]
         return out
     if sub.kind == "subscribe":

@@ -6,8 +6,11 @@ Input columns and options are those of Spark's Kafka sink (see :mod:`.staging`):
 ``storage.*`` engine settings), ``topic``, ``kafka.<producer key>`` (e.g.
 ``kafka.transaction.timeout.ms``), ``staging.maxFileBytes``. Save mode: Append --
 ``df.write.format("txlake").mode("append")``. Spark's Kafka sink also takes ErrorIfExists
-(its default), but Spark refuses that mode for every Python data source, so the mode must
-be named; Overwrite is refused as by Spark's Kafka sink.
+(its default) on Spark's V1 write path, but for a DSv2 table with batch writes -- every
+Python data source -- Spark's ``DataFrameWriter.save()`` raises
+UNSUPPORTED_DATA_SOURCE_SAVE_MODE for ErrorIfExists and Ignore before calling the source
+(as for its own Kafka sink run as DSv2), so the mode must be named; Overwrite is refused
+here as by Spark's Kafka sink.
 
 How a job is exactly once:
 

@@ -14,7 +14,7 @@ storage.url                          the storage root (``$TXLAKE_STORAGE``, else
 storage.options.<k>                  fsspec option ``k``; ``a.b`` nests (``{"a": {"b": v}}``);
                                      ``true``/``false`` become booleans, ``{...}``/``[...]`` JSON
 storage.options                      all fsspec options as one JSON object (merged first)
-subscribe / subscribePattern /       which topics: comma list / regex (full match) / JSON
+subscribe / subscribePattern /       which topics: comma list / regex (found anywhere) / JSON
 assign                               ``{"t": [0, 1]}`` -- exactly one of them
 startingOffsets                      earliest / latest / JSON ``{"t": {"0": 5, "1": -2}}``
                                      (batch: earliest; stream: latest)
@@ -109,7 +109,7 @@ class Subscription:
 
     Attributes:
         kind: ``"subscribe"`` (``topics``), ``"subscribePattern"`` (``pattern``, a Python
-            regex matched against the whole topic name, as Java's ``Pattern.matches``) or
+            regex found anywhere in the topic name, as Spark's Kafka source's ``findFirstIn``) or
             ``"assign"`` (``partitions``: ``(topic, partition)`` pairs).
     """
 

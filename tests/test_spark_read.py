@@ -156,8 +156,9 @@ def test_committed_read_equals_the_consumer(storage):
 
 def test_offsets_timestamps_patterns_and_assign(file_storage):
     """startingOffsets/endingOffsets JSON (-2/-1 and explicit), startingTimestamp and
-    endingTimestamp (first offset with timestamp >= it), subscribePattern (whole-name
-    match, internal topics excluded) and assign, as Spark's Kafka source."""
+    endingTimestamp (first offset with timestamp >= it), subscribePattern (found anywhere
+    in the name, as the Kafka source's ``findFirstIn``; internal topics excluded) and
+    assign, as Spark's Kafka source."""
     create(file_storage, orders=2, **{"orders-eu": 1, "xorders": 1})
     p = Producer(file_storage.conf())
     for topic, parts in (("orders", 2), ("orders-eu", 1), ("xorders", 1)):
@@ -165,16 +166,28 @@ def test_offsets_timestamps_patterns_and_assign(file_storage):
             p.produce(topic, value=f"{topic}-{i}", partition=i % parts, timestamp=T0 + 1000 * i)
     p.flush(30)
     # orders-0: offsets 0,1,2 at T0, +2 s, +4 s; orders-1: 0,1,2 at +1 s, +3 s, +5 s
+    t = Producer({**file_storage.conf(), **TXN_CONF, "transactional.id": "t"})
+    t.init_transactions(30)                                          # creates __transaction_state
+    c = Consumer({**file_storage.conf(), "group.id": "g", "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition("orders", 0, 1)], asynchronous=False)   # creates __consumer_offsets
+    c.close()
+    assert {"__transaction_state", "__consumer_offsets"} <= set(Catalog.open(file_storage.object_store()).state.topics)
+    orders = [("orders", p_, o) for p_ in (0, 1) for o in range(3)]
+    orders_eu = [("orders-eu", 0, o) for o in range(6)]
+    xorders = [("xorders", 0, o) for o in range(6)]
 
     through_spark = [(r.topic, r.partition, r.offset)
-                     for r in load(file_storage, subscribePattern="orders.*").select("topic", "partition", "offset")
+                     for r in load(file_storage, subscribePattern="rders-").select("topic", "partition", "offset")
                      .collect()]
-    assert sorted(through_spark) == [("orders", p_, o) for p_ in (0, 1) for o in range(3)] + \
-        [("orders-eu", 0, o) for o in range(6)]          # whole-name match: not xorders
+    assert sorted(through_spark) == orders_eu            # found anywhere in the name, not matched whole
     with pytest.raises(Exception, match="starting offset can't be latest for batch queries"):
         load(file_storage, subscribe="orders", startingOffsets="latest").collect()
 
-    assert direct(file_storage, subscribePattern="orders") == [("orders", p_, o) for p_ in (0, 1) for o in range(3)]
+    assert direct(file_storage, subscribePattern="orders") == orders + orders_eu + xorders
+    assert direct(file_storage, subscribePattern="orders.*") == orders + orders_eu + xorders
+    assert direct(file_storage, subscribePattern="^orders") == orders + orders_eu
+    assert direct(file_storage, subscribePattern="^orders$") == orders
+    assert direct(file_storage, subscribePattern="_|offsets|transaction") == []   # never an internal topic
     assert direct(file_storage, assign='{"orders": [1]}') == [("orders", 1, o) for o in range(3)]
     assert direct(file_storage, subscribe="orders", startingOffsets='{"orders": {"0": 2, "1": -2}}',
                   endingOffsets='{"orders": {"0": -1, "1": 1}}') == [("orders", 0, 2), ("orders", 1, 0)]
@@ -197,6 +210,7 @@ def test_offsets_timestamps_patterns_and_assign(file_storage):
     with pytest.raises(OptionError, match="ending offset 3 of orders-0 is before its starting offset 5"):
         direct(file_storage, subscribe="orders", startingOffsets='{"orders": {"0": 5, "1": 0}}')
     p.close()
+    t.close()
 
 
 def test_option_errors_name_the_option():
