@@ -44,6 +44,8 @@ from typing import Any, BinaryIO, Iterator
 
 import fsspec
 
+from .redaction import redact_url, url_has_credentials
+
 __all__ = [
     "ObjectInfo",
     "ObjectNotFoundError",
@@ -260,17 +262,26 @@ class ObjectStore:
         storage_options: the options the filesystem was built with (a copy).
 
     Raises:
-        ValueError: the URL is empty or its protocol is unknown to fsspec.
+        ValueError: the URL is empty, its protocol is unknown to fsspec, or it carries
+            credentials (``s3://KEY:SECRET@bucket``: pass them as storage options).
         StorageError: the filesystem could not be created (e.g. missing
             package, or a local root that cannot be created).
 
-    Instances are thread-safe and picklable (they rebuild their filesystem).
+    Instances are thread-safe and picklable (they rebuild their filesystem). The repr
+    shows the url only, never the storage options.
     """
 
     def __init__(self, url: str, storage_options: dict | None = None):
         if not isinstance(url, str) or not url.strip():
             raise ValueError(f"storage url must be a non-empty str, got {url!r}")
         raw = url.strip()
+        if url_has_credentials(raw):
+            exc = ValueError(f"storage url {redact_url(raw)!r} carries credentials in its user part; txlake does not "
+                             "use them (a URL is printed in logs, errors and process lists): pass them as storage "
+                             "options instead (-O key=... -O secret=..., $TXLAKE_STORAGE_OPTIONS, or "
+                             "storage.options in the client config)")
+            exc.__txlake_user__ = True  # type: ignore[attr-defined]
+            raise exc
         self.storage_options: dict = dict(storage_options or {})
         protocol, _ = fsspec.core.split_protocol(raw)
         if protocol is None:
@@ -279,7 +290,7 @@ class ObjectStore:
         try:
             cls = fsspec.get_filesystem_class(protocol)
         except (ValueError, ImportError) as e:
-            raise ValueError(f"unsupported storage url {url!r}: {e}") from e
+            raise ValueError(f"unsupported storage url {redact_url(url)!r}: {e}") from e
         protos = cls.protocol if isinstance(cls.protocol, (tuple, list)) else (cls.protocol,)
         self.protocol: str = protos[0]
         root = cls._strip_protocol(raw)
@@ -306,7 +317,8 @@ class ObjectStore:
     # ------------------------------------------------------------------ naming
 
     def __repr__(self) -> str:
-        return f"ObjectStore({self.url!r})"
+        # never the storage options (credentials); the url cannot carry any (refused above)
+        return f"ObjectStore({redact_url(self.url)!r})"
 
     def __reduce__(self):
         return (type(self), (self.url, self.storage_options))

@@ -43,6 +43,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from txlake.catalog.redaction import REDACTED, redact_value
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -179,6 +181,11 @@ class ReadOptions:
     max_offsets_per_trigger: int | None = None
     open_log: str | None = None
 
+    def __repr__(self) -> str:
+        # the storage options hold credentials (s3fs key/secret): shown redacted
+        fields = ", ".join(f"{f}={redact_value(f, getattr(self, f))!r}" for f in self.__dataclass_fields__)
+        return f"ReadOptions({fields})"
+
 
 # ------------------------------------------------------------------ parsing helpers
 def _name(key: str) -> str:
@@ -210,7 +217,8 @@ def _json(key: str, text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise OptionError(_name(key), f"expected {what}, got {text!r} ({e.msg} at char {e.pos})") from None
+        shown = REDACTED if key == "storage.options" else repr(text)  # storage options may hold credentials
+        raise OptionError(_name(key), f"expected {what}, got {shown} ({e.msg} at char {e.pos})") from None
 
 
 def _partition_number(key: str, topic: str, p: Any) -> int:
@@ -278,7 +286,8 @@ def parse_storage_options(options: Mapping[str, Any]) -> dict:
         whole = opts["storage.options"]
         data = whole if isinstance(whole, Mapping) else _json("storage.options", str(whole), "a JSON object")
         if not isinstance(data, dict):
-            raise OptionError("storage.options", f"expected a JSON object of fsspec options, got {whole!r}")
+            raise OptionError("storage.options", "expected a JSON object of fsspec options, got "
+                                                 f"{type(data).__name__} {redact_value('storage.options', data)!r}")
         out.update(data)
     prefix = "storage.options."
     for key in sorted(k for k in opts if k.startswith(prefix)):

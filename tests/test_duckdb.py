@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
+import duckdb
 import pyarrow as pa
 import pytest
 
@@ -302,15 +304,27 @@ def test_unreadable_objects_fail_loudly_naming_the_object(storage):
         one = read_segment(f, seg.path, [0])
     store.put(seg.path, encode_segments([one])[0])  # replaced by an object with 1 row group
     with pytest.raises(CorruptObjectError, match="has 1 row groups, but the catalog names row group 2") as info:
-        txduck.connect(storage.url, storage.options)
+        txduck.topic_sql(storage.url, "c", storage.options)
     assert info.value.location == store.uri(seg.path)
+    # connect() does not fail: the topic's view does, when queried (tests/test_duckdb_corrupt.py)
+    expected = f"txlake: topic 'c' cannot be read: CorruptObjectError: {store.uri(seg.path)}: has 1 row groups, " \
+               "but the catalog names row group 2"
+    with pytest.warns(txduck.UnreadableTopicWarning, match="has 1 row groups, but the catalog names row group 2"):
+        con = txduck.connect(storage.url, storage.options)
+    with pytest.raises(duckdb.InvalidInputException, match=re.escape(expected)):
+        con.sql("SELECT count(*) FROM c").fetchall()
+    con.close()
     create(storage, "d", 1)
     produce(storage, "d", [(0, None, b"x", BASE_TS, None)])
     seg_d = Catalog.open(store).state.topics["d"].partitions[0].segments[0]
     store.put(seg_d.path, b"not parquet at all")
-    with pytest.raises(CorruptObjectError, match="not a readable Parquet object") as info:
-        txduck.connect(storage.url, storage.options, topics=["d"])
-    assert info.value.location == store.uri(seg_d.path)
+    with pytest.warns(txduck.UnreadableTopicWarning, match="not a readable Parquet object"):
+        con = txduck.connect(storage.url, storage.options, topics=["d"])
+    assert txduck.unreadable_topics(con)["d"].startswith(
+        f"txlake: topic 'd' cannot be read: CorruptObjectError: {store.uri(seg_d.path)}: not a readable Parquet object")
+    with pytest.raises(duckdb.InvalidInputException, match="not a readable Parquet object"):
+        con.sql("SELECT * FROM d").fetchall()
+    con.close()
 
 
 def test_log_append_time_topic(storage):

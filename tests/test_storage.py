@@ -49,7 +49,8 @@ def _race_threads(store: ObjectStore, key: str, n: int) -> list[bool]:
 _CHILD = r"""
 import json, os, sys, time
 from txlake.catalog.storage import ObjectStore
-url, opts, keys, name, go = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]
+from txlake.child_conf import load_conf
+url, opts, keys, name, go = sys.argv[1], load_conf(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]
 store = ObjectStore(url, opts)
 store.exists("warm-up")  # open connections before the race
 print("ready", flush=True)
@@ -66,18 +67,12 @@ print(json.dumps(out), flush=True)
 def _race_processes(storage, tmp_path, keys: list[str], n: int) -> dict[str, list[str]]:
     """n processes race put_if_absent on every key; returns key -> winners."""
     go = tmp_path / "go-signal"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                _CHILD,
-                storage.url,
-                json.dumps(storage.options),
-                json.dumps(keys),
-                f"proc-{i}",
-                str(go),
-            ],
+    from txlake.child_conf import FROM_STDIN, start_with_conf
+
+    procs = [  # the storage options (credentials) go on stdin, not the command line
+        start_with_conf(
+            [sys.executable, "-c", _CHILD, storage.url, FROM_STDIN, json.dumps(keys), f"proc-{i}", str(go)],
+            storage.options,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -935,9 +935,16 @@ def sql(ctx: click.Context, query: str, fmt: str, isolation_level: str, max_rows
     """Run QUERY with DuckDB over the committed view of every topic (one view per topic,
     Spark's Kafka columns: key, value, topic, partition, offset, timestamp, timestampType,
     headers; quote names with '.' or '-': "my.topic"). BLOB values print as UTF-8 text."""
+    import warnings
+
     from . import duckdb as txduck
 
-    con = txduck.connect(storage_url(ctx), storage_opts(ctx), isolation_level=isolation_level)
+    with warnings.catch_warnings():  # said once below, as a line of ours
+        warnings.simplefilter("ignore", txduck.UnreadableTopicWarning)
+        con = txduck.connect(storage_url(ctx), storage_opts(ctx), isolation_level=isolation_level)
+    for message in txduck.unreadable_topics(con).values():
+        click.echo(click.style("Warning:", fg="yellow", bold=True) + f" {message} (its view raises this error "
+                   "when queried; the other topics answer)", err=True)
     try:
         rel = con.sql(query)
         if rel is None:

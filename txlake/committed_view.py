@@ -37,6 +37,7 @@ from typing import Iterable
 
 from txlake.catalog.state import AbortedTxn, CatalogState, PartitionState, SegmentInfo
 from txlake.catalog.storage import ObjectStore
+from txlake.formats.errors import FormatError
 from txlake.formats.records import KIND as RECORD_KIND
 from txlake.formats.records import VERSION as RECORD_VERSION
 from txlake.formats.versioning import check_tags, open_parquet
@@ -212,12 +213,24 @@ def object_row_groups(store: ObjectStore, key: str) -> int:
 
 def _row_group_counts(store: ObjectStore, keys: Iterable[str]) -> dict[str, int]:
     keys = list(keys)
+    _prefetch_row_groups(store, keys)
+    return {k: object_row_groups(store, k) for k in keys}
+
+
+def _prefetch_row_groups(store: ObjectStore, keys: list[str]) -> None:
+    """Read the footers of ``keys`` not cached yet, in parallel. An unreadable object is
+    skipped here: it raises when its row groups are asked for (by the topic that names it)."""
     with _cache_lock:
         missing = [k for k in keys if (store.url, k) not in _row_groups_cache]
     if len(missing) > 1:
+        def read(key: str) -> None:
+            try:
+                object_row_groups(store, key)
+            except (FormatError, OSError):
+                pass
+
         with ThreadPoolExecutor(min(_FOOTER_THREADS, len(missing)), thread_name_prefix="txlake-footer") as pool:
-            list(pool.map(lambda k: object_row_groups(store, k), missing))
-    return {k: object_row_groups(store, k) for k in keys}
+            list(pool.map(read, missing))
 
 
 # ------------------------------------------------------------------------ views
@@ -288,12 +301,32 @@ def topic_view(store: ObjectStore, state: CatalogState, topic: str, isolation_le
 
 
 def topic_views(store: ObjectStore, state: CatalogState, topics: Iterable[str] | None = None,
-                isolation_level: str = READ_COMMITTED, check_objects: bool = True) -> dict[str, TopicView]:
-    """:func:`topic_view` of several topics (all of them by default), reading footers in parallel."""
+                isolation_level: str = READ_COMMITTED, check_objects: bool = True,
+                errors: dict[str, Exception] | None = None) -> dict[str, TopicView]:
+    """:func:`topic_view` of several topics (all of them by default), reading footers in parallel.
+
+    Args:
+        errors: when given, a topic whose objects cannot be read (CorruptObjectError,
+            UnsupportedFormatVersionError, ObjectNotFoundError, StorageError -- the message
+            names the object) is left out of the result and its error is put here under its
+            name, so one unreadable topic does not hide the others; by default the first
+            such error is raised.
+
+    Raises:
+        as :func:`topic_view` (unreadable objects only without ``errors``).
+    """
     names = sorted(state.topics) if topics is None else list(topics)
     if check_objects:
         keys = {s.path for n in names if n in state.topics
                 for p in state.topics[n].partitions for s in p.segments}
-        _row_group_counts(store, sorted(keys))
-    return {n: topic_view(store, state, n, isolation_level, check_objects) for n in names}
+        _prefetch_row_groups(store, sorted(keys))
+    views = {}
+    for n in names:
+        try:
+            views[n] = topic_view(store, state, n, isolation_level, check_objects)
+        except (FormatError, OSError) as exc:
+            if errors is None:
+                raise
+            errors[n] = exc
+    return views
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 from txlake.catalog.catalog import MIN_LOG_RETENTION_MS
 from txlake.catalog.log_cleanup import DEFAULT_LOG_RETENTION_MS
+from txlake.catalog.redaction import redact_config, redact_url
 from txlake.engine.requests import BrokerConfig
 
 from .error import KafkaError, kafka_exception
@@ -203,6 +204,12 @@ class ClientConfig:
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
+
+    def __repr__(self) -> str:
+        # secrets (storage.options key/secret/token, passwords, URL userinfo) shown as [redacted]
+        return (f"ClientConfig(values={redact_config(self.values)!r}, explicit={self.explicit!r}, "
+                f"storage_url={redact_url(self.storage_url)!r}, "
+                f"storage_options={redact_config(self.storage_options)!r})")
 
     def broker_config(self) -> BrokerConfig:
         """The embedded engine's settings taken from the ``storage.*`` keys."""

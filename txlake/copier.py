@@ -8,9 +8,13 @@ worker left open, and the consumer starts from the group's committed offsets.
 
 Run as a process (the demo kills it with SIGKILL mid-transaction)::
 
-    python -m txlake.copier '<json config>' SOURCE TARGET GROUP TRANSACTIONAL_ID
+    python -m txlake.copier - SOURCE TARGET GROUP TRANSACTIONAL_ID
         [--batch-records N] [--pause-in-txn N] [--pause-before-commit N] [--abort-every N]
         [--same-partition] [--json-events]
+
+with the client config as one JSON line on stdin (``-``; :mod:`txlake.child_conf`: a
+command line is readable by every local user, a config may hold credentials). JSON text
+in place of ``-`` is accepted too, with a warning if it holds credentials.
 
 It prints one line per event on stdout: ``started``, ``committed <txn> <records>``,
 ``aborted <txn> <records>`` (with --abort-every N: every N-th transaction of this run
@@ -40,6 +44,7 @@ import time
 from typing import Any, Callable
 
 from . import Consumer, Producer, TopicPartition
+from .child_conf import load_conf
 
 
 def derive(value: bytes, partition: int, offset: int) -> tuple[bytes, bytes]:
@@ -132,7 +137,7 @@ _EVENT_FIELDS = {"committed": ("txn", "records"), "aborted": ("txn", "records"),
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry of the worker process."""
     ap = argparse.ArgumentParser(prog="python -m txlake.copier")
-    ap.add_argument("conf")
+    ap.add_argument("conf", help="- : the client config is one JSON line on stdin (or: the config as JSON)")
     ap.add_argument("source")
     ap.add_argument("target")
     ap.add_argument("group")
@@ -158,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
-    copy_exactly_once(json.loads(args.conf), args.source, args.target, args.group, args.transactional_id,
+    copy_exactly_once(load_conf(args.conf), args.source, args.target, args.group, args.transactional_id,
                       args.batch_records, args.pause_in_txn, emit, args.abort_every, args.same_partition,
                       args.pause_before_commit)
     return 0

@@ -680,7 +680,6 @@ def _copier_stage(url: str, options: dict, source_rows: int, partitions: int, co
     import json
     import os
     import signal
-    import subprocess
     import sys
 
     from txlake.catalog.catalog import Catalog
@@ -688,6 +687,7 @@ def _copier_stage(url: str, options: dict, source_rows: int, partitions: int, co
     from txlake.engine import registry
 
     from . import AdminClient, Consumer, NewTopic, TopicPartition
+    from .child_conf import FROM_STDIN, ConfChild
 
     res = CopierResult()
     batch = max(10, source_rows // 12)  # about 12 transactions; the 4th is killed
@@ -699,12 +699,13 @@ def _copier_stage(url: str, options: dict, source_rows: int, partitions: int, co
         admin.create_topics([NewTopic(COPIER_TARGET, 4)])[COPIER_TARGET].result()
     registry.close_all()  # the worker process becomes the writer
 
-    def run(extra: dict, pause: int | None) -> subprocess.Popen:
-        args = [sys.executable, "-m", "txlake.copier", json.dumps({**conf, **extra}), TOPIC, COPIER_TARGET,
+    def run(extra: dict, pause: int | None) -> ConfChild:
+        # the config (credentials included) goes on the child's stdin, never on its command line
+        args = [sys.executable, "-m", "txlake.copier", FROM_STDIN, TOPIC, COPIER_TARGET,
                 COPIER_GROUP, COPIER_TXN_ID, "--batch-records", str(batch)]
         if pause is not None:
             args += ["--pause-in-txn", str(pause)]
-        return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        return ConfChild("the exactly-once copier", args, {**conf, **extra})
 
     pause = 4
     worker = run({}, pause)
@@ -716,15 +717,18 @@ def _copier_stage(url: str, options: dict, source_rows: int, partitions: int, co
                 res.killed_in_transaction = int(line.split()[1])
                 os.kill(worker.pid, signal.SIGKILL)
                 break
+        if not res.killed_in_transaction:  # it ended on its own: reported, not narrated as our kill
+            worker.check(f"before it held transaction {pause} open", ended_early=True)
     finally:
-        worker.kill()
-        worker.wait()
+        worker.close()
     console.print(f"   first worker: committed {res.committed_before_kill:,} records in {pause - 1} transactions, "
                   f"produced transaction {pause} (durable, undecided) and was [bold]killed with SIGKILL[/] (pid {worker.pid})")
     worker = run({"storage.lease.force": True}, None)  # we know the old worker is dead: take its lease at once
-    out, _ = worker.communicate(timeout=600)
-    if worker.returncode != 0:
-        raise RuntimeError(f"the restarted copier failed (exit {worker.returncode})")
+    try:
+        out = worker.stdout.read()
+        worker.check("after its restart")
+    finally:
+        worker.close()
     done = [line for line in out.splitlines() if line.startswith("done")]
     console.print(f"   restarted worker: init_transactions aborted the dead worker's transaction; it resumed from the "
                   f"committed offsets and copied {int(done[-1].split()[1]) if done else 0:,} records")
@@ -782,7 +786,6 @@ def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCop
     joins, the engine process is SIGKILLed and restarted, a worker crashes with its
     transaction open; then check every record is in the output once, in order."""
     import json
-    import subprocess
     import sys
 
     from txlake.catalog.catalog import Catalog
@@ -790,6 +793,7 @@ def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCop
     from txlake.engine import registry
 
     from . import AdminClient, Consumer, NewTopic, TopicPartition
+    from .child_conf import FROM_STDIN, ConfChild
     from .group_copier import committed_offsets
 
     res = GroupCopyResult()
@@ -805,16 +809,18 @@ def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCop
         admin.create_topics([NewTopic(GROUP_TARGET, n_parts)])[GROUP_TARGET].result()
     registry.close_all()  # the group process becomes the writer
 
-    def start(*options_: str, force: bool = False) -> subprocess.Popen:
+    def start(*options_: str, force: bool = False) -> ConfChild:
         extra = {**GROUP_BROKER_CONF, **({"storage.lease.force": True} if force else {})}
-        args = [sys.executable, "-m", "txlake.group_copier", json.dumps({**conf, **extra}), TOPIC, GROUP_TARGET,
+        # the config (credentials included) goes on the child's stdin, never on its command line
+        args = [sys.executable, "-m", "txlake.group_copier", FROM_STDIN, TOPIC, GROUP_TARGET,
                 GROUP_ID, "--batch-records", str(batch), *options_]
-        return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        return ConfChild("the group copier", args, {**conf, **extra})
 
     workers: set[int] = set()
     assignments = 0
     first = start("--workers", "3", "--join-later", "1", "--join-after-commits", "6")
     try:
+        killed = False
         for line in first.stdout:
             event = json.loads(line)
             workers.add(event.get("worker", -1))
@@ -823,23 +829,27 @@ def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCop
                 res.committed_before_engine_kill += event["records"]
                 if 2 in workers and res.committed_before_engine_kill >= 28 * batch:
                     first.kill()   # SIGKILL: the engine, the coordinators and every worker die at once
+                    killed = True
                     break
+        if not killed:  # it ended on its own: reported, not narrated as our kill
+            first.check("before the demo killed it", ended_early=True)
     finally:
-        first.kill()
-        first.wait()
+        first.close()
     console.print(f"   run 1: two workers started, a third joined (a rebalance); after "
                   f"{res.committed_before_engine_kill:,} committed records the engine process was "
                   f"[bold]killed with SIGKILL[/] (pid {first.pid})")
     crashed = -1
     second = start("--workers", "3", "--crash-worker", "-1", "--crash-after-commits", "2", force=True)
-    for line in second.stdout:
-        event = json.loads(line)
-        workers.add(event.get("worker", -1))
-        assignments += event["event"] == "assigned"
-        if event["event"] == "crashed":
-            res.crashed_worker_open_records, crashed = event["records"], event["worker"]
-    if second.wait() != 0:
-        raise RuntimeError(f"the restarted group copier failed (exit {second.returncode})")
+    try:
+        for line in second.stdout:
+            event = json.loads(line)
+            workers.add(event.get("worker", -1))
+            assignments += event["event"] == "assigned"
+            if event["event"] == "crashed":
+                res.crashed_worker_open_records, crashed = event["records"], event["worker"]
+        second.check("after its restart")
+    finally:
+        second.close()
     res.workers_seen = len(workers - {-1})
     res.rebalances = assignments
     console.print(f"   run 2: the engine restarted from storage, three workers rejoined (their transactional ids "

@@ -29,6 +29,11 @@ transactions exist, without aborted ones). Views are built from the catalog only
 reading never talks to a writer and never takes the writer lease -- and are frozen at
 the catalog version they were built from until :func:`refresh`.
 
+A topic whose objects cannot be read (corrupt, missing, unknown format version) gets a
+view that raises an error naming the topic and the object when queried; the other views
+work, so a damaged internal topic never takes the user's topics down
+(:func:`unreadable_topics`, :class:`UnreadableTopicWarning`).
+
 How it reads: DuckDB's own Parquet reader scans the objects (``read_parquet`` with
 the topic, partition and offset filters pushed down to row-group statistics, so row
 groups of other topics and partitions are skipped unread). Local roots are read by
@@ -53,7 +58,13 @@ from txlake.catalog.storage import ObjectStore
 
 from .committed_view import READ_COMMITTED, ObjectScan, TopicView, topic_view, topic_views
 
-__all__ = ["COLUMNS", "committed_files", "connect", "refresh", "topic_relation", "topic_sql", "view_sql"]
+__all__ = ["COLUMNS", "UnreadableTopicWarning", "committed_files", "connect", "refresh", "topic_relation",
+           "topic_sql", "unreadable_topics", "view_sql"]
+
+
+class UnreadableTopicWarning(UserWarning):
+    """:func:`connect` / :func:`refresh` found topics whose objects cannot be read; their views
+    raise an error naming the topic and the object when queried, every other view works."""
 
 #: The view columns and their DuckDB types (Spark's Kafka-source schema).
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -134,6 +145,7 @@ class _Root:
     topics: frozenset[str] | None
     prefix: str
     views: dict[str, tuple[str, str]] = field(default_factory=dict)  # topic -> (view name, sql)
+    unreadable: dict[str, str] = field(default_factory=dict)  # topic -> why its view raises
 
 
 @dataclass
@@ -226,6 +238,15 @@ def view_sql(store: ObjectStore, view: TopicView) -> str:
     return "\nUNION ALL\n".join(parts)
 
 
+def unreadable_view_sql(message: str) -> str:
+    """The SELECT statement of a view that cannot be read: the columns :data:`COLUMNS`, and
+    any query that reads a row of it fails with ``message`` (DuckDB's ``error()``; every
+    column and the filter depend on it, so neither projection pruning nor a filter on a
+    column skips it; only a query that reads no row at all -- ``LIMIT 0`` -- succeeds)."""
+    cols = ", ".join(f"CAST(e AS {t}) AS {quote_ident(c)}" for c, t in COLUMNS)
+    return f"SELECT {cols}\nFROM (SELECT error({_lit(message)}) AS e) AS unreadable\nWHERE e IS NULL"
+
+
 def _partition_case(conds: dict[int, list[str]], otherwise: str) -> list[str]:
     """``[CASE "partition" WHEN p THEN <conds of p> ... ELSE otherwise END]`` (``[]`` without conditions)."""
     whens = [f'WHEN {p} THEN {" AND ".join(cs)}' for p, cs in sorted(conds.items()) if cs]
@@ -287,12 +308,19 @@ def connect(url: str | None = None, storage_options: dict | None = None,
         The connection; a view is named as its topic (quote names with '.' or '-':
         ``SELECT * FROM "my.topic-1"``).
 
+    A topic whose objects cannot be read (a corrupt, missing or unknown-version segment
+    object) does not fail the connection: its view raises, when queried, an error naming
+    the topic and the object, every other view works, an :class:`UnreadableTopicWarning`
+    names the unreadable topics and :func:`unreadable_topics` lists them. So a damaged
+    internal topic (``__consumer_offsets``, ``__transaction_state``) never takes the
+    user's topics down; :func:`refresh` tries the unreadable topics again.
+
     Raises:
         ValueError: a view name is taken by another root attached to the connection, an
             unknown isolation level, or an fsspec protocol already registered on the
             connection with other storage options.
         StorageError, CorruptObjectError, UnsupportedFormatVersionError: the catalog
-            or an object it names cannot be read (the message names the object).
+            cannot be read (the message names the object).
     """
     from .config import default_storage_url
 
@@ -313,6 +341,7 @@ def connect(url: str | None = None, storage_options: dict | None = None,
                                  "connection; pass prefix= to name this root's views apart")
         cs.roots.append(root)
         _sync_views(con, cs, root)
+    _warn_unreadable(root)
     return con
 
 
@@ -320,6 +349,9 @@ def refresh(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Bring the connection's views up to the newest catalog commit of each attached root.
 
     New topics get a view, deleted topics lose theirs, changed topics are redefined.
+
+    Topics that could not be read are tried again (their objects may have been replaced);
+    those still unreadable are named by an :class:`UnreadableTopicWarning`.
 
     Returns:
         The names of the views created, replaced or dropped (empty if nothing changed).
@@ -333,9 +365,35 @@ def refresh(con: duckdb.DuckDBPyConnection) -> list[str]:
     changed: list[str] = []
     with cs.lock:
         for root in cs.roots:
-            if root.catalog.refresh():
+            if root.catalog.refresh() or root.unreadable:
                 changed += _sync_views(con, cs, root)
+    for root in cs.roots:
+        _warn_unreadable(root)
     return changed
+
+
+def unreadable_topics(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """The views of ``con`` whose topic cannot be read, as of the last :func:`connect` /
+    :func:`refresh`: view name -> the error a query of it raises (it names the topic and the
+    object). Empty when every topic is readable or ``con`` has no txlake views."""
+    cs = _state(con)
+    out: dict[str, str] = {}
+    for root in (cs.roots if cs is not None else ()):
+        for topic, reason in root.unreadable.items():
+            if topic in root.views:
+                out[root.views[topic][0]] = _unreadable_message(topic, reason)
+    return out
+
+
+def _unreadable_message(topic: str, reason: str) -> str:
+    return f"txlake: topic {topic!r} cannot be read: {reason}"
+
+
+def _warn_unreadable(root: _Root) -> None:
+    if root.unreadable:
+        details = "; ".join(f"{t!r}: {root.unreadable[t]}" for t in sorted(root.unreadable))
+        warnings.warn(f"txlake: topics of {root.store.url} that cannot be read (querying their views raises this "
+                      f"error, the other views work): {details}", UnreadableTopicWarning, stacklevel=3)
 
 
 def topic_relation(con: duckdb.DuckDBPyConnection, topic: str) -> duckdb.DuckDBPyRelation:
@@ -360,18 +418,24 @@ def _wanted_topics(root: _Root) -> list[str]:
 
 
 def _sync_views(con: duckdb.DuckDBPyConnection, cs: _ConnState, root: _Root) -> list[str]:
+    errors: dict[str, Exception] = {}
     with root.catalog.lock:
         state = root.catalog.state
         names = _wanted_topics(root)
-        views = topic_views(root.store, state, names, root.isolation_level)
+        # per topic: an unreadable object makes its topic's view an error, never the connection
+        views = topic_views(root.store, state, names, root.isolation_level, errors=errors)
     changed = []
-    for topic in [t for t in root.views if t not in views]:
+    for topic in [t for t in root.views if t not in views and t not in errors]:
         name, _ = root.views.pop(topic)
         con.execute(f"DROP VIEW IF EXISTS {quote_ident(name)}")
         changed.append(name)
+    root.unreadable = {t: f"{type(exc).__name__}: {exc}" for t, exc in errors.items()}
     used = {name.lower() for r in cs.roots for name, _ in r.views.values()}
-    for topic, view in views.items():
-        sql = view_sql(root.store, view)
+    for topic in names:
+        if topic in errors:
+            sql = unreadable_view_sql(_unreadable_message(topic, root.unreadable[topic]))
+        else:
+            sql = view_sql(root.store, views[topic])
         old = root.views.get(topic)
         if old is not None and old[1] == sql:
             continue

@@ -14,9 +14,11 @@ the previous owner's transaction is decided (its committed offsets are stable).
 Workers run inside the process that holds the storage root's writer lease (the group
 coordinator is there). Run as a process::
 
-    python -m txlake.group_copier '<json config>' SOURCE TARGET GROUP --workers N
+    python -m txlake.group_copier - SOURCE TARGET GROUP --workers N
         [--join-later K] [--join-after-commits C] [--crash-worker W --crash-after-commits C]
         [--batch-records N]
+
+with the client config as one JSON line on stdin (``-``, as for :mod:`txlake.copier`).
 
 Every event is one JSON line on stdout: ``started`` (worker), ``assigned``/``revoked``/``lost``
 (worker, partitions), ``committed`` (worker, txn, records), ``aborted`` (worker, error),
@@ -36,6 +38,7 @@ import time
 from typing import Any, Callable
 
 from . import Consumer, KafkaException, Producer, TopicPartition
+from .child_conf import load_conf
 from .copier import derive
 from .types import OFFSET_STORED
 
@@ -217,7 +220,7 @@ def run_group(conf: dict[str, Any], source: str, target: str, group: str, worker
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry of the group process."""
     ap = argparse.ArgumentParser(prog="python -m txlake.group_copier")
-    ap.add_argument("conf")
+    ap.add_argument("conf", help="- : the client config is one JSON line on stdin (or: the config as JSON)")
     ap.add_argument("source")
     ap.add_argument("target")
     ap.add_argument("group")
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
             sys.stdout.flush()
 
-    run_group(json.loads(args.conf), args.source, args.target, args.group, args.workers, emit,
+    run_group(load_conf(args.conf), args.source, args.target, args.group, args.workers, emit,
               args.batch_records, args.join_later, args.join_after_commits, args.crash_worker,
               args.crash_after_commits)
     return 0

@@ -36,12 +36,16 @@ class WriterProcess:
     script = HELPER
 
     def __init__(self, storage, conf: dict | None = None, producer_conf: dict | None = None):
+        from txlake.child_conf import start_with_conf
+
         spec = self.spec(storage, conf, producer_conf)
         self.events: list[dict[str, Any]] = []
         self.stderr: list[str] = []
         self._cond = threading.Condition()
-        self.proc = subprocess.Popen([sys.executable, self.script, json.dumps(spec)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        args, first_line = self.command(spec)
+        # the spec holds the storage options (credentials): the first stdin line, never the command line
+        self.proc = start_with_conf(args, first_line, keep_stdin=True, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, bufsize=1)
         self.pid = self.proc.pid
         self._out = threading.Thread(target=self._read_stdout, daemon=True)
         self._err = threading.Thread(target=self._read_stderr, daemon=True)
@@ -49,8 +53,15 @@ class WriterProcess:
         self._err.start()
         self._started: dict | None = None
 
+    def command(self, spec: dict) -> tuple[list[str], dict]:
+        """The command line (``-`` where the spec goes) and the JSON object sent as the first line
+        of the process's stdin (:func:`txlake.child_conf.start_with_conf`); commands follow it."""
+        from txlake.child_conf import FROM_STDIN
+
+        return [sys.executable, self.script, FROM_STDIN], spec
+
     def spec(self, storage, conf: dict | None, producer_conf: dict | None) -> dict:
-        """The JSON argument of the script: client config and the Producer's own config."""
+        """The script's spec (its first stdin line): client config and the Producer's own config."""
         return {"conf": {"storage.url": storage.url, "storage.options": dict(storage.options), **(conf or {})},
                 "producer_conf": producer_conf or {}}
 

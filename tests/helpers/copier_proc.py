@@ -1,8 +1,9 @@
 """The exactly-once copier (``python -m txlake.copier``) as a test subprocess.
 
-Run as a script, ``python copier_proc.py '{"argv": [...]}'`` runs ``txlake.copier`` exactly as
-``python -m txlake.copier <argv...>`` does (runpy), after registering faulthandler on
-SIGUSR1 so a hung copier can be asked for its stacks.
+Run as a script, ``python copier_proc.py '{"argv": ["-", ...]}'`` runs ``txlake.copier`` exactly as
+``python -m txlake.copier - <argv...>`` does (runpy), after registering faulthandler on
+SIGUSR1 so a hung copier can be asked for its stacks; the client config is the first line of
+its stdin, read by the copier (:mod:`txlake.child_conf`), never on the command line.
 
 Imported, :class:`CopierProcess` drives such a process with :class:`helpers.WriterProcess`'s
 machinery (event lines read by a thread, ``wait_event``, ``kill``, ``describe``): the
@@ -52,9 +53,17 @@ class CopierProcess(WriterProcess):
         self.copier_args = [source, target, group, transactional_id, *(options or []), "--json-events"]
         super().__init__(storage, conf)
 
+    module = "txlake.copier"
+
     def spec(self, storage, conf: dict | None, producer_conf: dict | None) -> dict:
-        client_conf = super().spec(storage, conf, producer_conf)["conf"]
-        return {"module": "txlake.copier", "argv": [json.dumps(client_conf), *self.copier_args]}
+        """The copier's client config (sent on its stdin)."""
+        return WriterProcess.spec(self, storage, conf, producer_conf)["conf"]
+
+    def command(self, spec: dict) -> tuple[list[str], dict]:
+        from txlake.child_conf import FROM_STDIN
+
+        argv = {"module": self.module, "argv": [FROM_STDIN, *self.copier_args]}  # no config in it
+        return [sys.executable, self.script, json.dumps(argv)], spec
 
 
 class GroupCopierProcess(CopierProcess):
@@ -69,9 +78,7 @@ class GroupCopierProcess(CopierProcess):
         self.copier_args = [source, target, group, *(options or [])]
         WriterProcess.__init__(self, storage, conf)
 
-    def spec(self, storage, conf: dict | None, producer_conf: dict | None) -> dict:
-        client_conf = WriterProcess.spec(self, storage, conf, producer_conf)["conf"]
-        return {"module": "txlake.group_copier", "argv": [json.dumps(client_conf), *self.copier_args]}
+    module = "txlake.group_copier"
 
 
 @pytest.fixture

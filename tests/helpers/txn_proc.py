@@ -1,6 +1,7 @@
 """A transactional txlake writer process for the crash tests, driven by JSON lines on stdin.
 
-Run as ``python txn_proc.py '<spec json>'`` where the spec is::
+Run as ``python txn_proc.py -`` with the spec as the first line of stdin (it holds the storage
+options: never on the command line; ``'<spec json>'`` in place of ``-`` works too), where the spec is::
 
     {"conf": {"storage.url": ..., "storage.options": {...}, "storage.lease.ms": ...,
               "transaction.state.log.num.partitions": 3, ...},
@@ -275,7 +276,9 @@ class Txn:
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    from txlake.child_conf import load_conf
+
+    spec = load_conf(sys.argv[1])  # '-': the first line of stdin (it holds the storage options)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack to stderr
     import txlake  # noqa: F401 - import before saying "started", so a pre-started process is ready
     from txlake.engine import broker  # noqa: F401

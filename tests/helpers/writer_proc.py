@@ -1,6 +1,7 @@
 """A txlake writer process for the tests, driven by JSON lines on stdin.
 
-Run as ``python writer_proc.py '<spec json>'`` where the spec is::
+Run as ``python writer_proc.py -`` with the spec as the first line of stdin (it holds the storage
+options: never on the command line; ``'<spec json>'`` in place of ``-`` works too), where the spec is::
 
     {"conf": {"storage.url": ..., "storage.options": {...}, "storage.lease.ms": ...},
      "producer_conf": {...}}      # extra keys for the Producer only (optional)
@@ -241,7 +242,9 @@ class Writer:
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    from txlake.child_conf import load_conf
+
+    spec = load_conf(sys.argv[1])  # '-': the first line of stdin (it holds the storage options)
     import txlake  # noqa: F401 - import before saying "started", so a pre-started process is ready
     from txlake.engine import broker  # noqa: F401
 
