@@ -19,6 +19,7 @@ import pytest
 
 from txlake import (OFFSET_INVALID, AdminClient, Consumer, ConsumerGroupMetadata, KafkaError, KafkaException, NewTopic,
                     Producer, TopicPartition)
+from txlake.assignors import decode_assignment
 from txlake.engine.errors import Errors
 from txlake.engine.group_metadata import GroupState
 from txlake.engine.group_offsets import OffsetAndMetadata
@@ -191,14 +192,19 @@ def wait_until(condition, what: str, timeout: float = WAIT_S):
 
 
 def wait_stable(env: Env, members: list[Member], partitions: int, group_id: str = GROUP) -> int:
-    """Wait until the group is Stable, every member is in its generation and the members'
-    assignments cover the topic's partitions exactly once; returns the generation."""
+    """Wait until the group is Stable, every member is in its generation and has applied exactly
+    what the group assigned it in that generation (its group thread completes the join before
+    the member's poll runs the callbacks), and the members' assignments cover the topic's
+    partitions exactly once; returns the generation."""
     def stable():
         group = env.group(group_id)
         if group is None or group.state is not GroupState.STABLE:
             return None
-        if any(m.generation() != group.generation_id for m in members):
-            return None
+        for m in members:
+            stored = group.members.get(m.member_id())
+            if m.generation() != group.generation_id or stored is None or \
+                    sorted(p for _, p in decode_assignment(stored.assignment).partitions) != m.partitions():
+                return None
         owned = sorted(p for m in members for p in m.partitions())
         return group.generation_id if owned == list(range(partitions)) else None
     return wait_until(stable, f"a stable assignment of {partitions} partitions to {[m.name for m in members]}")

@@ -183,8 +183,10 @@ class Consumer:
         """Join ``group.id`` with this subscription (topic names, or regexes starting with ``^``).
 
         The group's partitions are shared among its members by the assignor of
-        ``partition.assignment.strategy``; the join happens in the next poll, where the
-        callbacks run: ``on_assign(consumer, partitions)``, ``on_revoke(consumer, partitions)``,
+        ``partition.assignment.strategy``; the consumer's group thread joins at once (it runs the
+        group protocol in the background, as librdkafka), and the callbacks run inside
+        ``poll()``/``consume()``/``close()``, in the caller's thread:
+        ``on_assign(consumer, partitions)``, ``on_revoke(consumer, partitions)``,
         ``on_lost(consumer, partitions)``. Assigned partitions start at the group's committed
         offsets (under read_committed, once no transaction holds a pending offset for them).
 
@@ -301,7 +303,8 @@ class Consumer:
         while True:
             self._serve_commit_reports()
             if self._membership is not None:
-                self._membership.poll()      # rejoin / rebalance callbacks / auto-commit, in this thread
+                # the group's rebalance callbacks, assignment changes and error events, in this thread
+                out.extend(self._membership.poll())
             with self._lock:
                 self._drain(out, num_messages)
             if out:
