@@ -113,6 +113,7 @@ class Member:
         self.events: list[tuple[str, list[int], int]] = []
         self.records: list[tuple[int, int, str]] = []
         self.error: KafkaError | None = None
+        self.error_events: list[KafkaError] = []     # error events consume() returned
         self._lock = threading.Lock()
         self._polling = threading.Event()
         self._idle = threading.Event()
@@ -146,6 +147,7 @@ class Member:
                 return
             with self._lock:
                 self.records.extend((m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
+                self.error_events.extend(m.error() for m in msgs if m.error() is not None)
 
     def pause(self) -> None:
         """Stop polling (returns once the thread is out of its current poll)."""
@@ -468,6 +470,10 @@ def test_max_poll_interval_expiry_loses_the_partitions(env):
     assert a.kinds("lost") == [] and a.partitions() == [0, 1, 2]    # a learns it at its next poll
     a.resume()
     assert wait_stable(env, [a, b], 6) == generation + 2
+    # librdkafka: the next poll returns _MAX_POLL_EXCEEDED, the one after it runs on_lost
+    assert [(e.code(), e.str().startswith("Application maximum poll interval (2000ms) exceeded by "))
+            for e in a.error_events] == [(KafkaError._MAX_POLL_EXCEEDED, True)]
+    assert b.error_events == []
     assert a.kinds("lost") == [([0, 1, 2], generation)]
     assert a.kinds("revoke") == [([0, 1, 2, 3, 4, 5], 1)]                # only when b joined
     assert [parts for parts, _ in a.kinds("assign")][-1] == [0, 1, 2]
