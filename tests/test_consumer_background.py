@@ -19,9 +19,9 @@ import time
 
 import pytest
 
-from txlake import Consumer, TopicPartition
+from txlake import Consumer
 from txlake.engine.group_metadata import GroupState
-from test_groups import GROUP, Env, backend, env, wait_until  # noqa: F401  (fixtures)
+from test_groups import GROUP, Env, backend, env  # noqa: F401  (backend, env: the fixtures)
 
 #: the whole scenario must end within this (the old code blocked ~305 s in one poll)
 SCENARIO_BOUND_S = 30

@@ -247,6 +247,11 @@ class ConsumerCoordinator:
         with self._cond:
             pending = [op for op in self._ops if op.kind in ("revoke", "lost")]
             self._ops.clear()
+            request, self._request = self._request, None
+            if request is not None and request.done() and self._request_kind == "join":
+                answer: JoinGroupResult = request.result()
+                if answer.error in (Errors.NO_ERROR, Errors.MEMBER_ID_REQUIRED) and answer.member_id:
+                    self.member_id = answer.member_id    # answered, not read yet: leave with that id
         for op in pending:
             self._apply(op)
         with self._cond:
@@ -449,7 +454,8 @@ class ConsumerCoordinator:
         assignments = None
         if joined.leader_id == joined.member_id and not joined.skip_assignment:
             counts = {t: len(meta.partitions) for t, meta in self.broker.topics().items()}
-            assignments = perform_assignment(self.assignors[joined.protocol_name], joined.members, counts, self.protocol)
+            assignments = perform_assignment(self.assignors[joined.protocol_name], joined.members, counts,
+                                             self.protocol)
         try:
             future = self._coordinator().handle_sync_group(
                 self.group_id, joined.generation_id, joined.member_id, assignments,
