@@ -303,8 +303,7 @@ class Consumer:
         while True:
             self._serve_commit_reports()
             if self._membership is not None:
-                # the group's rebalance callbacks, assignment changes and error events, in this thread
-                out.extend(self._membership.poll())
+                self._membership.poll()      # rejoin / rebalance callbacks / auto-commit, in this thread
             with self._lock:
                 self._drain(out, num_messages)
             if out:
@@ -321,6 +320,8 @@ class Consumer:
                 time.sleep(min(REFRESH_INTERVAL_MS / 1000, remaining if remaining is not None else 1))
 
     def _drain(self, out: list[Message], limit: int) -> None:
+        if self._membership is not None:
+            out.extend(self._membership.events(limit - len(out)))   # the group's error events come first
         for _ in range(len(self._order)):
             if len(out) >= limit:
                 return

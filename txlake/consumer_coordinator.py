@@ -194,14 +194,12 @@ class ConsumerCoordinator:
         with self._cond:
             return *self._joined_identity, self.group_instance_id
 
-    def poll(self) -> list[Message]:
+    def poll(self) -> None:
         """Called by every consumer poll, in the application's thread: note the poll (for
         ``max.poll.interval.ms``), serve the queued rebalance ops -- callbacks, assignment
-        changes -- and auto-commit every ``auto.commit.interval.ms``.
-
-        Returns:
-            ``[]``, or one error event (``_MAX_POLL_EXCEEDED``) for the application; the ops
-            queued after it are served by the next poll (librdkafka returns it first too).
+        changes -- up to the first error event, which :meth:`events` hands to the application
+        (the ops queued after it are served by the next poll: librdkafka returns it first too),
+        and auto-commit every ``auto.commit.interval.ms``.
 
         Raises:
             KafkaException: FENCED_INSTANCE_ID (fatal: another consumer has this
@@ -215,16 +213,24 @@ class ConsumerCoordinator:
             fatal = self._fatal
         if fatal is not None:
             raise KafkaException(fatal)
-        served, events = self._serve_ops()
-        if events:
-            return events
+        if self._serve_ops():
+            return
         with self._cond:
-            # not in the poll that changed the assignment: the new partitions have not been read yet
-            due = (self.auto_commit and not served and self._stable and not self._rejoin_needed and not self._ops
+            due = (self.auto_commit and self._stable and not self._rejoin_needed and not self._ops
                    and time.monotonic() - self._last_auto_commit >= self.auto_commit_interval_s)
         if due:
             self._auto_commit(wait=False)
-        return []
+
+    def events(self, limit: int) -> list[Message]:
+        """Up to ``limit`` error events waiting at the head of the op queue (``_MAX_POLL_EXCEEDED``),
+        as messages whose ``error()`` is set, for the consumer's poll to return."""
+        out: list[Message] = []
+        with self._cond:
+            while len(out) < limit and self._ops and self._ops[0].kind == "error":
+                out.append(Message(error=self._ops.popleft().error, offset=OFFSET_INVALID))
+            if out:
+                self._cond.notify_all()
+        return out
 
     def close(self) -> None:
         """Leave the group (librdkafka's consumer close, Kafka's ``maybeLeaveGroup``), in the
@@ -267,20 +273,19 @@ class ConsumerCoordinator:
             self._leave(member, "the consumer is being closed")
 
     # ------------------------------------------------------------------ the application's side
-    def _serve_ops(self) -> tuple[int, list[Message]]:
-        """Serve the queued ops in order until an error event or the end: ``(ops served, [the
-        error event] or [])``."""
-        served = 0
+    def _serve_ops(self) -> bool:
+        """Serve the queued ops in order, up to an error event or the end. True if anything is
+        left (an error event) or was served: no auto-commit in that poll (the assignment changed,
+        the new partitions have not been read yet)."""
+        served = False
         while True:
             with self._cond:
-                if not self._ops:
-                    return served, []
+                if not self._ops or self._ops[0].kind == "error":
+                    return served or bool(self._ops)
                 op = self._ops.popleft()
                 self._serving += 1
             try:
-                served += 1
-                if op.kind == "error":
-                    return served, [Message(error=op.error, offset=OFFSET_INVALID)]
+                served = True
                 self._apply(op)
             finally:
                 with self._cond:
