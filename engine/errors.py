@@ -33,6 +33,7 @@ class Errors(IntEnum):
     _INVALID_TYPE = -154
     _FATAL = -150
     _INCONSISTENT = -149
+    _MAX_POLL_EXCEEDED = -147
     _FENCED = -144
     _NOT_CONFIGURED = -145
     _AUTO_OFFSET_RESET = -140

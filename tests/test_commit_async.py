@@ -93,12 +93,25 @@ def simple(conf: dict, reports: Reports | None = None, **extra) -> Consumer:
     return c
 
 
-def poll_until(consumer: Consumer, condition, what: str, timeout: float = 15) -> None:
+def poll_until(consumer: Consumer, condition, what: str, timeout: float = 15, poll: bool = True) -> None:
+    """Check ``condition`` until it holds, polling in between (``poll=False``: the condition polls)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        consumer.poll(0.02)
+        if poll:
+            consumer.poll(0.02)
+
+
+def consume_records(consumer: Consumer, count: int, timeout: float = 15) -> list:
+    """consume() until ``count`` records came (error events aside). Only consume() runs: a
+    subscribed consumer's first assignment arrives from its group thread at any poll, whose
+    records must not go to a poll() that drops them."""
+    seen = []
+    poll_until(consumer, lambda: seen.extend(m for m in consumer.consume(100, 0.02) if m.error() is None)
+               or len(seen) >= count, f"{count} records", timeout, poll=False)
+    assert len(seen) == count
+    return seen
 
 
 def code(excinfo) -> int:
@@ -260,9 +273,7 @@ def _auto_committing_consumer(conf: dict) -> tuple[Consumer, Reports]:
     c = Consumer({**conf, **MEMBER_CONF, "group.id": G, "client.id": "a", "on_commit": reports,
                   "enable.auto.commit": True, "auto.commit.interval.ms": 50})
     c.subscribe(["in"])
-    seen = []
-    poll_until(c, lambda: seen.extend(m for m in c.consume(100, 0.02) if m.error() is None) or len(seen) == 9,
-               "9 records")
+    consume_records(c, 9)
     return c, reports
 
 
@@ -326,9 +337,7 @@ def test_close_auto_commits_and_reports_before_leaving(conf):
     c = Consumer({**conf, **MEMBER_CONF, "group.id": G, "client.id": "a", "on_commit": reports,
                   "enable.auto.commit": True, "auto.commit.interval.ms": 60_000})
     c.subscribe(["in"])
-    seen = []
-    poll_until(c, lambda: seen.extend(m for m in c.consume(100, 0.02) if m.error() is None) or len(seen) == 9,
-               "9 records")
+    consume_records(c, 9)
     assert reports.calls == []                        # the interval has not passed
     c.close()
     assert reports.calls == [(None, [("in", 0, 3, None, None), ("in", 1, 3, None, None), ("in", 2, 3, None, None)])]

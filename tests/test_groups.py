@@ -19,6 +19,7 @@ import pytest
 
 from txlake import (OFFSET_INVALID, AdminClient, Consumer, ConsumerGroupMetadata, KafkaError, KafkaException, NewTopic,
                     Producer, TopicPartition)
+from txlake.assignors import decode_assignment
 from txlake.engine.errors import Errors
 from txlake.engine.group_metadata import GroupState
 from txlake.engine.group_offsets import OffsetAndMetadata
@@ -112,6 +113,7 @@ class Member:
         self.events: list[tuple[str, list[int], int]] = []
         self.records: list[tuple[int, int, str]] = []
         self.error: KafkaError | None = None
+        self.error_events: list[KafkaError] = []     # error events consume() returned
         self._lock = threading.Lock()
         self._polling = threading.Event()
         self._idle = threading.Event()
@@ -145,6 +147,7 @@ class Member:
                 return
             with self._lock:
                 self.records.extend((m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
+                self.error_events.extend(m.error() for m in msgs if m.error() is not None)
 
     def pause(self) -> None:
         """Stop polling (returns once the thread is out of its current poll)."""
@@ -191,14 +194,19 @@ def wait_until(condition, what: str, timeout: float = WAIT_S):
 
 
 def wait_stable(env: Env, members: list[Member], partitions: int, group_id: str = GROUP) -> int:
-    """Wait until the group is Stable, every member is in its generation and the members'
-    assignments cover the topic's partitions exactly once; returns the generation."""
+    """Wait until the group is Stable, every member is in its generation and has applied exactly
+    what the group assigned it in that generation (its group thread completes the join before
+    the member's poll runs the callbacks), and the members' assignments cover the topic's
+    partitions exactly once; returns the generation."""
     def stable():
         group = env.group(group_id)
         if group is None or group.state is not GroupState.STABLE:
             return None
-        if any(m.generation() != group.generation_id for m in members):
-            return None
+        for m in members:
+            stored = group.members.get(m.member_id())
+            if m.generation() != group.generation_id or stored is None or \
+                    sorted(p for _, p in decode_assignment(stored.assignment).partitions) != m.partitions():
+                return None
         owned = sorted(p for m in members for p in m.partitions())
         return group.generation_id if owned == list(range(partitions)) else None
     return wait_until(stable, f"a stable assignment of {partitions} partitions to {[m.name for m in members]}")
@@ -462,6 +470,10 @@ def test_max_poll_interval_expiry_loses_the_partitions(env):
     assert a.kinds("lost") == [] and a.partitions() == [0, 1, 2]    # a learns it at its next poll
     a.resume()
     assert wait_stable(env, [a, b], 6) == generation + 2
+    # librdkafka: the next poll returns _MAX_POLL_EXCEEDED, the one after it runs on_lost
+    assert [(e.code(), e.str().startswith("Application maximum poll interval (2000ms) exceeded by "))
+            for e in a.error_events] == [(KafkaError._MAX_POLL_EXCEEDED, True)]
+    assert b.error_events == []
     assert a.kinds("lost") == [([0, 1, 2], generation)]
     assert a.kinds("revoke") == [([0, 1, 2, 3, 4, 5], 1)]                # only when b joined
     assert [parts for parts, _ in a.kinds("assign")][-1] == [0, 1, 2]

@@ -183,8 +183,10 @@ class Consumer:
         """Join ``group.id`` with this subscription (topic names, or regexes starting with ``^``).
 
         The group's partitions are shared among its members by the assignor of
-        ``partition.assignment.strategy``; the join happens in the next poll, where the
-        callbacks run: ``on_assign(consumer, partitions)``, ``on_revoke(consumer, partitions)``,
+        ``partition.assignment.strategy``; the consumer's group thread joins at once (it runs the
+        group protocol in the background, as librdkafka), and the callbacks run inside
+        ``poll()``/``consume()``/``close()``, in the caller's thread:
+        ``on_assign(consumer, partitions)``, ``on_revoke(consumer, partitions)``,
         ``on_lost(consumer, partitions)``. Assigned partitions start at the group's committed
         offsets (under read_committed, once no transaction holds a pending offset for them).
 
@@ -318,6 +320,8 @@ class Consumer:
                 time.sleep(min(REFRESH_INTERVAL_MS / 1000, remaining if remaining is not None else 1))
 
     def _drain(self, out: list[Message], limit: int) -> None:
+        if self._membership is not None:
+            out.extend(self._membership.events(limit - len(out)))   # the group's error events come first
         for _ in range(len(self._order)):
             if len(out) >= limit:
                 return
