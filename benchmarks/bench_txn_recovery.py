@@ -257,6 +257,9 @@ class _CollectingLog:
     def ensure_topic(self) -> None:
         pass
 
+    def exists(self) -> bool:
+        return True
+
     def append(self, partition: int, key: bytes, value: bytes | None) -> int:
         part = self.records[partition]
         part.append((key, value, self.clock.now))

@@ -10,7 +10,8 @@ offsets and queued; :mod:`.group_commit` makes the queue durable (one object and
 catalog commit per flush) and only then answers (acks=all). The high watermark moves
 at the commit.
 
-Reads never need the writer lease; the first write takes it.
+Reads never need the writer lease; the first write takes it, and with it the process
+starts the transaction coordinator (timeouts, half-ended transactions), whatever client wrote.
 
 The internal topics (``__consumer_offsets``, ``__transaction_state``) belong to the
 coordinators: a client's Produce, CreateTopics, DeleteTopics and DeleteRecords on them are
@@ -20,6 +21,7 @@ refused (Kafka's ``ReplicaManager`` ``internalTopicsAllowed``); the coordinators
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import struct
 import threading
@@ -40,7 +42,8 @@ from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, 
                                   CatalogState, TopicState)
 from txlake.catalog.storage import ObjectStore
 from txlake.catalog.topic_config import cleanup_policies, effective_config, validate_topic_config
-from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, is_internal, unify_collision_chars, validate_topic_name
+from txlake.catalog.topic_names import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, is_internal,
+                                         unify_collision_chars, validate_topic_name)
 from txlake.catalog.writer_lease import WriterLease
 from txlake.formats.errors import FormatError
 from txlake.formats.records import (CONTROL_ABORT, CONTROL_COMMIT, HEADER_TYPE, PAYLOAD_SCHEMA, RECORD_SCHEMA,
@@ -103,6 +106,9 @@ class Broker:
         #: partition is refused unless the coordinator has added the partition to the transaction.
         self.txn_verifier: Callable[[int, int, str, int], Errors] | None = None
         self._txn_coordinator: TransactionCoordinator | None = None
+        self._txn_starting: TransactionCoordinator | None = None  # a start-up in progress (close cancels it)
+        self._txn_election: threading.Thread | None = None  # starts the coordinator when the lease is taken
+        self._txn_closing = threading.Event()
         self._group_coordinator: GroupCoordinator | None = None
         self._group_config = GroupConfig.from_properties(self.config.group)
         self._coordinator_lock = threading.Lock()
@@ -172,6 +178,12 @@ class Broker:
             if self.config.compaction_interval_ms > 0:
                 self._compaction = CompactionThread(self, self.config.compaction_interval_ms)
                 self._compaction.start()
+            # taking the lease is the transaction coordinator's election (Kafka's onElection): it
+            # starts now, whatever client took the lease, so that transactions left Ongoing or
+            # half-ended by an earlier writer are timed out and finished with no transactional client
+            self._txn_election = threading.Thread(target=self._elect_transaction_coordinator, daemon=True,
+                                                  name="txlake-txn-coordinator-election")
+            self._txn_election.start()
 
     def _load_writer_state(self) -> None:
         """Producer ids continue after the last block; producer state = snapshot + log replay."""
@@ -559,24 +571,68 @@ class Broker:
 
     # ---------------------------------------------------------------- transaction coordinator
     def transaction_coordinator(self) -> TransactionCoordinator:
-        """The transaction coordinator of this storage root (started on first use, in the writer).
+        """The transaction coordinator of this storage root (it runs in the writer).
 
-        Its coordinator epoch is the writer-lease epoch. Starting it loads
-        ``__transaction_state`` and finishes transactions a previous writer left half-done.
+        Its coordinator epoch is the writer-lease epoch. Taking the lease starts it on a thread
+        of its own (:meth:`ensure_writer`, Kafka's ``onElection``), whatever client took the
+        lease; this call waits for that start-up, or starts it. Starting loads
+        ``__transaction_state`` (without creating it), finishes the transactions a previous
+        writer left in PrepareCommit/PrepareAbort, and starts the scheduler that aborts
+        transactions past their ``transaction.timeout.ms``
+        (``transaction.abort.timed.out.transaction.cleanup.interval.ms``).
 
         Raises:
-            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
+            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer;
+                _STATE when the engine is closing.
         """
         self.ensure_writer()
         # not the commit lock: starting up writes markers, which wait for commits
         with self._coordinator_lock:
             if self._txn_coordinator is None:
-                coordinator = TransactionCoordinator(self, self.lease.epoch,
-                                                     TransactionConfig.from_properties(self.config.transaction))
-                coordinator.startup()
+                if self._txn_closing.is_set():
+                    raise ApiError(Errors._STATE, f"the engine of {self.store.url} is closed")
+                coordinator = TransactionCoordinator(self, self.lease.epoch, self._transaction_config())
+                self._txn_starting = coordinator
+                if self._txn_closing.is_set():  # close() may have looked for it just before
+                    coordinator.cancel()
+                try:
+                    coordinator.startup()
+                except BaseException:
+                    coordinator.shutdown()
+                    raise
+                finally:
+                    self._txn_starting = None
+                if coordinator.cancelled:  # close() stopped the start-up
+                    coordinator.shutdown()
+                    raise ApiError(Errors._STATE, f"the engine of {self.store.url} is closed")
                 self.txn_verifier = coordinator.verify_partition
                 self._txn_coordinator = coordinator
             return self._txn_coordinator
+
+    def _transaction_config(self) -> TransactionConfig:
+        """The coordinator's configs; the partition count of an existing ``__transaction_state``
+        wins over ``transaction.state.log.num.partitions`` (Kafka's coordinator takes the count from
+        the topic, its config only for a topic yet to be created), so any writer -- whatever its
+        config -- can load it."""
+        config = TransactionConfig.from_properties(self.config.transaction)
+        existing = self.topics().get(TRANSACTION_STATE_TOPIC)
+        if existing is not None and len(existing.partitions) != config.transaction_log_num_partitions:
+            config = dataclasses.replace(config, transaction_log_num_partitions=len(existing.partitions))
+        return config
+
+    def _elect_transaction_coordinator(self) -> None:
+        """Start the coordinator of the writer that just took the lease (on its own thread, so the
+        first write never waits for the load). A failure is logged; the next transactional request
+        tries again."""
+        try:
+            self.transaction_coordinator()
+        except ApiError as exc:
+            if not self._txn_closing.is_set():
+                log.warning("the transaction coordinator of %s did not start: %s %s", self.store.url,
+                            exc.error.name, exc.message)
+        except Exception as exc:  # noqa: BLE001 - a thread of its own: nobody else would see it
+            log.error("the transaction coordinator of %s did not start (transactions left open or "
+                      "half-ended are not finished until it does): %s", self.store.url, exc)
 
     def group_offsets(self) -> GroupOffsets:
         """Consumer-group offsets in ``__consumer_offsets`` (commits take the writer lease; fetches read)."""
@@ -763,8 +819,16 @@ class Broker:
         if self._compaction is not None:
             self._compaction.stop()
         self._expiration_stop.set()
-        if self._txn_coordinator is not None:
-            self._txn_coordinator.shutdown()
+        self._txn_closing.set()
+        starting = self._txn_starting
+        if starting is not None:  # a start-up still loading: stop it at its next step
+            starting.cancel()
+        if self._txn_election is not None:
+            self._txn_election.join()
+        with self._coordinator_lock:  # waits for any other start-up in progress
+            coordinator = self._txn_coordinator
+        if coordinator is not None:
+            coordinator.shutdown()
         if self._group_coordinator is not None:
             self._group_coordinator.shutdown()
         if self._flusher_started:

@@ -11,7 +11,10 @@ the job (markers are idempotent per producer epoch).
 
 In this process-per-storage-root design the coordinator runs inside the writer, and its
 **coordinator epoch** is the writer-lease epoch: a newer writer always has a larger one,
-so markers of a zombie coordinator are refused (TRANSACTION_COORDINATOR_FENCED).
+so markers of a zombie coordinator are refused (TRANSACTION_COORDINATOR_FENCED). Taking the
+lease is the election: the broker starts the coordinator then, whatever client took the
+lease (Kafka's ``onElection``), so timeouts and half-finished transactions are dealt with
+without any transactional client. A process that only reads never holds it.
 """
 
 from __future__ import annotations
@@ -101,11 +104,33 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ lifecycle
     def startup(self, schedule: bool = True) -> None:
-        """Load every ``__transaction_state`` partition and finish the transactions a previous
-        coordinator left in PrepareCommit/PrepareAbort; then start the timeout scheduler."""
-        self.txn_log.ensure_topic()
-        pending = [p for partition in range(self.config.transaction_log_num_partitions)
-                   for p in self.state.load_transactions_for_partition(partition, self.coordinator_epoch)]
+        """Become the coordinator of every ``__transaction_state`` partition (Kafka's
+        ``onElection`` for each, then the schedulers of its ``startup``).
+
+        Loads every partition and finishes the transactions a previous coordinator left in
+        PrepareCommit/PrepareAbort (markers, then CompleteCommit/CompleteAbort); then, with
+        ``schedule``, starts the timeout scheduler (every
+        ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, Kafka's
+        ``abortTimedOutTransactions``) and the transactional-id expiration.
+
+        The broker runs it as soon as its process takes the writer lease, whatever client took
+        it, so it must be cheap where no transactional producer ever ran: the topic is not
+        created here (the first InitProducerId with a transactional id creates it) and its
+        partitions then load empty, without I/O. :meth:`cancel` from another thread (the writer
+        is closing) stops it before the next partition, the recovery or the schedulers.
+
+        Raises:
+            ApiError: INVALID_PARTITIONS when the topic exists with another partition count.
+            CorruptObjectError, UnsupportedFormatVersionError: a record cannot be decoded.
+        """
+        self.txn_log.exists()  # checks the partition count of an existing topic
+        pending = []
+        for partition in range(self.config.transaction_log_num_partitions):
+            if self._stop.is_set():
+                return
+            pending.extend(self.state.load_transactions_for_partition(partition, self.coordinator_epoch))
+        if self._stop.is_set():
+            return
         # each transactional id is finished on its own, as Kafka's marker channel does; run them
         # side by side so that their markers and Complete records share group commits
         with ThreadPoolExecutor(max_workers=RECOVERY_THREADS, thread_name_prefix="txlake-txn-recovery") as pool:
@@ -117,10 +142,21 @@ class TransactionCoordinator:
             found = self.state.get_transaction_state(txn.transactional_id)
             if found is not None:
                 self._remember(found.transaction_metadata)
-        if schedule:
+        if schedule and not self._stop.is_set():
             self._scheduler = threading.Thread(target=self._schedule, name="txlake-txn-scheduler", daemon=True)
             self._scheduler.start()
             self.state.enable_transactional_id_expiration()
+
+    def cancel(self) -> None:
+        """Ask a :meth:`startup` running in another thread to stop at its next step (it loads
+        no further partition, finishes nothing more, starts no scheduler); :meth:`shutdown` is
+        still needed once it returned."""
+        self._stop.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` or :meth:`shutdown` was called."""
+        return self._stop.is_set()
 
     def shutdown(self) -> None:
         """Stop the schedulers."""
@@ -140,6 +176,10 @@ class TransactionCoordinator:
     def _schedule(self) -> None:
         interval = self.config.abort_timed_out_transactions_interval_ms / 1000
         while not self._stop.wait(interval):
+            if not self.broker.is_writer:  # fenced (another process took the lease over) or closed: for good
+                log.info("the transaction coordinator at epoch %d stops aborting timed-out transactions: "
+                         "this process is no longer the writer", self.coordinator_epoch)
+                return
             try:
                 self.abort_timed_out_transactions()
             except Exception as exc:  # the scheduler must survive one bad round
@@ -163,6 +203,7 @@ class TransactionCoordinator:
             return Errors.INVALID_TRANSACTION_TIMEOUT, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
         self.settle(transactional_id)
         try:
+            self.txn_log.ensure_topic()  # the first transactional producer creates __transaction_state
             found = self.state.get_transaction_state(transactional_id)
             if found is None:
                 created = TransactionMetadata(transactional_id, self._allocate(), txn_timeout_ms=transaction_timeout_ms,

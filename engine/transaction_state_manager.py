@@ -869,8 +869,10 @@ class TransactionStateManager:
                     pending.append(TransactionalIdCoordinatorEpochAndTransitMetadata(
                         tid, coordinator_epoch, result, md, md.prepare_complete(now)))
             self._loading.discard(key)
-        log.info("loaded %d transactional ids from %s-%d at coordinator epoch %d (%d to complete)", len(loaded),
-                 TRANSACTION_STATE_TOPIC, partition, coordinator_epoch, len(pending))
+        # every writer loads every partition when it takes the lease: say so only when there was something
+        log.log(logging.INFO if loaded else logging.DEBUG,
+                "loaded %d transactional ids from %s-%d at coordinator epoch %d (%d to complete)", len(loaded),
+                TRANSACTION_STATE_TOPIC, partition, coordinator_epoch, len(pending))
         return pending
 
     def remove_transactions_for_partition(self, partition: int, coordinator_epoch: int | None = None) -> None:

@@ -61,18 +61,28 @@ class TransactionTopicLog:
         self._ahead_index: dict[str, list] | None = None
         self._ahead_lock = threading.Lock()
 
+    def exists(self) -> bool:
+        """True when ``__transaction_state`` exists (a transactional producer ran on this root);
+        a look at the catalog the process holds, no I/O.
+
+        Raises:
+            ApiError: INVALID_PARTITIONS when it exists with another partition count.
+        """
+        existing = self.broker.topics().get(TRANSACTION_STATE_TOPIC)
+        if existing is not None and len(existing.partitions) != self.num_partitions:
+            raise ApiError(Errors.INVALID_PARTITIONS,
+                           f"{TRANSACTION_STATE_TOPIC} has {len(existing.partitions)} partitions but "
+                           f"transaction.state.log.num.partitions is {self.num_partitions}; it cannot change")
+        return existing is not None
+
     def ensure_topic(self) -> None:
-        """Create ``__transaction_state`` (compacted) if it does not exist yet.
+        """Create ``__transaction_state`` (compacted) if it does not exist yet (Kafka creates it
+        when the first transactional producer looks for its coordinator).
 
         Raises:
             ApiError: the topic exists with another partition count, or cannot be created.
         """
-        existing = self.broker.topics().get(TRANSACTION_STATE_TOPIC)
-        if existing is not None:
-            if len(existing.partitions) != self.num_partitions:
-                raise ApiError(Errors.INVALID_PARTITIONS,
-                               f"{TRANSACTION_STATE_TOPIC} has {len(existing.partitions)} partitions but "
-                               f"transaction.state.log.num.partitions is {self.num_partitions}; it cannot change")
+        if self.exists():
             return
         ((error, message),) = self.broker.create_topics(
             [(TRANSACTION_STATE_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))], internal_topics_allowed=True)
@@ -137,12 +147,16 @@ class TransactionTopicLog:
         (:data:`READ_AHEAD_BYTES` at most) until their partition is read, which the
         coordinator does next, in partition order.
 
+        A topic not created yet reads as empty partitions.
+
         Raises:
             ApiError: CORRUPT_MESSAGE when an object cannot be read (the message names it).
         """
         catalog = self.broker.catalog
         with catalog.lock:
             topic = catalog.state.topics.get(TRANSACTION_STATE_TOPIC)
+            if topic is None:  # no transactional producer ever ran here: nothing to replay
+                return
             state = catalog.state.partition(TRANSACTION_STATE_TOPIC, partition)
             start, end = state.log_start_offset, state.high_watermark
             segments = [seg for seg in state.segments_from(start) if seg.base_offset < end]

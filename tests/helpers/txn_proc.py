@@ -35,6 +35,9 @@ SIGKILLs this process still reads everything it printed before the kill. Command
 ``produce_during_commit`` (topic)            -> ``produced_both``: the deadlock probe (see
                                                 :meth:`Txn.produce_during_commit`)
 ``close``                                    -> ``closed`` (every client and engine closed)
+``os_exit``                                  -> ``exiting_now``, then ``os._exit(0)``: exit code 0
+                                                but nothing is closed, flushed or released (an
+                                                open transaction stays open, the lease stays held)
 
 End of stdin ends the process (interpreter exit closes the engines).
 
@@ -273,6 +276,10 @@ class Txn:
             release_broker(self.broker)
             self.broker = None
         emit("closed")
+
+    def os_exit(self) -> None:
+        emit("exiting_now")
+        os._exit(0)
 
 
 def main() -> None:
