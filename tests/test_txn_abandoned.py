@@ -62,15 +62,18 @@ def txn_start_ms(view: View, transactional_id: str) -> int:
     return starts[-1]
 
 
-def wait_until_stable(storage, topic: str, deadline: float, what: str) -> View:
-    """Poll fresh views of the root until every partition of ``topic`` has LSO == high watermark;
-    fail once ``deadline`` (``time.time()``) has passed."""
+def wait_until_stable(storage, topic: str, deadline: float, what: str, transactional_id: str) -> View:
+    """Poll fresh views of the root until every partition of ``topic`` has LSO == high watermark
+    and ``transactional_id``'s last state in the transaction log is Complete* (the coordinator
+    appends CompleteCommit/CompleteAbort only after the markers are written, so it can lag the
+    LSO); fail once ``deadline`` (``time.time()``) has passed."""
     while True:
         view = View(storage)
         offsets = view.offsets(topic)
-        if all(lso == hw for lso, hw in offsets.values()):
+        states = view.txn_log_states(transactional_id)
+        if all(lso == hw for lso, hw in offsets.values()) and states and states[-1].startswith("Complete"):
             return view
-        assert time.time() < deadline, f"{what}: (LSO, high watermark) still {offsets}"
+        assert time.time() < deadline, f"{what}: (LSO, high watermark) still {offsets}, states {states[-2:]}"
         time.sleep(0.1)
 
 
@@ -146,7 +149,8 @@ def test_abandoned_transaction_times_out_under_a_plain_writer(storage, txn_procs
 
         # Aborted by the writer's coordinator within the timeout + the abort interval (+ slack).
         due = max(timed_out_at / 1000, became_writer) + ABORT_INTERVAL_MS / 1000
-        view = wait_until_stable(storage, "out", due + SLACK_S, "the abandoned transaction was not aborted")
+        view = wait_until_stable(storage, "out", due + SLACK_S, "the abandoned transaction was not aborted",
+                                 "abandoned")
         marker_at = TXN_PER_PARTITION + PER_PARTITION  # behind the N / PARTS idempotent records
         # the ABORT marker carries the bumped epoch (the abandoned producer is fenced) and this
         # writer's coordinator epoch
@@ -201,7 +205,8 @@ def test_prepare_state_left_by_a_crash_is_completed_by_a_plain_writer(storage, t
         producer.produce("side", value=b"first", partition=0)
         assert producer.flush(30) == 0
         coordinator_epoch = producer._broker.lease.epoch
-        view = wait_until_stable(storage, "out", time.time() + SLACK_S, f"{decided} was not completed")
+        view = wait_until_stable(storage, "out", time.time() + SLACK_S, f"{decided} was not completed",
+                                 "crasher")
         kind = "COMMIT" if commit else "ABORT"
         marker_at = TXN_PER_PARTITION
         assert view.markers("out", pid) == {p: [(marker_at, kind, epoch, coordinator_epoch)] for p in range(PARTS)}
