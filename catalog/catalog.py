@@ -34,11 +34,13 @@ one look past the missing number (:meth:`ObjectStore.first_key_after`: one LIST 
 on S3, whatever the log's length), never a LIST per refresh. A view looks:
 
 * when it opens (the checkpoints are listed then anyway: one more request);
-* before its first commit at a number it did not itself make the next one -- the writer's
-  lease commit and any commit after tailing others' commits. A number that follows this
-  view's own commit needs no look: while nothing lay past the number it checked, nothing
-  could appear past the next ones without first taking a number its create-if-absent
-  would collide with;
+* before committing, unless its own commit made the number the next one less than the
+  writer lease (``lease_ms``) ago: the writer's lease commit, its first commit after
+  tailing others' commits, and its first commit after an idle spell look (one LIST); a busy
+  writer never does. Right after its own commit N-1 nothing lies past N, and nothing can
+  appear there without another writer first taking N -- which its create-if-absent would
+  collide with -- unless that writer took the lease over (only possible ``lease_ms`` after
+  this one last renewed it) and its commit N was then lost;
 * when a refresh finds the next number missing and it has not looked for
   :data:`GAP_CHECK_MS` (a quiet reader: one or two LIST requests per 15 minutes).
 
@@ -156,9 +158,9 @@ class Catalog:
         self._confirmed_at: float | None = None
         #: ms after which an unconfirmed view looks for a newer checkpoint (tests shorten it)
         self.tail_stale_ms = TAIL_STALE_MS
-        #: the commit number this view knows is the next one, not a gap: it looked past it and
-        #: found nothing, or its own commit made it the next (None: not known)
+        #: the commit number this view's own last commit made the next one, and when (elapsed_clock)
         self._next_known: int | None = None
+        self._next_known_at = 0.0
         #: :func:`elapsed_clock` time of this view's last look past a missing number (None: never)
         self._gap_checked_at: float | None = None
         #: ms between two looks for a gap while refreshing (tests shorten it)
@@ -266,7 +268,7 @@ class Catalog:
                 ahead = min(2 * ahead, MAX_READ_AHEAD)
                 continue
             self._confirmed_at = probed_at  # absent since then, and all before it applied
-            if self._next_known == missing or not (check_gap or self._gap_check_due()):
+            if not (check_gap or self._gap_check_due()):
                 return changed
             if not self._look_past(missing, checkpoints):  # ... unless something lies past it: a gap
                 return changed
@@ -297,7 +299,6 @@ class Catalog:
         else:
             checkpoint = self.store.first_key_after(CHECKPOINTS_PREFIX, checkpoint_key(missing - 1))
         if past is None and checkpoint is None:
-            self._next_known = missing
             return False
         if self.store.get_or_none(key) is not None:
             return True  # written since the probe (numbers are taken in order): not a gap
@@ -307,9 +308,11 @@ class Catalog:
                 log.warning("catalog commit %s is missing; the view restarted from the checkpoint at version %d past it",
                             self.store.uri(key), self.state.version)
                 return True
-            newest = max(v for v in listed if v >= missing) if any(v >= missing for v in listed) else None
-            if newest is not None:
-                raise self._unreadable_checkpoint_error(newest)
+            # every checkpoint past it is unreadable. The cleanup deletes a prefix of the log and keeps the
+            # checkpoint just below the first commit it keeps: then that checkpoint is what must be restored
+            after = [v for v in listed if v >= missing]
+            if after and (past is None or version_of(past) - 1 in listed):
+                raise self._unreadable_checkpoint_error(after[-1])
         evidence = past or checkpoint
         raise CatalogGapError(
             self.store.uri(key), key, missing, evidence,
@@ -371,9 +374,9 @@ class Catalog:
                 unless the catalog's current lease is that epoch and not released.
                 ``None`` only for the lease acquisition itself.
 
-        Before committing at a number this view did not itself make the next one (the first
-        commit after opening or after tailing others' commits), it looks past that number for
-        a gap (module docstring): a writer never writes into a gap.
+        Unless this view's own commit made the number the next one less than ``lease_ms``
+        ago, it first looks past that number for a gap (module docstring): a writer never
+        writes into a gap.
 
         Raises:
             WriterFencedError: another writer holds the lease (this process is a zombie).
@@ -387,7 +390,10 @@ class Catalog:
             if lease_epoch is not None:
                 self._check_lease(lease_epoch)
             version = self.state.version + 1
-            if self._next_known != version and self._look_past(version):
+            lease = self.state.lease
+            made_next = (self._next_known == version and lease is not None
+                         and (elapsed_clock() - self._next_known_at) * 1000 < lease.lease_ms)
+            if not made_next and self._look_past(version):
                 self._tail(check_gap=True)  # another process committed since this view last looked
                 if lease_epoch is not None:
                     self._check_lease(lease_epoch)
@@ -403,7 +409,7 @@ class Catalog:
                 raise CommitConflictError(
                     f"catalog commit {version} at {self.store.uri(commit_key(version))} was written by another process"
                 )
-            self._confirmed_at = written_at
+            self._confirmed_at = self._next_known_at = written_at
             self._next_known = version + 1
             self._apply(version, list(actions))
             if version % self.checkpoint_interval == 0:
