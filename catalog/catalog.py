@@ -39,8 +39,9 @@ on S3, whatever the log's length), never a LIST per refresh. A view looks:
   tailing others' commits, and its first commit after an idle spell look (one LIST); a busy
   writer never does. Right after its own commit N-1 nothing lies past N, and nothing can
   appear there without another writer first taking N -- which its create-if-absent would
-  collide with -- unless that writer took the lease over (only possible ``lease_ms`` after
-  this one last renewed it) and its commit N was then lost;
+  collide with -- unless, within that window, another writer took the lease over (only
+  possible once this one's heartbeats had stopped for ``lease_ms``) *and* its commit N was
+  then lost: a double fault;
 * when a refresh finds the next number missing and it has not looked for
   :data:`GAP_CHECK_MS` (a quiet reader: one or two LIST requests per 15 minutes).
 
