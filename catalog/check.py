@@ -611,13 +611,13 @@ def describe_plan(plan: RepairPlan, accept_loss: bool) -> list[str]:
     lost = sum(x.last_offset - x.first_offset + 1 for x in plan.lost)
     lines.append(f"Unknown: anything else the lost commit{'s' if len(plan.markers) != 1 else ''} held (topic changes, "
                  "aborted-transaction entries, producer snapshots, lease changes); producer ids skip one block")
+    unplaced = f" ({_count(len(plan.unplaced), 'object')} past a high watermark not restored)" if plan.unplaced else ""
     if plan.written:
         lines.append(f"Wrote repair marker commit{'s' if len(plan.written) != 1 else ''} "
                      f"{', '.join(str(n) for n in plan.written)}: readers load up to version {plan.version}; "
-                     f"{len(plan.restored)} segment{'s' if len(plan.restored) != 1 else ''} restored, {lost} offset"
-                     f"{'s' if lost != 1 else ''} lost.")
+                     f"{_count(len(plan.restored), 'segment')} restored, {_count(lost, 'offset')} lost{unplaced}.")
     elif not accept_loss:
-        lines.append(f"Nothing written: {len(plan.restored)} segment{'s' if len(plan.restored) != 1 else ''} can be "
-                     f"restored and {lost} offset{'s' if lost != 1 else ''} are lost. Run `txlake catalog repair "
-                     "--accept-loss` to write this, or restore the missing commit objects from a backup instead.")
+        lines.append(f"Nothing written: {_count(len(plan.restored), 'segment')} can be restored and "
+                     f"{_count(lost, 'offset')} {'is' if lost == 1 else 'are'} lost{unplaced}. Run `txlake catalog repair --accept-loss` to write "
+                     "this, or restore the missing commit objects from a backup instead.")
     return lines

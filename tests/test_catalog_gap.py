@@ -294,7 +294,7 @@ def test_repair_with_accept_loss_marks_what_is_gone_and_later_commits_replay(sto
     assert f"Lost: t [0] offsets 17..17 (1 offset, commit {n}): no object that no commit names holds exactly these " \
            "offsets" in lines
     assert any(line.startswith(f"Restore: t [0] offsets 20..20 (1 record) from ") for line in lines)
-    assert lines[-1].startswith("Nothing written: 1 segment can be restored and 1 offset are lost.")
+    assert lines[-1].startswith("Nothing written: 1 segment can be restored and 1 offset is lost.")
     with pytest.raises(CatalogGapError):
         Catalog.open(storage.object_store())
     done = _cli(storage, "repair", "--accept-loss")
