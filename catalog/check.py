@@ -34,6 +34,7 @@ between its PUT and its commit), whose records were never acknowledged.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -41,8 +42,6 @@ import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
-import pyarrow.parquet as pq
 
 from txlake.formats.catalog_actions import CHECKPOINT_KIND, COMMIT_KIND, decode_actions, encode_actions
 from txlake.formats.errors import FormatError
@@ -56,6 +55,9 @@ from .storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
+#: missing keys ``check`` prints per gap (then how many more, and the last one)
+MAX_KEYS_SHOWN = 20
+
 __all__ = ["CatalogReport", "Gap", "RepairPlan", "Restored", "Lost", "check_catalog", "plan_repair",
            "repair_catalog", "describe_report", "describe_plan"]
 
@@ -65,7 +67,6 @@ class Gap:
     """Missing commit numbers ``first..last`` (inclusive) with a commit or checkpoint past them.
 
     Attributes:
-        keys: the object keys of the missing commits (``_catalog/commits/<20 digits>.parquet``).
         evidence: key of the first object past the gap.
         covered_by: the readable checkpoint readers start from when it lies at or past ``last``
             (the gap is then harmless to them); None when readers stop at the gap.
@@ -73,9 +74,13 @@ class Gap:
 
     first: int
     last: int
-    keys: list[str]
     evidence: str
     covered_by: int | None = None
+
+    @property
+    def keys(self) -> list[str]:
+        """The object keys of the missing commits (``_catalog/commits/<20 digits>.parquet``)."""
+        return [commit_key(n) for n in range(self.first, self.last + 1)]
 
     @property
     def open(self) -> bool:
@@ -178,7 +183,8 @@ def check_catalog(store: ObjectStore, progress: Callable[[int, int], None] | Non
         if actions is None:
             report.unreadable_commits[v] = error
         else:
-            report._actions[v] = actions
+            if v > report.start:  # what a repair replays (older ones are only checked)
+                report._actions[v] = actions
             for a in actions:
                 if a["action"] == LOST_COMMIT:
                     report.lost_commits[v] = json.loads(a.get("info") or "{}")
@@ -197,29 +203,29 @@ def check_catalog(store: ObjectStore, progress: Callable[[int, int], None] | Non
 
 
 def _find_gaps(report: CatalogReport) -> None:
-    present = set(report.commits)
-    v = 1
-    while v <= report.head:
-        if v in present:
-            v += 1
-            continue
-        last = v
-        while last + 1 <= report.head and last + 1 not in present:
-            last += 1
-        later_commit = next((c for c in report.commits if c > last), None)
-        later_checkpoint = next((c for c in report.checkpoints if c >= v), None)
-        if later_commit is None and later_checkpoint is None:  # pragma: no cover - head is present
-            break
+    commits, checkpoints = report.commits, report.checkpoints
+    ranges = []
+    prev = 0
+    for c in commits:
+        if c > prev + 1:
+            ranges.append((prev + 1, c - 1))
+        prev = c
+    if report.head > prev:  # past the newest commit, up to a checkpoint
+        ranges.append((prev + 1, report.head))
+    for first, last in ranges:
+        i = bisect.bisect_right(commits, last)
+        j = bisect.bisect_left(checkpoints, first)
+        later_commit = commits[i] if i < len(commits) else None
+        later_checkpoint = checkpoints[j] if j < len(checkpoints) else None
         evidence = commit_key(later_commit) if later_commit is not None and (
             later_checkpoint is None or later_commit <= later_checkpoint) else checkpoint_key(later_checkpoint)
         covered = report.start if report.start >= last else None
-        if v == 1 and (covered is not None or last in report.checkpoints):
+        if first == 1 and (covered is not None or last in checkpoints):
             # the log cleanup's doing: it deletes a prefix and keeps the checkpoint just below what it keeps
             # (when that checkpoint is unreadable too, ``load_error`` says so)
             report.cleaned_up_to = last
         else:
-            report.gaps.append(Gap(v, last, [commit_key(n) for n in range(v, last + 1)], evidence, covered))
-        v = last + 1
+            report.gaps.append(Gap(first, last, evidence, covered))
 
 
 def _missing_objects(store: ObjectStore, state: CatalogState) -> list[str]:
@@ -250,16 +256,22 @@ def describe_report(report: CatalogReport) -> list[str]:
         status = (f"covered: readers start from checkpoint {g.covered_by} past it" if not g.open
                   else "readers stop here, writers refuse to commit")
         out.append(f"Gap: {numbers} missing, {store_uri(report.url, g.evidence)} exists past it ({status})")
-        out.extend(f"  missing: {store_uri(report.url, k)}" for k in g.keys)
+        shown = range(g.first, min(g.last, g.first + MAX_KEYS_SHOWN - 1) + 1)
+        out.extend(f"  missing: {store_uri(report.url, commit_key(n))}" for n in shown)
+        if g.last > shown[-1]:
+            out.append(f"  missing: ... and {g.last - shown[-1]} more, up to {store_uri(report.url, commit_key(g.last))}")
     for v, error in sorted(report.unreadable_commits.items()):
         out.append(f"Unreadable commit {v}: {error}" + ("" if v > report.start else " (below the start checkpoint)"))
     for v, error in sorted(report.unreadable_checkpoints.items()):
         out.append(f"Unreadable checkpoint {v}: {error}")
-    for v, info in sorted(report.lost_commits.items()):
-        lost = info.get("lost") or []
-        out.append(f"Repaired: commit {v} was lost and marked by `txlake catalog repair` at {info.get('repaired_at', '?')}"
-                   f" ({_count(len(info.get('restored') or []), 'segment')} restored, "
-                   f"{_count(sum(x['last_offset'] - x['first_offset'] + 1 for x in lost), 'offset')} lost)")
+    if report.lost_commits:
+        infos = report.lost_commits.values()
+        restored = sum(len(i.get("restored") or []) for i in infos)
+        lost = sum(x["last_offset"] - x["first_offset"] + 1 for i in infos for x in i.get("lost") or [])
+        when = sorted({i.get("repaired_at", "?") for i in infos})
+        out.append(f"Repaired: commit{'s' if len(report.lost_commits) != 1 else ''} {_ranges(sorted(report.lost_commits))} "
+                   f"{'were' if len(report.lost_commits) != 1 else 'was'} lost and marked by `txlake catalog repair` at "
+                   f"{', '.join(when)} ({_count(restored, 'segment')} restored, {_count(lost, 'offset')} lost)")
     if report.load_error is not None:
         out.append(f"Load: {report.load_error}")
     for key in report.missing_objects:
@@ -283,6 +295,17 @@ def describe_report(report: CatalogReport) -> list[str]:
             "; restore the objects named above from a backup"
         out.append(f"Status: UNHEALTHY: {', '.join(why)}{hint}")
     return out
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[5, 6, 7, 9]`` -> ``"5..7, 9"``."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
 
 
 def _count(n: int, noun: str) -> str:
@@ -529,7 +552,7 @@ def plan_repair(store: ObjectStore, data_prefixes: list[str], producer_id_block_
         if hw is not None and c.last_offset >= hw:
             plan.unplaced.append((c.path, c.topic, c.partition, c.base_offset, c.last_offset))
     host = f"{socket.gethostname()}:{os.getpid()}"
-    for n in missing:
+    for lost_so_far, n in enumerate(missing, 1):
         info = {"version": n, "repaired_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / 1000)),
                 "repaired_by": host,
                 "restored": [{"topic": r.topic, "partition": r.partition, "path": r.path, "first_offset": r.base_offset,
@@ -539,7 +562,8 @@ def plan_repair(store: ObjectStore, data_prefixes: list[str], producer_id_block_
                 "note": "what else this commit held (configs, aborted-transaction entries, producer snapshots, "
                         "lease changes) is unknown"}
         plan.markers[n] = ([{"action": LOST_COMMIT, "timestamp_ms": now, "info": json.dumps(info, sort_keys=True)},
-                            {"action": PRODUCER_ID_BLOCK, "producer_id": pid_at_gap[n] + producer_id_block_size}]
+                            # each lost commit may have handed out one block (an upper bound: skipping more is harmless)
+                            {"action": PRODUCER_ID_BLOCK, "producer_id": pid_at_gap[n] + lost_so_far * producer_id_block_size}]
                            + restored_at[n])
 
     # 4. the log must replay with the markers
@@ -593,7 +617,10 @@ def describe_plan(plan: RepairPlan, accept_loss: bool) -> list[str]:
         return lines
     lines = [f"Catalog of {url}"]
     for g in report.open_gaps:
-        lines.extend(f"Missing: commit {n} ({store_uri(url, commit_key(n))})" for n in range(g.first, g.last + 1))
+        shown = range(g.first, min(g.last, g.first + MAX_KEYS_SHOWN - 1) + 1)
+        lines.extend(f"Missing: commit {n} ({store_uri(url, commit_key(n))})" for n in shown)
+        if g.last > shown[-1]:
+            lines.append(f"Missing: ... and {g.last - shown[-1]} more, up to commit {g.last}")
     if plan.refused is not None:
         lines.append(f"Cannot repair: {plan.refused}")
         return lines
@@ -614,7 +641,7 @@ def describe_plan(plan: RepairPlan, accept_loss: bool) -> list[str]:
     unplaced = f" ({_count(len(plan.unplaced), 'object')} past a high watermark not restored)" if plan.unplaced else ""
     if plan.written:
         lines.append(f"Wrote repair marker commit{'s' if len(plan.written) != 1 else ''} "
-                     f"{', '.join(str(n) for n in plan.written)}: readers load up to version {plan.version}; "
+                     f"{_ranges(plan.written)}: readers load up to version {plan.version}; "
                      f"{_count(len(plan.restored), 'segment')} restored, {_count(lost, 'offset')} lost{unplaced}.")
     elif not accept_loss:
         lines.append(f"Nothing written: {_count(len(plan.restored), 'segment')} can be restored and "
