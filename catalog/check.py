@@ -15,7 +15,8 @@ commit held cannot be known in general, so the repair never guesses silently; it
 * restores what the rest of the log proves was there: records of a partition whose next
   append starts past the high watermark the log had before the gap were written by the lost
   commit, and if exactly one object no commit names holds exactly those offsets of that
-  partition (a flush's data object outlives its commit), its ``add_segment`` is rebuilt;
+  partition (a flush's data object outlives its commit), its ``add_segment`` is rebuilt,
+  with the aborted-transaction index entry of each ABORT marker among them;
 * lists every offset range nothing could be found for, as lost;
 * writes, only when the operator accepts that loss (``accept_loss``), a commit at each
   missing number holding a ``lost_commit`` marker (JSON: what was restored, what is lost,
@@ -50,7 +51,7 @@ from txlake.formats.records import CONTROL_ABORT, open_segment
 from .catalog import (CHECKPOINTS_PREFIX, COMMITS_PREFIX, Catalog, _reader_pool, checkpoint_key, commit_key,
                       version_of)
 from .errors import CatalogError
-from .state import ADD_SEGMENT, LOST_COMMIT, PRODUCER_ID_BLOCK, CatalogState, SegmentInfo
+from .state import ADD_SEGMENT, LOST_COMMIT, PRODUCER_ID_BLOCK, AbortedTxn, CatalogState, SegmentInfo
 from .storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -321,7 +322,12 @@ def store_uri(url: str, key: str) -> str:
 @dataclass
 class Restored:
     """A segment rebuilt from an object no commit names: ``topic [partition]`` offsets
-    ``base_offset..last_offset`` in ``path``, put back in the marker of commit ``version``."""
+    ``base_offset..last_offset`` in ``path``, put back in the marker of commit ``version``.
+
+    For each ABORT marker among the records, the aborted-transaction index entry the lost
+    commit held is rebuilt (``aborted``): the producer's records from the offset after its
+    previous marker in the partition (or the log start offset) up to the ABORT marker, as
+    Kafka's log recovery rebuilds the index from the markers (``ProducerStateManager``)."""
 
     version: int
     topic: str
@@ -330,6 +336,8 @@ class Restored:
     base_offset: int
     last_offset: int
     record_count: int
+    #: aborted-transaction index entries rebuilt for the ABORT markers among its records
+    aborted: list[AbortedTxn] = field(default_factory=list)
 
 
 @dataclass
@@ -386,7 +394,8 @@ class _Chunk:
     max_timestamp: int
     row_group_start: int
     row_group_count: int
-    has_abort_marker: bool
+    #: ``(offset, producer id, control type)`` of its control records (transaction markers)
+    controls: list[tuple[int, int, int]]
 
     def to_segment(self) -> SegmentInfo:
         return SegmentInfo(self.topic, self.partition, self.path, self.base_offset, self.last_offset, self.records,
@@ -402,8 +411,8 @@ def _chunks(store: ObjectStore, key: str) -> list[_Chunk]:
             pf = open_segment(f, store.uri(key))
             out: list[_Chunk] = []
             for rg in range(pf.num_row_groups):
-                t = pf.read_row_group(rg, columns=["topic", "partition", "offset", "timestamp", "is_control",
-                                                   "control_type"])
+                t = pf.read_row_group(rg, columns=["topic", "partition", "offset", "timestamp", "producer_id",
+                                                   "is_control", "control_type"])
                 if t.num_rows == 0:
                     continue
                 topics, parts = set(t.column("topic").to_pylist()), set(t.column("partition").to_pylist())
@@ -411,8 +420,9 @@ def _chunks(store: ObjectStore, key: str) -> list[_Chunk]:
                     return []  # not a layout the writer produces: never guess
                 offsets = t.column("offset").to_pylist()
                 ts = t.column("timestamp").to_pylist()
-                abort = any(c and ct == CONTROL_ABORT for c, ct in zip(t.column("is_control").to_pylist(),
-                                                                       t.column("control_type").to_pylist()))
+                controls = [(o, pid, ct) for o, pid, c, ct in zip(offsets, t.column("producer_id").to_pylist(),
+                                                                  t.column("is_control").to_pylist(),
+                                                                  t.column("control_type").to_pylist()) if c]
                 meta = pf.metadata.row_group(rg)
                 size = sum(meta.column(i).total_compressed_size for i in range(meta.num_columns))
                 topic, partition = topics.pop(), parts.pop()
@@ -424,14 +434,33 @@ def _chunks(store: ObjectStore, key: str) -> list[_Chunk]:
                     prev.size_bytes += size
                     prev.min_timestamp, prev.max_timestamp = min(prev.min_timestamp, min(ts)), max(prev.max_timestamp, max(ts))
                     prev.row_group_count += 1
-                    prev.has_abort_marker |= abort
+                    prev.controls.extend(controls)
                 else:
                     out.append(_Chunk(key, topic, partition, offsets[0], offsets[-1], t.num_rows, size, min(ts), max(ts),
-                                      rg, 1, abort))
+                                      rg, 1, controls))
             return out
     except (FormatError, FileNotFoundError, OSError) as exc:
         log.warning("repair: %s is not a readable record object (%s): not used", store.uri(key), exc)
         return []
+
+
+def _previous_control(store: ObjectStore, state: CatalogState, topic: str, partition: int, producer_id: int,
+                      before: int) -> int | None:
+    """The offset of the newest transaction marker of ``producer_id`` below offset ``before`` in
+    the segments ``state`` names for ``topic [partition]`` (None when there is none): the end
+    of that producer's previous transaction there."""
+    from txlake.formats.records import read_segment
+
+    for seg in reversed(state.partition(topic, partition).segments):
+        if seg.base_offset >= before:
+            continue
+        with store.open_input(seg.path) as f:
+            t = read_segment(f, store.uri(seg.path), seg.row_groups, ["offset", "producer_id", "is_control"])
+        found = [o for o, pid, c in zip(t.column("offset").to_pylist(), t.column("producer_id").to_pylist(),
+                                        t.column("is_control").to_pylist()) if c and pid == producer_id and o < before]
+        if found:
+            return max(found)
+    return None
 
 
 def _replay(report: CatalogReport, markers: dict[int, list[dict[str, Any]]],
@@ -502,7 +531,7 @@ def plan_repair(store: ObjectStore, data_prefixes: list[str], producer_id_block_
     holes: list[tuple[int, str, int, int, int]] = []  # (gap, topic, partition, first, end)
 
     def on_gap(n: int, state: CatalogState) -> None:
-        hw_at_gap[n] = {(t.name, p.partition): (p.high_watermark, p.last_stable_offset)
+        hw_at_gap[n] = {(t.name, p.partition): (p.high_watermark, p.last_stable_offset, p.log_start_offset)
                         for t in state.topics.values() for p in t.partitions}
         pid_at_gap[n] = state.next_producer_id
 
@@ -536,16 +565,24 @@ def plan_repair(store: ObjectStore, data_prefixes: list[str], producer_id_block_
             reason = "no object that no commit names holds exactly these offsets"
         elif len(fits) > 1:
             reason = f"{len(fits)} objects hold these offsets ({', '.join(c.path for c in fits)}): which one was committed is unknown"
-        elif fits[0].has_abort_marker:
-            reason = (f"{fits[0].path} holds them, with an ABORT marker whose aborted-transaction index entry was in "
-                      "the lost commit: restoring them would make aborted records visible")
         if reason is not None:
             plan.lost.append(Lost(n, topic, partition, first, end - 1, reason))
             continue
         c = fits[0]
-        lso = hw_at_gap[n][(topic, partition)][1]
+        _, lso, log_start = hw_at_gap[n][(topic, partition)]
         restored_at[n].append(c.to_segment().to_action(end, lso))
-        plan.restored.append(Restored(n, topic, partition, c.path, first, end - 1, c.records))
+        # an ABORT marker's aborted-transaction index entry was in the lost commit too (the flush that
+        # writes a marker adds it): the transaction spans the producer's records since its previous marker
+        aborted = []
+        for offset, producer_id, control_type in c.controls:
+            if control_type != CONTROL_ABORT:
+                continue
+            earlier = [o for o, pid, _ in c.controls if pid == producer_id and o < offset]
+            prev = max(earlier) if earlier else _previous_control(store, final, topic, partition, producer_id, offset)
+            entry = AbortedTxn(producer_id, max(prev + 1, log_start) if prev is not None else log_start, offset)
+            restored_at[n].append(entry.to_action(topic, partition))
+            aborted.append(entry)
+        plan.restored.append(Restored(n, topic, partition, c.path, first, end - 1, c.records, aborted))
     hws = {(t.name, p.partition): p.high_watermark for t in final.topics.values() for p in t.partitions}
     for c in chunks:
         hw = hws.get((c.topic, c.partition))
@@ -556,7 +593,10 @@ def plan_repair(store: ObjectStore, data_prefixes: list[str], producer_id_block_
         info = {"version": n, "repaired_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / 1000)),
                 "repaired_by": host,
                 "restored": [{"topic": r.topic, "partition": r.partition, "path": r.path, "first_offset": r.base_offset,
-                              "last_offset": r.last_offset} for r in plan.restored if r.version == n],
+                              "last_offset": r.last_offset,
+                              **({"aborted": [[a.producer_id, a.first_offset, a.last_offset] for a in r.aborted]}
+                                 if r.aborted else {})}
+                             for r in plan.restored if r.version == n],
                 "lost": [{"topic": x.topic, "partition": x.partition, "first_offset": x.first_offset,
                           "last_offset": x.last_offset, "reason": x.reason} for x in plan.lost if x.version == n],
                 "note": "what else this commit held (configs, aborted-transaction entries, producer snapshots, "
@@ -625,8 +665,10 @@ def describe_plan(plan: RepairPlan, accept_loss: bool) -> list[str]:
         lines.append(f"Cannot repair: {plan.refused}")
         return lines
     for r in plan.restored:
+        aborted = "".join(f", with the aborted transaction of producer {a.producer_id} at offsets "
+                          f"{a.first_offset}..{a.last_offset}" for a in r.aborted)
         lines.append(f"Restore: {r.topic} [{r.partition}] offsets {r.base_offset}..{r.last_offset} "
-                     f"({r.record_count} record{'s' if r.record_count != 1 else ''}) from {store_uri(url, r.path)}, into commit {r.version}")
+                     f"({_count(r.record_count, 'record')}) from {store_uri(url, r.path)}, into commit {r.version}{aborted}")
     for x in plan.lost:
         n = x.last_offset - x.first_offset + 1
         lines.append(f"Lost: {x.topic} [{x.partition}] offsets {x.first_offset}..{x.last_offset} ({n} offset"
