@@ -668,9 +668,9 @@ class ObjectStore:
 
         The catalog's question "does anything exist past this number?" (keys are zero-padded
         numbers, so key order is number order). On S3 it is ONE ListObjectsV2 request
-        (``StartAfter``, a few keys at most) however many keys the prefix holds; elsewhere a
-        listing of the prefix, which is local and not billed. Temporary files and folders are
-        never returned.
+        (``StartAfter``, a few keys at most) however many keys the prefix holds; on a local
+        root a walk of the folder's names (no stat per object); elsewhere a listing of the
+        prefix. Temporary files and folders are never returned.
 
         Raises:
             ValueError: invalid prefix or key.
@@ -678,6 +678,19 @@ class ObjectStore:
         """
         prefix = _check_prefix(prefix)
         _check_key(after)
+        if self.protocol == "file":  # names only: no stat per object, as a listing would do
+            folder = prefix.rpartition("/")[0]
+            top = self._prefix_path(folder)
+            found = None
+            with self._errors("list", f"{self.url}/{prefix}"):
+                for dirpath, _, names in os.walk(top):
+                    rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+                    for name in names:
+                        key = name if rel == "." else f"{rel}/{name}"
+                        if key.startswith(prefix) and key > after and not name.startswith(TEMP_PREFIX) \
+                                and (found is None or key < found):
+                            found = key
+            return found
         if self.protocol not in _S3_PROTOCOLS:
             return next((o.key for o in self.list(prefix) if o.key > after), None)
         bucket, root_key, _ = self.fs.split_path(self.root)
