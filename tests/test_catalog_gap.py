@@ -123,7 +123,12 @@ def test_a_reader_refuses_to_load_past_a_missing_commit_naming_it(storage):
 def test_a_tailing_reader_looks_past_a_missing_number_only_every_gap_check_interval(storage, monkeypatch):
     _root_with_records(storage, 3)
     store = storage.object_store()
+    looks = []
+    real_first_key_after = store.first_key_after
+    monkeypatch.setattr(store, "first_key_after", lambda prefix, after: looks.append(prefix)
+                        or real_first_key_after(prefix, after))
     reader = Catalog.open(store)
+    assert looks == ["_catalog/commits/"]  # opening costs one look past the end (the checkpoints were listed)
     seen = reader.version
     _produce(storage, ["3", "4", "5"])
     store.delete(commit_key(seen + 2))  # the commit after the new writer's lease commit
@@ -133,10 +138,11 @@ def test_a_tailing_reader_looks_past_a_missing_number_only_every_gap_check_inter
     # it looked when it opened: until the interval passes, a refresh tails by number only (no LIST)
     assert reader.refresh() is True and reader.version == seen + 1
     assert reader.refresh() is False and reader.version == seen + 1 and listed == []
+    assert looks == ["_catalog/commits/"]
     reader.gap_check_ms = 0
     with pytest.raises(CatalogGapError, match=f"catalog commit {seen + 2} is missing"):
         reader.refresh()
-    assert reader.version == seen + 1
+    assert reader.version == seen + 1 and looks[1:] == ["_catalog/commits/", "_catalog/checkpoints/"]
 
 
 # ------------------------------------------------------------------------------------- writers
