@@ -43,7 +43,8 @@ on S3, whatever the log's length), never a LIST per refresh. A view looks:
   possible once this one's heartbeats had stopped for ``lease_ms``) *and* its commit N was
   then lost: a double fault;
 * when a refresh finds the next number missing and it has not looked for
-  :data:`GAP_CHECK_MS` (a quiet reader: one or two LIST requests per 15 minutes).
+  :data:`GAP_CHECK_MS` (a quiet reader: one or two LIST requests per 15 minutes), or a
+  number it read ahead in the same round exists (a reader catching up finds the gap at once).
 
 Commits the cleanup deleted below a checkpoint are no gap: when a readable checkpoint lies
 past the missing number, the view restarts from it, as a stale view does. Inspecting and
@@ -237,7 +238,8 @@ class Catalog:
         commits it skipped).
 
         When the next number is missing and this view has not looked past it for
-        :attr:`gap_check_ms`, it looks (one or two LIST requests): a gap raises.
+        :attr:`gap_check_ms`, or a later number it read ahead exists, it looks (one or two
+        LIST requests): a gap raises.
 
         Raises:
             CorruptObjectError / UnsupportedFormatVersionError: a commit cannot be decoded
@@ -259,7 +261,8 @@ class Catalog:
             first = self.state.version + 1
             probed_at = elapsed_clock()
             missing = None
-            for version, actions in self._read_commits(range(first, first + ahead)):
+            window = self._read_commits(range(first, first + ahead))
+            for version, actions in window:
                 if actions is None:  # numbers are taken in order: nothing after a missing one ...
                     missing = version
                     break
@@ -269,7 +272,12 @@ class Catalog:
                 ahead = min(2 * ahead, MAX_READ_AHEAD)
                 continue
             self._confirmed_at = probed_at  # absent since then, and all before it applied
-            if not (check_gap or self._gap_check_due()):
+            # a later number read ahead in the same window is evidence for free
+            try:
+                later = any(actions is not None for _, actions in window)
+            except FormatError:  # it exists, unreadable (raised when it is applied, after the gap)
+                later = True
+            if not (check_gap or later or self._gap_check_due()):
                 return changed
             if not self._look_past(missing, checkpoints):  # ... unless something lies past it: a gap
                 return changed

@@ -120,7 +120,8 @@ def test_a_reader_refuses_to_load_past_a_missing_commit_naming_it(storage):
         Consumer({**_conf(storage), "group.id": "g"})
 
 
-def test_a_tailing_reader_looks_past_a_missing_number_only_every_gap_check_interval(storage, monkeypatch):
+def test_a_tailing_reader_finds_a_gap_when_it_reads_past_it_or_its_look_is_due_and_never_lists_between(
+        storage, monkeypatch):
     _root_with_records(storage, 3)
     store = storage.object_store()
     looks = []
@@ -131,18 +132,35 @@ def test_a_tailing_reader_looks_past_a_missing_number_only_every_gap_check_inter
     assert looks == ["_catalog/commits/"]  # opening costs one look past the end (the checkpoints were listed)
     seen = reader.version
     _produce(storage, ["3", "4", "5"])
-    store.delete(commit_key(seen + 2))  # the commit after the new writer's lease commit
+    assert reader.refresh() is True and looks == ["_catalog/commits/"]  # caught up by number
+    head = reader.version
+    _produce(storage, ["6", "7", "8"])
+    store.delete(commit_key(head + 1))  # the next writer's lease commit
     listed = []
     real_list = store.list
     monkeypatch.setattr(store, "list", lambda prefix="", **kw: listed.append(prefix) or real_list(prefix, **kw))
-    # it looked when it opened: until the interval passes, a refresh tails by number only (no LIST)
-    assert reader.refresh() is True and reader.version == seen + 1
-    assert reader.refresh() is False and reader.version == seen + 1 and listed == []
-    assert looks == ["_catalog/commits/"]
+    # the next number is missing and nothing read ahead says more: no look until the interval passes
+    assert reader.refresh() is False and reader.version == head and listed == [] and len(looks) == 1
     reader.gap_check_ms = 0
-    with pytest.raises(CatalogGapError, match=f"catalog commit {seen + 2} is missing"):
+    with pytest.raises(CatalogGapError, match=f"catalog commit {head + 1} is missing"):
         reader.refresh()
-    assert reader.version == seen + 1 and looks[1:] == ["_catalog/commits/", "_catalog/checkpoints/"]
+    assert reader.version == head and looks[1:] == ["_catalog/commits/", "_catalog/checkpoints/"]
+    assert head > seen
+
+
+def test_a_reader_catching_up_finds_a_gap_in_what_it_reads_ahead_whatever_the_interval(storage):
+    writer, epoch = _writer(storage)  # no checkpoint
+    writer.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    for i in range(8):
+        writer.commit([_segment("t", 0, f"data/{i}", i * 10, i * 10 + 9)], epoch)
+    store = storage.object_store()
+    store.delete(commit_key(5))  # numbers 4..7 are read side by side: 6 and 7 exist
+    lagging = Catalog(store)
+    # as if it had looked and confirmed a moment ago
+    lagging._gap_checked_at = lagging._confirmed_at = catalog_module.elapsed_clock()
+    with pytest.raises(CatalogGapError, match="catalog commit 5 is missing"):
+        lagging.refresh()
+    assert lagging.version == 4
 
 
 # ------------------------------------------------------------------------------------- writers
