@@ -427,3 +427,19 @@ def test_repair_rebuilds_the_aborted_transaction_entry_of_a_restored_abort_marke
     assert [(a.producer_id, a.first_offset, a.last_offset) for a in state.aborted_transactions] == [
         (marker["producer_id"], 2, 4)]  # exactly the entry the lost commit held
     assert state.high_watermark == 6
+
+
+def test_a_running_writers_next_checkpoint_covers_a_gap_in_its_tail(storage):
+    writer, epoch = _writer(storage, interval=5)
+    writer.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    for i in range(5):
+        writer.commit([_segment("t", 0, f"data/{i}", i * 10, i * 10 + 9)], epoch)
+    store = storage.object_store()
+    store.delete(commit_key(6))  # the writer still holds it in memory
+    with pytest.raises(CatalogGapError, match="catalog commit 6 is missing"):
+        Catalog.open(storage.object_store())
+    for i in range(5, 8):  # it goes on at the head (8, 9, 10) and checkpoints version 10 from memory
+        writer.commit([_segment("t", 0, f"data/{i}", i * 10, i * 10 + 9)], epoch)
+    reader = Catalog.open(storage.object_store())
+    assert reader.version == 10
+    assert [s.path for s in reader.state.partition("t", 0).segments] == [f"data/{i}" for i in range(8)]
