@@ -167,6 +167,9 @@ class Catalog:
         self._gap_checked_at: float | None = None
         #: ms between two looks for a gap while refreshing (tests shorten it)
         self.gap_check_ms = GAP_CHECK_MS
+        #: the gap this view found at its next number: raised again, with no further look, for as
+        #: long as the probe finds that number missing (a repair or a restore ends it)
+        self._gap: CatalogGapError | None = None
 
     # -- loading and tailing ---------------------------------------------------------
     @classmethod
@@ -272,6 +275,8 @@ class Catalog:
                 ahead = min(2 * ahead, MAX_READ_AHEAD)
                 continue
             self._confirmed_at = probed_at  # absent since then, and all before it applied
+            if self._gap is not None and self._gap.version == missing:
+                raise CatalogGapError(*self._gap.__reduce__()[1])  # still missing: the same gap
             # a later number read ahead in the same window is evidence for free
             try:
                 later = any(actions is not None for _, actions in window)
@@ -323,13 +328,14 @@ class Catalog:
             if after and (past is None or version_of(past) - 1 in listed):
                 raise self._unreadable_checkpoint_error(after[-1])
         evidence = past or checkpoint
-        raise CatalogGapError(
+        self._gap = CatalogGapError(
             self.store.uri(key), key, missing, evidence,
             f"catalog commit {missing} is missing, but {self.store.uri(evidence)} exists past it: the catalog log has a gap "
             f"(the object was lost: a partial restore, a lifecycle rule, a deletion). Loading stops at version "
             f"{missing - 1}, and no writer commits until it is closed, because skipping it would silently drop what "
             f"it held. Restore the object from a backup, or inspect and repair the log with `txlake catalog check` "
             f"and `txlake catalog repair` (docs/operations.md, \"Checking and repairing the catalog\").")
+        raise self._gap
 
     def has_foreign_commit(self) -> bool:
         """True if a commit exists after this view's version (one GET; a stale view also

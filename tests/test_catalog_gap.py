@@ -135,6 +135,7 @@ def test_a_tailing_reader_finds_a_gap_when_it_reads_past_it_or_its_look_is_due_a
     assert reader.refresh() is True and looks == ["_catalog/commits/"]  # caught up by number
     head = reader.version
     _produce(storage, ["6", "7", "8"])
+    backup = store.get(commit_key(head + 1))
     store.delete(commit_key(head + 1))  # the next writer's lease commit
     listed = []
     real_list = store.list
@@ -145,7 +146,11 @@ def test_a_tailing_reader_finds_a_gap_when_it_reads_past_it_or_its_look_is_due_a
     with pytest.raises(CatalogGapError, match=f"catalog commit {head + 1} is missing"):
         reader.refresh()
     assert reader.version == head and looks[1:] == ["_catalog/commits/", "_catalog/checkpoints/"]
-    assert head > seen
+    with pytest.raises(CatalogGapError, match=f"catalog commit {head + 1} is missing"):
+        reader.refresh()  # the same gap again, found by the probe alone
+    assert len(looks) == 3
+    store.put(commit_key(head + 1), backup)  # restored from a backup
+    assert reader.refresh() is True and reader.version == Catalog.open(storage.object_store()).version > head > seen
 
 
 def test_a_reader_catching_up_finds_a_gap_in_what_it_reads_ahead_whatever_the_interval(storage):
