@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from test_catalog import _segment, _writer
@@ -178,8 +179,6 @@ def test_a_broker_that_opened_before_the_gap_refuses_to_write_into_it(storage):
         gap = early.catalog.version + 1  # the other writer's lease commit: the number `early` would take
         store.delete(commit_key(gap))
         before = _commits(store)
-        import pyarrow as pa
-
         payload = pa.table({"timestamp": [1], "key": [None], "value": [b"x"], "headers": [None]}, schema=PAYLOAD_SCHEMA)
         (result,) = early.produce([ProduceBatch("t", 0, payload)])
         assert result.error == Errors.KAFKA_STORAGE_ERROR
