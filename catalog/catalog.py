@@ -25,6 +25,30 @@ younger than :data:`TAIL_STALE_MS`, and the cleanup deletes no commit younger th
 one, restarts from it before probing. So a lagging reader never stalls at a deleted number,
 and a zombie writer (paused past the retention) learns it was superseded before it could
 recreate a deleted number.
+
+A missing number with a commit or checkpoint past it is a *gap*: the object was lost (a
+partial restore, a lifecycle rule, a deleted file). Replaying past it would silently drop
+what it held, and committing at its number would splice another history into the log, so
+:class:`~.errors.CatalogGapError` stops both. Telling a gap from "nothing new yet" takes
+one look past the missing number (:meth:`ObjectStore.first_key_after`: one LIST request
+on S3, whatever the log's length), never a LIST per refresh. A view looks:
+
+* when it opens (the checkpoints are listed then anyway: one more request);
+* before committing, unless its own commit made the number the next one less than the
+  writer lease (``lease_ms``) ago: the writer's lease commit, its first commit after
+  tailing others' commits, and its first commit after an idle spell look (one LIST); a busy
+  writer never does. Right after its own commit N-1 nothing lies past N, and nothing can
+  appear there without another writer first taking N -- which its create-if-absent would
+  collide with -- unless, within that window, another writer took the lease over (only
+  possible once this one's heartbeats had stopped for ``lease_ms``) *and* its commit N was
+  then lost: a double fault;
+* when a refresh finds the next number missing and it has not looked for
+  :data:`GAP_CHECK_MS` (a quiet reader: one or two LIST requests per 15 minutes), or a
+  number it read ahead in the same round exists (a reader catching up finds the gap at once).
+
+Commits the cleanup deleted below a checkpoint are no gap: when a readable checkpoint lies
+past the missing number, the view restarts from it, as a stale view does. Inspecting and
+repairing a gap: :mod:`.check`.
 """
 
 from __future__ import annotations
@@ -39,7 +63,7 @@ from typing import Any, Callable, Sequence
 from txlake.formats.catalog_actions import CHECKPOINT_KIND, COMMIT_KIND, decode_actions, encode_actions
 from txlake.formats.errors import CorruptObjectError, FormatError
 
-from .errors import CommitConflictError, WriterFencedError
+from .errors import CatalogGapError, CommitConflictError, WriterFencedError
 from .state import CatalogState
 from .storage import ObjectStore
 
@@ -56,6 +80,9 @@ TAIL_STALE_MS = 15 * 60_000
 #: the cleanup never deletes a commit younger than this (ms): twice :data:`TAIL_STALE_MS`,
 #: so clocks may disagree by up to :data:`TAIL_STALE_MS` without a reader missing a commit
 MIN_LOG_RETENTION_MS = 2 * TAIL_STALE_MS
+#: a view whose next commit number is missing looks past it for a gap at most this often (ms)
+#: while refreshing (always when it opens, and before it commits at a number it did not make next)
+GAP_CHECK_MS = TAIL_STALE_MS
 
 _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 
@@ -133,6 +160,16 @@ class Catalog:
         self._confirmed_at: float | None = None
         #: ms after which an unconfirmed view looks for a newer checkpoint (tests shorten it)
         self.tail_stale_ms = TAIL_STALE_MS
+        #: the commit number this view's own last commit made the next one, and when (elapsed_clock)
+        self._next_known: int | None = None
+        self._next_known_at = 0.0
+        #: :func:`elapsed_clock` time of this view's last look past a missing number (None: never)
+        self._gap_checked_at: float | None = None
+        #: ms between two looks for a gap while refreshing (tests shorten it)
+        self.gap_check_ms = GAP_CHECK_MS
+        #: the gap this view found at its next number: raised again, with no further look, for as
+        #: long as the probe finds that number missing (a repair or a restore ends it)
+        self._gap: CatalogGapError | None = None
 
     # -- loading and tailing ---------------------------------------------------------
     @classmethod
@@ -141,9 +178,11 @@ class Catalog:
 
         A corrupt checkpoint is skipped when the commits it summarises are still there;
         a corrupt commit raises :class:`~txlake.formats.errors.CorruptObjectError`
-        naming it, because skipping it would lose committed data.
+        naming it, because skipping it would lose committed data. Where the commits stop,
+        one look past the missing number tells the end of the log from a gap.
 
         Raises:
+            CatalogGapError: a commit is missing and a later commit exists (names the missing object).
             CorruptObjectError: a commit is unreadable, or the newest checkpoint is and the
                 commits it summarises were already cleaned up (:mod:`.log_cleanup`).
         """
@@ -151,15 +190,18 @@ class Catalog:
         with catalog.lock:
             listed = checkpoint_versions(store)
             catalog._load_checkpoint(listed)
-            catalog._tail()
+            catalog._tail(check_gap=True, checkpoints=listed)
             newest = listed[-1] if listed else 0
-            if catalog.state.version < newest:
-                raise CorruptObjectError(
-                    store.uri(checkpoint_key(newest)),
-                    f"catalog checkpoint is unreadable and the commits it summarises from version "
-                    f"{catalog.state.version + 1} on were already cleaned up: the catalog cannot be loaded past version "
-                    f"{catalog.state.version}. Restore that checkpoint object from a backup.")
+            if catalog.state.version < newest:  # (the look past the end raises this first)
+                raise catalog._unreadable_checkpoint_error(newest)
         return catalog
+
+    def _unreadable_checkpoint_error(self, version: int) -> CorruptObjectError:
+        return CorruptObjectError(
+            self.store.uri(checkpoint_key(version)),
+            f"catalog checkpoint is unreadable and the commits it summarises from version "
+            f"{self.state.version + 1} on were already cleaned up: the catalog cannot be loaded past version "
+            f"{self.state.version}. Restore that checkpoint object from a backup.")
 
     def _load_checkpoint(self, versions: list[int]) -> bool:
         """Replace the state by the newest readable checkpoint among ``versions`` that is newer
@@ -198,28 +240,102 @@ class Catalog:
         from a newer checkpoint when there is one (then listeners are not called for the
         commits it skipped).
 
+        When the next number is missing and this view has not looked past it for
+        :attr:`gap_check_ms`, or a later number it read ahead exists, it looks (one or two
+        LIST requests): a gap raises.
+
         Raises:
             CorruptObjectError / UnsupportedFormatVersionError: a commit cannot be decoded
                 (naming it); the commits before it are applied.
+            CatalogGapError: the next commit is missing and a later one exists (naming the
+                missing object); the commits before it are applied.
         """
         with self.lock:
             jumped = self._catch_up_if_stale()
             return self._tail() or jumped
 
-    def _tail(self) -> bool:
-        """Apply the commits after this view's version, up to the first missing number."""
+    def _tail(self, check_gap: bool = False, checkpoints: list[int] | None = None) -> bool:
+        """Apply the commits after this view's version, up to the first missing number; then,
+        with ``check_gap`` or when the last look is :attr:`gap_check_ms` old, look past it
+        (``checkpoints``: the checkpoint versions if just listed)."""
         changed = False
         ahead = 1
         while True:
             first = self.state.version + 1
             probed_at = elapsed_clock()
-            for version, actions in self._read_commits(range(first, first + ahead)):
-                if actions is None:  # numbers are taken in order: nothing after a missing one
-                    self._confirmed_at = probed_at  # absent since then, and all before it applied
-                    return changed
+            missing = None
+            window = self._read_commits(range(first, first + ahead))
+            for version, actions in window:
+                if actions is None:  # numbers are taken in order: nothing after a missing one ...
+                    missing = version
+                    break
                 self._apply(version, actions)
                 changed = True
-            ahead = min(2 * ahead, MAX_READ_AHEAD)
+            if missing is None:
+                ahead = min(2 * ahead, MAX_READ_AHEAD)
+                continue
+            self._confirmed_at = probed_at  # absent since then, and all before it applied
+            if self._gap is not None and self._gap.version == missing:
+                raise CatalogGapError(*self._gap.__reduce__()[1])  # still missing: the same gap
+            # a later number read ahead in the same window is evidence for free
+            try:
+                later = any(actions is not None for _, actions in window)
+            except FormatError:  # it exists, unreadable (raised when it is applied, after the gap)
+                later = True
+            if not (check_gap or later or self._gap_check_due()):
+                return changed
+            if not self._look_past(missing, checkpoints):  # ... unless something lies past it: a gap
+                return changed
+            changed, ahead, checkpoints = True, 1, None  # it appeared meanwhile, or a checkpoint past it was loaded
+
+    def _gap_check_due(self) -> bool:
+        return self._gap_checked_at is None or (elapsed_clock() - self._gap_checked_at) * 1000 >= self.gap_check_ms
+
+    def _look_past(self, missing: int, checkpoints: list[int] | None = None) -> bool:
+        """Commit ``missing`` (this view's version + 1) was just found absent: look for a commit
+        past it, or a checkpoint at or past it. Nothing there: ``missing`` is the next number
+        (False). Otherwise True when the caller can tail on -- the commit was written meanwhile,
+        or the view restarted from a readable checkpoint past it (commits the cleanup deleted) --
+        and raises when it cannot.
+
+        Raises:
+            CatalogGapError: the commit is missing and a later commit exists.
+            CorruptObjectError: a checkpoint at or past it exists but is unreadable (the commits it
+                summarises may have been cleaned up: the checkpoint is what must be restored).
+        """
+        assert missing == self.state.version + 1
+        self._gap_checked_at = elapsed_clock()
+        key = commit_key(missing)
+        past = self.store.first_key_after(COMMITS_PREFIX, key)
+        if checkpoints is not None:
+            beyond = [v for v in checkpoints if v >= missing]
+            checkpoint = checkpoint_key(beyond[0]) if beyond else None
+        else:
+            checkpoint = self.store.first_key_after(CHECKPOINTS_PREFIX, checkpoint_key(missing - 1))
+        if past is None and checkpoint is None:
+            return False
+        if self.store.get_or_none(key) is not None:
+            return True  # written since the probe (numbers are taken in order): not a gap
+        if checkpoint is not None:
+            listed = checkpoint_versions(self.store) if checkpoints is None else checkpoints
+            if self._load_checkpoint(listed):
+                log.warning("catalog commit %s is missing; the view restarted from the checkpoint at version %d past it",
+                            self.store.uri(key), self.state.version)
+                return True
+            # every checkpoint past it is unreadable. The cleanup deletes a prefix of the log and keeps the
+            # checkpoint just below the first commit it keeps: then that checkpoint is what must be restored
+            after = [v for v in listed if v >= missing]
+            if after and (past is None or version_of(past) - 1 in listed):
+                raise self._unreadable_checkpoint_error(after[-1])
+        evidence = past or checkpoint
+        self._gap = CatalogGapError(
+            self.store.uri(key), key, missing, evidence,
+            f"catalog commit {missing} is missing, but {self.store.uri(evidence)} exists past it: the catalog log has a gap "
+            f"(the object was lost: a partial restore, a lifecycle rule, a deletion). Loading stops at version "
+            f"{missing - 1}, and no writer commits until it is closed, because skipping it would silently drop what "
+            f"it held. Restore the object from a backup, or inspect and repair the log with `txlake catalog check` "
+            f"and `txlake catalog repair` (docs/operations.md, \"Checking and repairing the catalog\").")
+        raise self._gap
 
     def has_foreign_commit(self) -> bool:
         """True if a commit exists after this view's version (one GET; a stale view also
@@ -273,9 +389,14 @@ class Catalog:
                 unless the catalog's current lease is that epoch and not released.
                 ``None`` only for the lease acquisition itself.
 
+        Unless this view's own commit made the number the next one less than ``lease_ms``
+        ago, it first looks past that number for a gap (module docstring): a writer never
+        writes into a gap.
+
         Raises:
             WriterFencedError: another writer holds the lease (this process is a zombie).
             CommitConflictError: another process took this commit number first.
+            CatalogGapError: the number is a gap (a later commit exists); nothing was written.
         """
         assert actions, "a commit holds at least one action"
         with self.lock:
@@ -284,6 +405,16 @@ class Catalog:
             if lease_epoch is not None:
                 self._check_lease(lease_epoch)
             version = self.state.version + 1
+            lease = self.state.lease
+            made_next = (self._next_known == version and lease is not None
+                         and (elapsed_clock() - self._next_known_at) * 1000 < lease.lease_ms)
+            if not made_next and self._look_past(version):
+                self._tail(check_gap=True)  # another process committed since this view last looked
+                if lease_epoch is not None:
+                    self._check_lease(lease_epoch)
+                raise CommitConflictError(
+                    f"catalog commit {version} at {self.store.uri(commit_key(version))} was written by another process"
+                )
             data = encode_actions(list(actions), COMMIT_KIND, version)
             written_at = elapsed_clock()
             if not self.store.put_if_absent(commit_key(version), data):
@@ -293,7 +424,8 @@ class Catalog:
                 raise CommitConflictError(
                     f"catalog commit {version} at {self.store.uri(commit_key(version))} was written by another process"
                 )
-            self._confirmed_at = written_at
+            self._confirmed_at = self._next_known_at = written_at
+            self._next_known = version + 1
             self._apply(version, list(actions))
             if version % self.checkpoint_interval == 0:
                 self.write_checkpoint()

@@ -41,6 +41,9 @@ ABORTED_TXN = "aborted_txn"
 RETIRE_OBJECT = "retire_object"
 #: a retired object was deleted: the catalog stops tracking it
 FORGET_OBJECT = "forget_object"
+#: the marker ``txlake catalog repair --accept-loss`` commits at the number of a lost commit
+#: (``info``: JSON of what was restored and what is lost); it changes no state (catalog/check.py)
+LOST_COMMIT = "lost_commit"
 
 
 def _base_offset(segment: "SegmentInfo") -> int:
@@ -288,6 +291,8 @@ class CatalogState:
                 self.retired[path] = stamp if known is None else (known if stamp is None else min(known, stamp))
         elif kind == FORGET_OBJECT:
             self.retired.pop(action["path"], None)
+        elif kind == LOST_COMMIT:
+            pass
         else:
             raise CatalogError(f"unknown catalog action {kind!r}")
 

@@ -18,10 +18,12 @@ The ordering primitive of the whole system is :meth:`ObjectStore.put_if_absent`
   PUT carries a random token in its user metadata, so a PUT that the client
   retried after the server had applied it still answers True.
 
-Every other operation is a plain fsspec call, with three small exceptions that
+Every other operation is a plain fsspec call, with a few small exceptions that
 stay inside this module: local ``put`` writes a temp file and renames it (no
-half-written object is ever visible), and on ``memory://`` ``exists`` is a dict
-lookup and readers get private copies (fsspec shares one BytesIO per object).
+half-written object is ever visible), on ``memory://`` ``exists`` is a dict
+lookup and readers get private copies (fsspec shares one BytesIO per object), and
+on S3 ``first_key_after`` is one ListObjectsV2 request with ``StartAfter`` (the same
+answer as a filtered listing, for one request instead of one per 1000 keys).
 fsspec's listing caches are invalidated before every read, so objects written by
 other processes or other instances are seen at once.
 
@@ -672,6 +674,54 @@ class ObjectStore:
             return []
         out.sort(key=lambda o: o.key)
         return out
+
+    def first_key_after(self, prefix: str, after: str) -> str | None:
+        """The smallest key that starts with ``prefix`` and sorts after ``after`` (None when none does).
+
+        The catalog's question "does anything exist past this number?" (keys are zero-padded
+        numbers, so key order is number order). On S3 it is ONE ListObjectsV2 request
+        (``StartAfter``, a few keys at most) however many keys the prefix holds; on a local
+        root a walk of the folder's names (no stat per object); elsewhere a listing of the
+        prefix. Temporary files and folders are never returned.
+
+        Raises:
+            ValueError: invalid prefix or key.
+            StorageError: any backend failure, naming the prefix url.
+        """
+        prefix = _check_prefix(prefix)
+        _check_key(after)
+        if self.protocol == "file":  # names only: no stat per object, as a listing would do
+            folder = prefix.rpartition("/")[0]
+            top = self._prefix_path(folder)
+            found = None
+            with self._errors("list", f"{self.url}/{prefix}"):
+                for dirpath, _, names in os.walk(top):
+                    rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+                    for name in names:
+                        key = name if rel == "." else f"{rel}/{name}"
+                        if key.startswith(prefix) and key > after and not name.startswith(TEMP_PREFIX) \
+                                and (found is None or key < found):
+                            found = key
+            return found
+        if self.protocol not in _S3_PROTOCOLS:
+            return next((o.key for o in self.list(prefix) if o.key > after), None)
+        bucket, root_key, _ = self.fs.split_path(self.root)
+        base = f"{root_key}/" if root_key else ""
+        url = f"{self.url}/{prefix}"
+        token = None
+        with self._errors("list", url):
+            while True:  # a page of folder markers only (rare) is followed by the next one
+                kwargs = {"Bucket": bucket, "Prefix": base + prefix, "StartAfter": base + after, "MaxKeys": 8}
+                if token:
+                    kwargs["ContinuationToken"] = token
+                page = self.fs.call_s3("list_objects_v2", **kwargs)
+                for item in page.get("Contents") or ():
+                    key = item["Key"][len(base):]
+                    if key > after and not key.endswith("/"):
+                        return key
+                token = page.get("NextContinuationToken")
+                if not page.get("IsTruncated") or not token:
+                    return None
 
     def open_input(self, key: str) -> BinaryIO:
         """A seekable binary file object for key, e.g. for ``pyarrow.parquet.ParquetFile``.

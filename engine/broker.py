@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from txlake.catalog.catalog import Catalog
-from txlake.catalog.errors import (CatalogError, InvalidConfigError, InvalidTopicError, UnknownTopicError,
+from txlake.catalog.errors import (CatalogError, CatalogGapError, InvalidConfigError, InvalidTopicError, UnknownTopicError,
                                    WriterFencedError, WriterLeaseHeldError)
 from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK, REMOVE_SEGMENT,
                                   CatalogState, TopicState)
@@ -138,7 +138,9 @@ class Broker:
 
         Raises:
             ApiError: NOT_LEADER_OR_FOLLOWER when another live writer holds the lease (the
-                message names it and says what to do); _FENCED after this process lost it.
+                message names it and says what to do); _FENCED after this process lost it;
+                KAFKA_STORAGE_ERROR when the catalog log has a gap at the number the lease
+                would take (the message names the missing commit; docs/operations.md).
         """
         if self.is_writer:
             return
@@ -156,6 +158,8 @@ class Broker:
                 lease.acquire(force=self.config.lease_force)
             except WriterLeaseHeldError as exc:
                 raise ApiError(Errors.NOT_LEADER_OR_FOLLOWER, str(exc)) from exc
+            except CatalogGapError as exc:  # the log lost a commit: as Kafka answers for a log dir it cannot use
+                raise ApiError(Errors.KAFKA_STORAGE_ERROR, str(exc)) from exc
             lease.start_heartbeats()
             self.lease = lease
             self._load_writer_state()

@@ -9,6 +9,7 @@
     txlake transactions list | describe --transactional-id ID | find-hanging --topic orders
     txlake sql 'SELECT partition, count(*) FROM orders GROUP BY ALL'
     txlake compact --topic orders --dry-run
+    txlake catalog check | repair [--accept-loss]
     txlake demo
 
 Every command takes ``--storage URL`` (default ``$TXLAKE_STORAGE``, else
@@ -1159,6 +1160,54 @@ def _print_compaction_summary(console, summary, elapsed: float) -> None:
     console.print(f"Orphaned objects {would}deleted: {summary.orphans_deleted:,}")
     console.print(f"Catalog commits {would}deleted: {summary.catalog_commits_deleted:,} "
                   f"(and {summary.catalog_checkpoints_deleted:,} checkpoints; older than storage.catalog.retention.ms)")
+
+
+# ------------------------------------------------------------------ catalog
+@main.group("catalog", cls=_Group)
+@storage_options
+def catalog_group() -> None:
+    """Inspect and repair the catalog log (docs/operations.md, "Checking and repairing the catalog")."""
+
+
+@catalog_group.command("check")
+@storage_options
+@click.pass_context
+def catalog_check(ctx: click.Context) -> None:
+    """Report the catalog's version, checkpoints, commit range, gaps (naming the missing
+    objects), unreadable commits and checkpoints, and objects the catalog names that are gone.
+    Exit status 1 when readers cannot load the whole log. Reads only."""
+    from txlake.catalog.check import check_catalog, describe_report
+    from txlake.catalog.storage import ObjectStore
+
+    report = check_catalog(ObjectStore(storage_url(ctx), storage_opts(ctx)))
+    for line in describe_report(report):
+        click.echo(line)
+    if not report.healthy:
+        ctx.exit(1)
+
+
+@catalog_group.command("repair")
+@click.option("--accept-loss", is_flag=True,
+              help="Write the repair: a marked commit at each missing number, with the segments that could be "
+                   "restored. Without it, only print what would be restored and what is lost.")
+@storage_options
+@click.pass_context
+def catalog_repair(ctx: click.Context, accept_loss: bool) -> None:
+    """Close the gaps readers stop at: restore what the rest of the log proves a lost commit held
+    (its data object, when no commit names it), print exactly what is lost, and with
+    --accept-loss write a marked commit at each missing number so later commits replay.
+    Exit status 1 when gaps remain (nothing written, or the repair is refused)."""
+    from txlake.catalog.check import describe_plan, repair_catalog
+    from txlake.catalog.storage import ObjectStore
+    from txlake.engine.broker import PRODUCER_ID_BLOCK_SIZE
+    from txlake.engine.group_commit import DATA_PREFIX
+
+    plan = repair_catalog(ObjectStore(storage_url(ctx), storage_opts(ctx)), [DATA_PREFIX], PRODUCER_ID_BLOCK_SIZE,
+                          accept_loss=accept_loss)
+    for line in describe_plan(plan, accept_loss):
+        click.echo(line)
+    if plan.report.open_gaps and not plan.written:
+        ctx.exit(1)
 
 
 # ------------------------------------------------------------------ demo
