@@ -276,6 +276,34 @@ def test_consume_raises_kafka_exception_naming_a_corrupt_catalog_commit_it_tails
     c.close()
 
 
+def test_produce_raises_kafka_exception_naming_a_corrupt_catalog_commit_it_meets_looking_up_a_topic(conf, root):
+    create(conf, "t")
+    registry.close_all()
+    p = Producer(conf)
+    store = ObjectStore(root)
+    next_version = int(newest_commit(store).rsplit("/", 1)[1].split(".")[0]) + 1
+    bad = f"_catalog/commits/{next_version:020d}.parquet"
+    store.put(bad, b"PAR1 truncated")
+    with pytest.raises(KafkaException) as info:
+        p.produce("new-topic", b"v")
+    err = kafka_error(info)
+    assert (err.code(), err.retriable()) == (KafkaError.CORRUPT_MESSAGE, False)
+    assert err.str().startswith(f"looking up topic new-topic in {root}: {store.uri(bad)}: ")
+    assert len(p) == 0 and p.close(5) == 0
+
+
+def test_send_offsets_to_transaction_with_positions_of_the_wrong_type_raises_type_error(conf):
+    create(conf, "t")
+    p = Producer({**conf, "transactional.id": "tx"})
+    p.init_transactions(10)
+    p.begin_transaction()
+    with pytest.raises(TypeError) as info:
+        p.send_offsets_to_transaction(("t", 0, 5), "g", 10)
+    assert str(info.value) == "send_offsets_to_transaction() requires list of TopicPartition, not tuple"
+    p.abort_transaction(10)
+    p.close(5)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda c: c.assign("ok"), "assign() requires list of TopicPartition, not str"),
     (lambda c: c.assign(["ok"]), "assign() requires list of TopicPartition: got a str ('ok')"),

@@ -607,7 +607,8 @@ class Consumer:
         """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""
         from .admin import cluster_metadata
 
-        self._broker.refresh()
+        with kafka_errors(f"list_topics() of {self._broker.store.url}"):
+            self._broker.refresh()
         return cluster_metadata(self._broker, topic)
 
     def close(self) -> None:

@@ -324,7 +324,8 @@ class Producer:
     def _lookup_topic(self, topic: str) -> int:
         t = self._broker.topics().get(topic)
         if t is None:
-            self._broker.refresh()
+            with kafka_errors(f"looking up topic {topic} in {self._broker.store.url}"):
+                self._broker.refresh()
             t = self._broker.topics().get(topic)
         if t is None:
             raise kafka_exception(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic}")
@@ -342,15 +343,16 @@ class Producer:
 
         Fails at once (not after delivery.timeout.ms) when another process holds the lease.
         """
-        try:
-            if self._idempotent:
-                err, pid, epoch = self._broker.init_producer_id()
-                assert err == Errors.NO_ERROR
-                self._producer_id, self._epoch = pid, epoch
-            else:
-                self._broker.ensure_writer()
-        except ApiError as exc:
-            raise from_api_error(exc) from None
+        with kafka_errors(f"taking the writer lease of {self._broker.store.url}"):
+            try:
+                if self._idempotent:
+                    err, pid, epoch = self._broker.init_producer_id()
+                    assert err == Errors.NO_ERROR
+                    self._producer_id, self._epoch = pid, epoch
+                else:
+                    self._broker.ensure_writer()
+            except ApiError as exc:
+                raise from_api_error(exc) from None
         self._writer_checked = True
 
     def _close_batch(self, tp: tuple[str, int], urgent: bool = False) -> None:

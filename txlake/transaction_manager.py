@@ -195,6 +195,8 @@ class TransactionManager:
         try:
             return future.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except TimeoutError:
+            if future.done():
+                raise  # the request itself failed with a TimeoutError (an OSError)
             if resumable:
                 self._pending[what] = future
             raise KafkaException(KafkaError(
