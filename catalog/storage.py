@@ -49,6 +49,9 @@ import fsspec
 from .redaction import redact_url, url_has_credentials
 
 __all__ = [
+    "BucketNotFoundError",
+    "InvalidObjectKeyError",
+    "InvalidStorageUrlError",
     "ObjectInfo",
     "ObjectNotFoundError",
     "ObjectStore",
@@ -71,6 +74,9 @@ _MEMORY_LOCK = threading.RLock()
 
 _S3_PROTOCOLS = ("s3", "s3a")
 _LOCAL_PROTOCOLS = ("file", "local")
+#: URL schemes of a storage root: the backends with a verified create-if-absent (DESIGN.md
+#: "Storage model"); a plain path is a local one.
+SUPPORTED_SCHEMES = (*_LOCAL_PROTOCOLS, "memory", *_S3_PROTOCOLS)
 
 
 class ObjectNotFoundError(FileNotFoundError):
@@ -116,6 +122,38 @@ class StorageError(OSError):
         return (type(self), (self.url, self.operation, self.detail))
 
 
+class BucketNotFoundError(StorageError):
+    """The S3 bucket of the storage root does not exist (S3's ``NoSuchBucket``).
+
+    A missing bucket is never read as an empty root: it is a wrong URL or a bucket not
+    created yet, and the message says so.
+
+    Attributes:
+        bucket: the bucket's name.
+    """
+
+    def __init__(self, url: str, operation: str, bucket: str):
+        super().__init__(url, operation, f"the S3 bucket {bucket!r} does not exist (create it, or fix the storage url)")
+        self.bucket = bucket
+
+    def __reduce__(self):
+        return (_bucket_not_found, (self.url, self.operation, self.bucket))
+
+
+def _bucket_not_found(url: str, operation: str, bucket: str) -> BucketNotFoundError:
+    return BucketNotFoundError(url, operation, bucket)
+
+
+class InvalidStorageUrlError(ValueError):
+    """A storage root URL txlake cannot use: empty, of an unsupported scheme, or an ``s3://``
+    URL without a bucket (the message names the URL and what is expected)."""
+
+
+class InvalidObjectKeyError(ValueError):
+    """An object key that is not relative and ``/``-separated without empty, ``.`` or ``..``
+    components (e.g. a corrupt catalog entry naming ``../x``)."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """One stored object, as returned by :meth:`ObjectStore.list`.
@@ -135,15 +173,15 @@ class ObjectInfo:
 def _check_key(key: str) -> str:
     """Validate an object key; returns it unchanged or raises ValueError."""
     if not isinstance(key, str) or not key:
-        raise ValueError(f"object key must be a non-empty str, got {key!r}")
+        raise InvalidObjectKeyError(f"object key must be a non-empty str, got {key!r}")
     if key.startswith("/") or key.endswith("/") or "\\" in key:
-        raise ValueError(
+        raise InvalidObjectKeyError(
             f"invalid object key {key!r}: keys are relative, '/'-separated, "
             "without a leading or trailing '/' or backslashes"
         )
     parts = key.split("/")
     if any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"invalid object key {key!r}: empty, '.' or '..' path component")
+        raise InvalidObjectKeyError(f"invalid object key {key!r}: empty, '.' or '..' path component")
     return key
 
 
@@ -249,9 +287,10 @@ class ObjectStore:
 
     Args:
         url: root of the store: ``"file:///abs/path"``, a plain absolute or
-            relative local path (treated as ``file://``), ``"memory://name"``,
-            ``"s3://bucket/prefix"``, or any other fsspec URL. A local root
-            folder is created if missing.
+            relative local path (treated as ``file://``), ``"memory://name"`` or
+            ``"s3://bucket/prefix"`` (also ``s3a://``): the backends with a verified
+            create-if-absent (:data:`SUPPORTED_SCHEMES`). A local root folder is
+            created if missing.
         storage_options: keyword arguments of the fsspec filesystem; for
             ``s3://`` these are s3fs arguments (``endpoint_url``, ``key``,
             ``secret``, ``client_kwargs``, ...).
@@ -264,8 +303,10 @@ class ObjectStore:
         storage_options: the options the filesystem was built with (a copy).
 
     Raises:
-        ValueError: the URL is empty, its protocol is unknown to fsspec, or it carries
-            credentials (``s3://KEY:SECRET@bucket``: pass them as storage options).
+        InvalidStorageUrlError (a ValueError): the URL is empty, an ``s3://`` URL names no bucket, its
+            scheme is not one of :data:`SUPPORTED_SCHEMES` (the message names the scheme and the
+            supported ones; no filesystem of that scheme is created), or it carries credentials
+            (``s3://KEY:SECRET@bucket``: pass them as storage options).
         StorageError: the filesystem could not be created (e.g. missing
             package, or a local root that cannot be created).
 
@@ -275,10 +316,10 @@ class ObjectStore:
 
     def __init__(self, url: str, storage_options: dict | None = None):
         if not isinstance(url, str) or not url.strip():
-            raise ValueError(f"storage url must be a non-empty str, got {url!r}")
+            raise InvalidStorageUrlError(f"storage url must be a non-empty str, got {url!r}")
         raw = url.strip()
         if url_has_credentials(raw):
-            exc = ValueError(f"storage url {redact_url(raw)!r} carries credentials in its user part; txlake does not "
+            exc = InvalidStorageUrlError(f"storage url {redact_url(raw)!r} carries credentials in its user part; txlake does not "
                              "use them (a URL is printed in logs, errors and process lists): pass them as storage "
                              "options instead (-O key=... -O secret=..., $TXLAKE_STORAGE_OPTIONS, or "
                              "storage.options in the client config)")
@@ -289,10 +330,16 @@ class ObjectStore:
         if protocol is None:
             protocol = "file"
             raw = "file://" + os.path.abspath(os.path.expanduser(raw))
+        if protocol.lower() not in SUPPORTED_SCHEMES:
+            raise InvalidStorageUrlError(
+                f"unsupported storage url {redact_url(url)!r}: scheme {protocol!r} is not supported; txlake stores "
+                "objects under file:// (or a plain path), memory:// or s3:// (s3a://), the backends "
+                "with a verified atomic create-if-absent")
+        protocol = protocol.lower()
         try:
             cls = fsspec.get_filesystem_class(protocol)
         except (ValueError, ImportError) as e:
-            raise ValueError(f"unsupported storage url {redact_url(url)!r}: {e}") from e
+            raise InvalidStorageUrlError(f"unsupported storage url {redact_url(url)!r}: {e}") from e
         protos = cls.protocol if isinstance(cls.protocol, (tuple, list)) else (cls.protocol,)
         self.protocol: str = protos[0]
         root = cls._strip_protocol(raw)
@@ -300,6 +347,8 @@ class ObjectStore:
             self.protocol = "file"
             root = os.path.abspath(root)
         self.root: str = root.rstrip("/")
+        if self.protocol in _S3_PROTOCOLS and not self.root.strip("/"):
+            raise InvalidStorageUrlError(f"storage url {redact_url(url)!r} names no S3 bucket: use s3://bucket or s3://bucket/prefix")
         if self.protocol == "file":
             self.url = "file://" + (self.root or "/")
         else:
@@ -357,6 +406,9 @@ class ObjectStore:
         except (ObjectNotFoundError, StorageError):
             raise
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            if self.protocol in _S3_PROTOCOLS and _s3_error_code(e)[0] == "NoSuchBucket":
+                # s3fs reads a missing bucket as "not found": never an empty root
+                raise BucketNotFoundError(url, operation, self.root.lstrip("/").split("/", 1)[0]) from e
             if reading:
                 raise ObjectNotFoundError(url) from e
             raise StorageError(url, operation, f"{type(e).__name__}: {e}") from e
@@ -496,6 +548,8 @@ class ObjectStore:
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
                     continue
+                if code == "NoSuchBucket":
+                    raise BucketNotFoundError(url, "put_if_absent", bucket) from e
                 detail = f"{type(e).__name__}: {e}"
                 if code:
                     detail += f" [S3 {code}, HTTP {status}]"

@@ -40,7 +40,7 @@ from txlake.catalog.errors import (CatalogError, CatalogGapError, InvalidConfigE
                                    WriterFencedError, WriterLeaseHeldError)
 from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK, REMOVE_SEGMENT,
                                   CatalogState, TopicState)
-from txlake.catalog.storage import ObjectStore
+from txlake.catalog.storage import InvalidObjectKeyError, ObjectStore
 from txlake.catalog.topic_config import cleanup_policies, effective_config, validate_topic_config
 from txlake.catalog.topic_names import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, is_internal,
                                          unify_collision_chars, validate_topic_name)
@@ -766,8 +766,9 @@ class Broker:
                                message=f"offset {offset} is out of range [{start}, {hw}] for {topic} [{partition}]")
         try:
             records = self.reader.read(topic, partition, offset, bound, max_records) if offset < bound else RECORD_SCHEMA.empty_table()
-        except (FormatError, FileNotFoundError) as exc:
-            # Kafka answers CORRUPT_MESSAGE for a record batch it cannot read; the message names the object.
+        except (FormatError, FileNotFoundError, InvalidObjectKeyError) as exc:
+            # Kafka answers CORRUPT_MESSAGE for a record batch it cannot read; the message names the object
+            # (or the invalid object key a corrupt catalog entry names).
             return FetchResult(Errors.CORRUPT_MESSAGE, hw, lso, start,
                                message=f"cannot read {topic} [{partition}] at offset {offset}: {exc}")
         return FetchResult(Errors.NO_ERROR, hw, lso, start, records, aborted_transactions=aborted)

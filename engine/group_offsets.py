@@ -171,6 +171,10 @@ class GroupOffsets:
                retention_time_ms: int = DEFAULT_RETENTION_TIME) -> dict[TopicPartitionKey, Errors]:
         """OffsetCommit (Kafka's ``OffsetMetadataManager.commitOffset``). One error per partition.
 
+        A partition of a topic the catalog does not have (or beyond its partition count) answers
+        UNKNOWN_TOPIC_OR_PART and is not stored (Kafka's ``KafkaApis.handleOffsetCommitRequest``
+        checks the metadata cache before the coordinator sees the request).
+
         The group coordinator first checks the membership (Kafka's ``validateOffsetCommit``):
         a member's commit carries its generation and member id (ILLEGAL_GENERATION,
         UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, REBALANCE_IN_PROGRESS); an assign()-based
@@ -193,12 +197,18 @@ class GroupOffsets:
             coordinator = self.broker.group_coordinator()
         except ApiError as exc:
             return {tp: exc.error for tp in offsets}
+        topics = self.broker.topics()
+        unknown = {tp: Errors.UNKNOWN_TOPIC_OR_PART for tp in offsets
+                   if tp[0] not in topics or not 0 <= tp[1] < len(topics[tp[0]].partitions)}
+        if len(unknown) == len(offsets):
+            return unknown
         with coordinator.offset_commit_guard(group_id):
             error = coordinator.validate_offset_commit(group_id, generation_id, member_id, group_instance_id)
             if error != Errors.NO_ERROR:
-                return {tp: error for tp in offsets}
+                return {tp: unknown.get(tp, error) for tp in offsets}
             answers = {tp: Errors.OFFSET_METADATA_TOO_LARGE for tp, om in offsets.items()
-                       if _utf16_length(om.metadata) > OFFSET_METADATA_MAX_BYTES}
+                       if tp not in unknown and _utf16_length(om.metadata) > OFFSET_METADATA_MAX_BYTES}
+            answers.update(unknown)
             now = _wall_ms()
             expire = None if retention_time_ms == DEFAULT_RETENTION_TIME else now + retention_time_ms
             stored = {tp: replace(om, expire_timestamp=expire) for tp, om in offsets.items() if tp not in answers}

@@ -25,7 +25,7 @@ from txlake.engine.transaction_admin import COORDINATOR_ID, ActiveProducer, Tran
 from txlake.engine.transaction_metadata import TransactionState
 
 from .config import parse_config
-from .error import KafkaError, KafkaException, from_api_error
+from .error import KafkaError, KafkaException, from_api_error, kafka_errors
 from .types import TopicPartition
 
 
@@ -203,7 +203,8 @@ class AdminClient:
 
     def __init__(self, conf: dict | None = None, **kwargs: Any):
         self._cfg = parse_config({**(conf or {}), **kwargs}, "admin")
-        self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
+        with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
+            self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
         self._closed = False
 
     def create_topics(self, new_topics: list[NewTopic], operation_timeout: float = 0, request_timeout: float = -1,

@@ -82,7 +82,10 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def storage_url(ctx: click.Context) -> str:
     """The storage root a command works on (the --storage flag, else the default)."""
-    return ctx.meta.get(_META_STORAGE) or default_storage_url()
+    url = ctx.meta.get(_META_STORAGE)
+    if url is not None and not str(url).strip():
+        raise click.BadParameter("must name a storage root, not an empty string", param_hint="--storage")
+    return url or default_storage_url()
 
 
 def storage_opts(ctx: click.Context) -> dict[str, Any]:
@@ -143,7 +146,7 @@ class _Group(click.Group):
 
 
 def _error_message(exc: BaseException) -> str | None:
-    from txlake.catalog.storage import StorageError
+    from txlake.catalog.storage import InvalidStorageUrlError, StorageError
     from txlake.formats.errors import TxlakeError
 
     from .error import KafkaException
@@ -154,7 +157,8 @@ def _error_message(exc: BaseException) -> str | None:
         if err.name() == "NOT_LEADER_OR_FOLLOWER":
             text += "\n(another process is the writer of this storage root; reading commands still work)"
         return text
-    if isinstance(exc, (TxlakeError, StorageError, FileNotFoundError, PermissionError, IsADirectoryError)):
+    if isinstance(exc, (TxlakeError, StorageError, InvalidStorageUrlError, FileNotFoundError, PermissionError,
+                        IsADirectoryError)):
         return f"{type(exc).__name__}: {exc}"
     try:
         import duckdb

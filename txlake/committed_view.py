@@ -39,12 +39,13 @@ from txlake.catalog.state import AbortedTxn, CatalogState, PartitionState, Segme
 from txlake.catalog.storage import ObjectStore
 from txlake.formats.errors import FormatError
 from txlake.formats.records import KIND as RECORD_KIND
+from txlake.formats.records import RECORD_SCHEMA
 from txlake.formats.records import VERSION as RECORD_VERSION
-from txlake.formats.versioning import check_tags, open_parquet
+from txlake.formats.versioning import check_schema, check_tags, open_parquet
 
 __all__ = [
     "READ_COMMITTED", "READ_UNCOMMITTED", "AbortedTxn", "ObjectScan", "PartitionBounds", "TopicView",
-    "aborted_transactions", "object_row_groups", "topic_view", "topic_views",
+    "aborted_transactions", "object_row_groups", "topic_view", "topic_views", "verify_objects",
 ]
 
 READ_COMMITTED = "read_committed"
@@ -193,7 +194,8 @@ def object_row_groups(store: ObjectStore, key: str) -> int:
     Raises:
         ObjectNotFoundError: the object is gone (names its url).
         CorruptObjectError / UnsupportedFormatVersionError: not a readable segment object
-            of a format version this txlake knows (names its url).
+            of a format version this txlake knows, or a column of the record schema is missing
+            or of another type (names its url).
         StorageError: any other backend failure.
     """
     cache_key = (store.url, key)
@@ -201,14 +203,33 @@ def object_row_groups(store: ObjectStore, key: str) -> int:
         n = _row_groups_cache.get(cache_key)
     if n is not None:
         return n
+    n = _checked_row_groups(store, key)
+    with _cache_lock:
+        _row_groups_cache[cache_key] = n
+    return n
+
+
+def _checked_row_groups(store: ObjectStore, key: str) -> int:
+    """Read the footer of the segment object at ``key``, check its tags and columns, and return
+    its row-group count (errors as :func:`object_row_groups`)."""
     location = store.uri(key)
     with store.open_input(key) as f:
         pf = open_parquet(f, location)
         check_tags(pf.schema_arrow.metadata, RECORD_KIND, RECORD_VERSION, location)
-        n = pf.metadata.num_row_groups
-    with _cache_lock:
-        _row_groups_cache[cache_key] = n
-    return n
+        check_schema(pf.schema_arrow, RECORD_SCHEMA, location)  # else a scan fails, naming no object
+        return pf.metadata.num_row_groups
+
+
+def verify_objects(store: ObjectStore, keys: Iterable[str]) -> None:
+    """Check the segment objects at ``keys`` again, reading their footers (not the cache): what
+    an engine calls when a scan of them failed, to name the object at fault.
+
+    Raises:
+        CorruptObjectError / UnsupportedFormatVersionError / ObjectNotFoundError / StorageError:
+            the first object that is not a readable segment (names its url).
+    """
+    for key in keys:
+        _checked_row_groups(store, key)
 
 
 def _row_group_counts(store: ObjectStore, keys: Iterable[str]) -> dict[str, int]:

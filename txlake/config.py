@@ -41,7 +41,8 @@ def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, Any], i
         if isinstance(value, float) and not value.is_integer():
             raise _bad(key, value, "expected an integer")
         if (lo is not None and n < lo) or (hi is not None and n > hi):
-            raise _bad(key, value, f"value must be {lo}..{hi}")
+            bounds = f"{lo}..{hi}" if lo is not None and hi is not None else f">= {lo}" if lo is not None else f"<= {hi}"
+            raise _bad(key, value, f"value must be {bounds}")
         return n
     return parse
 
@@ -258,5 +259,8 @@ def parse_config(conf: Mapping[str, Any] | None, kind: str) -> ClientConfig:
         options = {**values["storage.options"], **options}
     elif values["storage.options"] is not None:
         raise _bad("storage.options", values["storage.options"], "expected a dict of fsspec options")
+    if "storage.url" in explicit and not values["storage.url"].strip():
+        raise _bad("storage.url", values["storage.url"], "expected a storage root URL (file:///path, "
+                   "s3://bucket/prefix or memory://name), not an empty string")
     url = values["storage.url"] or default_storage_url()
     return ClientConfig(values, frozenset(explicit), url, options)

@@ -33,10 +33,10 @@ from txlake.engine.registry import acquire_broker, release_broker
 
 from .config import parse_config
 from .consumer_coordinator import ConsumerCoordinator
-from .error import KafkaError, KafkaException, from_api_error, kafka_exception
+from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .group_metadata import ConsumerGroupMetadata
 from .types import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, OFFSET_STORED, TIMESTAMP_CREATE_TIME,
-                    TIMESTAMP_LOG_APPEND_TIME, Message, TopicPartition)
+                    TIMESTAMP_LOG_APPEND_TIME, Message, TopicPartition, partition_list)
 
 _EARLIEST = {"smallest", "earliest", "beginning"}
 _LATEST = {"largest", "latest", "end"}
@@ -120,7 +120,8 @@ class Consumer:
         self._isolation = self._cfg["isolation.level"]
         self._reset = self._cfg["auto.offset.reset"]
         self._eof = self._cfg["enable.partition.eof"]
-        self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
+        with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
+            self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
         self._lock = threading.RLock()
         self._assignment: dict[tuple[str, int], _Fetch] = {}
         self._order: deque[tuple[str, int]] = deque()
@@ -141,9 +142,15 @@ class Consumer:
 
     # ------------------------------------------------------------------ assignment
     def assign(self, partitions: list[TopicPartition]) -> None:
-        """Read exactly these partitions, from each one's offset (or by auto.offset.reset)."""
+        """Read exactly these partitions, from each one's offset (or by auto.offset.reset).
+
+        Raises:
+            TypeError: ``partitions`` is not a list of TopicPartition.
+            KafkaException: the committed offsets or the log cannot be read.
+        """
         self._check_open()
-        with self._lock:
+        partition_list(partitions, "assign")
+        with self._lock, kafka_errors("assign()"):
             self._assignment_version += 1
             self._assignment = {}
             for tp in partitions:
@@ -151,16 +158,18 @@ class Consumer:
             self._order = deque(self._assignment)
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
-        """Add partitions to the assignment."""
+        """Add partitions to the assignment (errors as :meth:`assign`)."""
         self._check_open()
-        with self._lock:
+        partition_list(partitions, "incremental_assign")
+        with self._lock, kafka_errors("incremental_assign()"):
             self._assignment_version += 1
             for tp in partitions:
                 self._assignment[(tp.topic, tp.partition)] = _Fetch(self._resolve(tp.topic, tp.partition, tp.offset))
             self._order = deque(self._assignment)
 
     def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
-        """Remove partitions from the assignment."""
+        """Remove partitions from the assignment (TypeError unless a list of TopicPartition)."""
+        partition_list(partitions, "incremental_unassign")
         with self._lock:
             self._assignment_version += 1
             for tp in partitions:
@@ -264,8 +273,11 @@ class Consumer:
 
         Raises:
             KafkaException: ``_STATE`` if the partition is not assigned.
+            TypeError: ``partition`` is not a TopicPartition.
         """
-        with self._lock:
+        if not isinstance(partition, TopicPartition):
+            raise TypeError(f"seek() requires a TopicPartition, not {type(partition).__name__}")
+        with self._lock, kafka_errors(f"seek() of {partition.topic} [{partition.partition}]"):
             state = self._assignment.get((partition.topic, partition.partition))
             if state is None:
                 raise kafka_exception(KafkaError._STATE, f"Partition {partition.topic} [{partition.partition}] is not assigned")
@@ -274,7 +286,9 @@ class Consumer:
             state.eof_sent = False
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """The next offset to fetch for each partition (OFFSET_INVALID if unknown)."""
+        """The next offset to fetch for each partition (OFFSET_INVALID if unknown); TypeError
+        unless ``partitions`` is a list of TopicPartition."""
+        partition_list(partitions, "position")
         with self._lock:
             out = []
             for tp in partitions:
@@ -294,30 +308,41 @@ class Consumer:
         return msgs[0] if msgs else None
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
-        """Up to ``num_messages`` records, waiting up to ``timeout`` s (-1 = forever) for the first."""
+        """Up to ``num_messages`` records, waiting up to ``timeout`` s (-1 = forever) for the first.
+
+        A partition whose records cannot be read yields an error event (``msg.error()``, e.g.
+        CORRUPT_MESSAGE naming the object) and the other partitions go on.
+
+        Raises:
+            ValueError: ``num_messages`` outside 1..1000000.
+            KafkaException: the storage root's catalog cannot be read (e.g. KAFKA_STORAGE_ERROR,
+                CORRUPT_MESSAGE naming the object), with the underlying error as ``__cause__``.
+        """
         self._check_open()
         if not 1 <= num_messages <= 1_000_000:
             raise ValueError("num_messages must be between 1 and 1000000")
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         out: list[Message] = []
+        reading = f"consume() from {self._broker.store.url}"
         while True:
             self._serve_commit_reports()
             if self._membership is not None:
                 self._membership.poll()      # rejoin / rebalance callbacks / auto-commit, in this thread
-            with self._lock:
+            with self._lock, kafka_errors(reading):
                 self._drain(out, num_messages)
             if out:
                 return out
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return out
-            if self._broker.is_writer:
-                # new data arrives through this process's own commits; a foreign commit
-                # (this writer was superseded) is noticed by a rate-limited probe
-                self._broker.refresh(REFRESH_INTERVAL_MS)
-                time.sleep(min(0.005, remaining if remaining is not None else 0.005))
-            elif not self._broker.refresh(REFRESH_INTERVAL_MS):
-                time.sleep(min(REFRESH_INTERVAL_MS / 1000, remaining if remaining is not None else 1))
+            with kafka_errors(reading):
+                if self._broker.is_writer:
+                    # new data arrives through this process's own commits; a foreign commit
+                    # (this writer was superseded) is noticed by a rate-limited probe
+                    self._broker.refresh(REFRESH_INTERVAL_MS)
+                    time.sleep(min(0.005, remaining if remaining is not None else 0.005))
+                elif not self._broker.refresh(REFRESH_INTERVAL_MS):
+                    time.sleep(min(REFRESH_INTERVAL_MS / 1000, remaining if remaining is not None else 1))
 
     def _drain(self, out: list[Message], limit: int) -> None:
         if self._membership is not None:
@@ -379,23 +404,36 @@ class Consumer:
         ListOffsets with the consumer's isolation level answers).
 
         Raises:
-            KafkaException: UNKNOWN_TOPIC_OR_PART.
+            KafkaException: UNKNOWN_TOPIC_OR_PART; the catalog cannot be read.
+            TypeError: ``partition`` is not a TopicPartition.
         """
-        if not cached:
-            self._broker.refresh()
-        err_l, low, _ = self._broker.list_offsets(partition.topic, partition.partition, EARLIEST_TIMESTAMP)
-        err_h, high, _ = self._broker.list_offsets(partition.topic, partition.partition, LATEST_TIMESTAMP, self._isolation)
+        if not isinstance(partition, TopicPartition):
+            raise TypeError(f"get_watermark_offsets() requires a TopicPartition, not {type(partition).__name__}")
+        with kafka_errors(f"get_watermark_offsets() of {partition.topic} [{partition.partition}]"):
+            if not cached:
+                self._broker.refresh()
+            err_l, low, _ = self._broker.list_offsets(partition.topic, partition.partition, EARLIEST_TIMESTAMP)
+            err_h, high, _ = self._broker.list_offsets(partition.topic, partition.partition, LATEST_TIMESTAMP,
+                                                       self._isolation)
         if err_l != Errors.NO_ERROR or err_h != Errors.NO_ERROR:
             raise kafka_exception(Errors.UNKNOWN_TOPIC_OR_PART, f"Unknown topic or partition: {partition.topic} [{partition.partition}]")
         return low, high
 
     def offsets_for_times(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
         """For each partition whose ``offset`` holds a timestamp (ms): the earliest offset with a
-        timestamp >= it, or -1 (OFFSET_END) when there is none."""
-        self._broker.refresh()
+        timestamp >= it, or -1 (OFFSET_END) when there is none.
+
+        Raises:
+            TypeError: ``partitions`` is not a list of TopicPartition.
+            KafkaException: the catalog cannot be read.
+        """
+        partition_list(partitions, "offsets_for_times")
+        with kafka_errors("offsets_for_times()"):
+            self._broker.refresh()
         out = []
         for tp in partitions:
-            err, offset, _ = self._broker.list_offsets(tp.topic, tp.partition, tp.offset, self._isolation)
+            with kafka_errors(f"offsets_for_times() of {tp.topic} [{tp.partition}]"):
+                err, offset, _ = self._broker.list_offsets(tp.topic, tp.partition, tp.offset, self._isolation)
             res = TopicPartition(tp.topic, tp.partition, offset if err == Errors.NO_ERROR else OFFSET_INVALID)
             if err != Errors.NO_ERROR:
                 res.error = KafkaError(err)
@@ -436,11 +474,16 @@ class Consumer:
                 failed partition's: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID,
                 REBALANCE_IN_PROGRESS, OFFSET_METADATA_TOO_LARGE, ...; ``args[0]``).
             ValueError: both ``message`` and ``offsets``.
+            TypeError: ``offsets`` is not a list of TopicPartition, ``message`` not a Message.
             RuntimeError: the consumer is closed.
         """
         self._check_open()
         if message is not None and offsets is not None:
             raise ValueError("message and offsets are mutually exclusive")
+        if offsets is not None:
+            partition_list(offsets, "commit")
+        if message is not None and not isinstance(message, Message):
+            raise TypeError(f"commit() requires a Message, not {type(message).__name__}")
         group = self._group()
         sent = self._send_commit(group, self._commit_request(message, offsets), report=asynchronous)
         if asynchronous:
@@ -538,14 +581,19 @@ class Consumer:
         retries until the transaction completes or ``timeout`` passes (KIP-447).
 
         Raises:
-            KafkaException: ``_TIMED_OUT`` while offsets stay unstable.
+            KafkaException: ``_TIMED_OUT`` while offsets stay unstable; the group's
+                ``__consumer_offsets`` partition cannot be read (its error, naming the partition,
+                with the underlying error as ``__cause__``).
+            TypeError: ``partitions`` is not a list of TopicPartition.
         """
+        partition_list(partitions, "committed")
         group = self._group()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         require_stable = self._isolation == "read_committed"
         while True:
-            answer = self._broker.group_offsets().fetch(group, [(tp.topic, tp.partition) for tp in partitions],
-                                                        require_stable)
+            with kafka_errors(f"committed() of group {group}"):
+                answer = self._broker.group_offsets().fetch(group, [(tp.topic, tp.partition) for tp in partitions],
+                                                            require_stable)
             if all(error != Errors.UNSTABLE_OFFSET_COMMIT for _, error in answer.values()):
                 break
             if deadline is not None and time.monotonic() >= deadline:
@@ -563,7 +611,8 @@ class Consumer:
         """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""
         from .admin import cluster_metadata
 
-        self._broker.refresh()
+        with kafka_errors(f"list_topics() of {self._broker.store.url}"):
+            self._broker.refresh()
         return cluster_metadata(self._broker, topic)
 
     def close(self) -> None:

@@ -56,7 +56,7 @@ import duckdb
 from txlake.catalog.catalog import Catalog
 from txlake.catalog.storage import ObjectStore
 
-from .committed_view import READ_COMMITTED, ObjectScan, TopicView, topic_view, topic_views
+from .committed_view import READ_COMMITTED, ObjectScan, TopicView, topic_view, topic_views, verify_objects
 
 __all__ = ["COLUMNS", "UnreadableTopicWarning", "committed_files", "connect", "refresh", "topic_relation",
            "topic_sql", "unreadable_topics", "view_sql"]
@@ -444,7 +444,11 @@ def _sync_views(con: duckdb.DuckDBPyConnection, cs: _ConnState, root: _Root) -> 
             warnings.warn(f"topic {topic!r} has no view: DuckDB names are case-insensitive and {name!r} is taken; "
                           "use txlake.duckdb.topic_sql() to query it", stacklevel=3)
             continue
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS\n{sql}")
+        try:
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS\n{sql}")
+        except duckdb.Error as exc:  # DuckDB's text names no object: name the one at fault, or the topic
+            verify_objects(root.store, [o.key for o in view.objects])
+            raise type(exc)(f"view of topic {topic!r} of {root.store.url}: {exc}") from exc
         root.views[topic] = (name, sql)
         used.add(name.lower())
         changed.append(name)

@@ -7,6 +7,9 @@ attributes (e.g. ``MSG_SIZE_TOO_LARGE`` and ``MESSAGE_TOO_LARGE`` are both 10).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from txlake.engine.errors import ApiError, Errors
 
 # librdkafka's names for broker codes whose Kafka name differs.
@@ -113,3 +116,79 @@ def kafka_exception(code: int, message: str, **flags: bool) -> KafkaException:
 def from_api_error(exc: ApiError, **flags: bool) -> KafkaException:
     """Convert an engine :class:`ApiError` into the client's KafkaException."""
     return KafkaException(KafkaError(exc.error, exc.message, **flags))
+
+
+def as_kafka_exception(exc: BaseException, context: str) -> KafkaException:
+    """The KafkaException a public call raises for an error of the engine, the catalog, the
+    storage or the formats (API.md "Errors": failing calls raise KafkaException). ``exc`` is
+    chained as ``__cause__``; the message is ``"{context}: {exc}"``, and ``exc``'s text names the
+    object (URL, topic, partition) it is about.
+
+    The codes are Kafka's (librdkafka's for client-local conditions):
+
+    ==========================================  ======================================  =========
+    error                                       code                                    retriable
+    ==========================================  ======================================  =========
+    :class:`ApiError`                           its own code                            Kafka's
+    ``UnsupportedFormatVersionError``           UNSUPPORTED_VERSION (35)                no
+    ``CorruptObjectError`` (any FormatError)    CORRUPT_MESSAGE (2), as Fetch answers   no
+    ``WriterLeaseHeldError``                    NOT_LEADER_OR_FOLLOWER (6)              yes
+    ``WriterFencedError``                       _FENCED (fatal)                         no
+    ``UnknownTopicError``                       UNKNOWN_TOPIC_OR_PART (3)               yes
+    ``InvalidTopicError``                       INVALID_TOPIC_EXCEPTION (17)            no
+    ``BucketNotFoundError``                     KAFKA_STORAGE_ERROR (56)                no
+    ``StorageError`` / other ``OSError``        KAFKA_STORAGE_ERROR (56)                yes
+    ``ValueError`` (e.g. a bad storage url)     _INVALID_ARG                            no
+    anything else                               _FAIL                                   no
+    ==========================================  ======================================  =========
+
+    A KafkaException is returned unchanged.
+    """
+    from txlake.catalog.errors import InvalidTopicError, UnknownTopicError, WriterFencedError, WriterLeaseHeldError
+    from txlake.catalog.storage import BucketNotFoundError
+    from txlake.formats.errors import FormatError, UnsupportedFormatVersionError
+
+    if isinstance(exc, KafkaException):
+        return exc
+    retriable: bool | None = None
+    fatal = False
+    if isinstance(exc, ApiError):
+        code = exc.error
+        text = exc.message
+    else:
+        text = str(exc) or type(exc).__name__
+        if isinstance(exc, UnsupportedFormatVersionError):
+            code, retriable = Errors.UNSUPPORTED_VERSION, False
+        elif isinstance(exc, FormatError):
+            code, retriable = Errors.CORRUPT_MESSAGE, False
+        elif isinstance(exc, WriterLeaseHeldError):
+            code = Errors.NOT_LEADER_OR_FOLLOWER
+        elif isinstance(exc, WriterFencedError):
+            code, fatal = Errors._FENCED, True
+        elif isinstance(exc, UnknownTopicError):
+            code = Errors.UNKNOWN_TOPIC_OR_PART
+        elif isinstance(exc, InvalidTopicError):
+            code = Errors.INVALID_TOPIC_EXCEPTION
+        elif isinstance(exc, BucketNotFoundError):
+            code, retriable = Errors.KAFKA_STORAGE_ERROR, False
+        elif isinstance(exc, OSError):
+            code = Errors.KAFKA_STORAGE_ERROR
+        elif isinstance(exc, ValueError):
+            code = Errors._INVALID_ARG
+        else:
+            code = Errors._FAIL
+    out = KafkaException(KafkaError(code, f"{context}: {text}", fatal=fatal, retriable=retriable))
+    out.__cause__ = exc
+    return out
+
+
+@contextmanager
+def kafka_errors(context: str) -> Iterator[None]:
+    """Run engine calls of a public method: any error other than a KafkaException is raised as
+    :func:`as_kafka_exception` maps it (``context`` says what the call was doing)."""
+    try:
+        yield
+    except KafkaException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every engine error becomes a KafkaException
+        raise as_kafka_exception(exc, context) from exc

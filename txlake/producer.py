@@ -28,6 +28,7 @@ Sequences and failures (KIP-98, KIP-360; Kafka's ``Sender`` / ``RecordAccumulato
 
 from __future__ import annotations
 
+import operator
 import random
 import threading
 import time
@@ -49,13 +50,17 @@ from txlake.catalog.topic_config import effective_config
 from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
 
 from .config import parse_config
-from .error import KafkaError, KafkaException, from_api_error, kafka_exception
+from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .transaction_manager import TransactionManager
 from txlake.engine.group_offsets import OffsetAndMetadata, offset_records
-from .types import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message
+from .types import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message, partition_list
 
 # librdkafka: per-record overhead counted against batch.size (v2 record framing, approx.).
 RECORD_OVERHEAD = 20
+#: Kafka's ``RecordBatch.NO_TIMESTAMP``: a record without a timestamp is stamped with the current time
+NO_TIMESTAMP = -1
+#: the largest timestamp a record can carry (Kafka's int64 ms)
+MAX_TIMESTAMP = 2**63 - 1
 
 
 def _to_bytes(what: str, data: Any) -> bytes | None:
@@ -77,8 +82,29 @@ def _headers(headers: Any) -> list[dict[str, Any]] | None:
         k, v = item
         if not isinstance(k, str):
             raise TypeError("header keys must be str")
+        k.encode()  # UnicodeEncodeError (a ValueError) here, not when the batch is built
         out.append({"key": k, "value": _to_bytes("header value", v)})
     return out
+
+
+def _timestamp(timestamp: Any, topic: str) -> int:
+    """A record's CreateTime (ms) from ``produce(timestamp=)``: 0 (confluent-kafka's default) and
+    -1 (Kafka's NO_TIMESTAMP) mean now.
+
+    Raises:
+        TypeError: not an int (what confluent-kafka raises).
+        KafkaException: ``_INVALID_ARG`` below -1 or beyond int64 (Kafka's ``ProducerRecord``
+            refuses negative timestamps; a record batch holds int64 ms).
+    """
+    try:
+        ts = operator.index(timestamp)
+    except TypeError:
+        raise TypeError(f"timestamp must be an int (ms since the epoch), not {type(timestamp).__name__}") from None
+    if ts < NO_TIMESTAMP or ts > MAX_TIMESTAMP:
+        raise kafka_exception(KafkaError._INVALID_ARG,
+                              f"Invalid timestamp {ts} for a record to {topic}: a timestamp is -1 (none: the "
+                              f"producer uses the current time) or 0..{MAX_TIMESTAMP} ms since the epoch")
+    return ts if ts > 0 else int(time.time() * 1000)
 
 
 @dataclass
@@ -115,6 +141,8 @@ class _InFlight:
     retry_at: float = 0.0
     order: int = -1
     done: bool = False
+    #: why the records could not be made into a batch ("" when they could)
+    build_error: str = ""
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -167,7 +195,8 @@ class Producer:
         self._max_queued = v["queue.buffering.max.messages"]
         self._default_cb = v["on_delivery"]
         self._only_errors = v["delivery.report.only.error"]
-        self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
+        with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
+            self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._buffers: dict[tuple[str, int], _Buffer] = {}
@@ -234,19 +263,22 @@ class Producer:
 
         Args:
             partition: -1 for Kafka's default partitioner (murmur2 of the key; sticky for a null key).
-            timestamp: CreateTime in ms (0 = now).
+            timestamp: CreateTime in ms since the epoch; 0 (the default) or -1 (Kafka's
+                NO_TIMESTAMP) = now.
             on_delivery / callback: ``cb(err: KafkaError | None, msg: Message)``.
 
         Raises:
             KafkaException: MSG_SIZE_TOO_LARGE (> message.max.bytes), _UNKNOWN_TOPIC,
-                _UNKNOWN_PARTITION, _FATAL after a fatal error, NOT_LEADER_OR_FOLLOWER when
-                another process holds the storage root's writer lease.
+                _UNKNOWN_PARTITION, _INVALID_ARG for a timestamp below -1 or beyond int64,
+                _FATAL after a fatal error, NOT_LEADER_OR_FOLLOWER when another process holds
+                the storage root's writer lease.
             BufferError: queue.buffering.max.messages records are already queued.
-            TypeError: key/value/headers of the wrong type.
+            TypeError: key/value/headers/timestamp of the wrong type.
         """
         value = _to_bytes("value", value)
         key = _to_bytes("key", key)
         hdrs = _headers(headers)
+        ts = _timestamp(timestamp, topic)
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
         if hdrs:
             size += sum(len(h["key"]) + len(h["value"] or b"") for h in hdrs)
@@ -260,7 +292,6 @@ class Producer:
             partition = partition_for_key(key, n) if key is not None else self._sticky_partition(topic, n)
         elif partition >= n:
             raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"Unknown partition {topic} [{partition}] (topic has {n})")
-        ts = timestamp or int(time.time() * 1000)
         cb = on_delivery or callback or self._default_cb
         with self._lock:
             if self._fatal is not None:
@@ -293,7 +324,8 @@ class Producer:
     def _lookup_topic(self, topic: str) -> int:
         t = self._broker.topics().get(topic)
         if t is None:
-            self._broker.refresh()
+            with kafka_errors(f"looking up topic {topic} in {self._broker.store.url}"):
+                self._broker.refresh()
             t = self._broker.topics().get(topic)
         if t is None:
             raise kafka_exception(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic}")
@@ -311,15 +343,16 @@ class Producer:
 
         Fails at once (not after delivery.timeout.ms) when another process holds the lease.
         """
-        try:
-            if self._idempotent:
-                err, pid, epoch = self._broker.init_producer_id()
-                assert err == Errors.NO_ERROR
-                self._producer_id, self._epoch = pid, epoch
-            else:
-                self._broker.ensure_writer()
-        except ApiError as exc:
-            raise from_api_error(exc) from None
+        with kafka_errors(f"taking the writer lease of {self._broker.store.url}"):
+            try:
+                if self._idempotent:
+                    err, pid, epoch = self._broker.init_producer_id()
+                    assert err == Errors.NO_ERROR
+                    self._producer_id, self._epoch = pid, epoch
+                else:
+                    self._broker.ensure_writer()
+            except ApiError as exc:
+                raise from_api_error(exc) from None
         self._writer_checked = True
 
     def _close_batch(self, tp: tuple[str, int], urgent: bool = False) -> None:
@@ -328,21 +361,37 @@ class Producer:
         (the engine then commits without lingering)."""
         if tp not in self._buffers:  # already closed (and failed) by a transaction that failed meanwhile
             return
-        self._queues.setdefault(tp, deque()).append(self._make_batch(tp, urgent))
+        flight = self._make_batch(tp, urgent)
+        if flight.build_error:
+            # the records could not be made into a batch: they fail alone (never sent, no
+            # sequence used; a transaction becomes abortable), nothing waits behind them
+            self._batch_failed(tp, Errors._BAD_MSG, flight.build_error, False, flight)
+            return
+        self._queues.setdefault(tp, deque()).append(flight)
         self._drain(tp)
 
     def _make_batch(self, tp: tuple[str, int], urgent: bool = False) -> _InFlight:
-        """Turn the open batch of ``tp`` into a RecordBatch (caller holds the lock)."""
+        """Turn the open batch of ``tp`` into a RecordBatch (caller holds the lock). Records that
+        cannot be encoded (produce() refuses what it can tell) give a batch without rows and
+        the reason in ``build_error``."""
         buf = self._buffers.pop(tp)
         if self._sticky.get(tp[0]) == tp[1]:
             del self._sticky[tp[0]]
         n = len(buf.values)
-        headers = (pa.array(buf.headers, HEADER_TYPE) if buf.any_headers else pa.nulls(n, HEADER_TYPE))
-        records = pa.Table.from_arrays(
-            [pa.array(buf.timestamps, pa.int64()), pa.array(buf.keys, pa.binary()), pa.array(buf.values, pa.binary()), headers],
-            schema=PAYLOAD_SCHEMA)
+        build_error = ""
+        try:
+            headers = (pa.array(buf.headers, HEADER_TYPE) if buf.any_headers else pa.nulls(n, HEADER_TYPE))
+            records = pa.Table.from_arrays(
+                [pa.array(buf.timestamps, pa.int64()), pa.array(buf.keys, pa.binary()),
+                 pa.array(buf.values, pa.binary()), headers],
+                schema=PAYLOAD_SCHEMA)
+        except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+            records = PAYLOAD_SCHEMA.empty_table()
+            build_error = f"{n} record(s) for {tp[0]} [{tp[1]}] cannot be encoded: {type(exc).__name__}: {exc}"
         batch = ProduceBatch(tp[0], tp[1], records, is_transactional=self._txn is not None, urgent=urgent)
-        return _InFlight(batch, buf, buf.created + self._delivery_timeout)
+        flight = _InFlight(batch, buf, buf.created + self._delivery_timeout)
+        flight.build_error = build_error
+        return flight
 
     def _assign_sequence(self, tp: tuple[str, int], records: int) -> int:
         """The base sequence of the next ``records`` records to ``tp`` (caller holds the lock)."""
@@ -634,8 +683,10 @@ class Producer:
 
         Raises:
             KafkaException: ``_STATE`` outside a transaction; abortable or fatal errors.
+            TypeError: ``positions`` is not a list of TopicPartition.
         """
         txn = self._transactions()
+        partition_list(positions, "send_offsets_to_transaction")
         group_id = group_metadata if isinstance(group_metadata, str) else getattr(group_metadata, "group_id", None)
         if not group_id:
             raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs a group id")
@@ -643,7 +694,8 @@ class Producer:
         if any(om.offset < 0 for om in offsets.values()):
             raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs absolute offsets (>= 0)")
         topic, partition = txn.add_offsets(group_id, self._broker.group_offsets().partition_for(group_id))  # blocking
-        self._broker.group_offsets().ensure_topic()
+        with kafka_errors(f"send_offsets_to_transaction() of group {group_id}"):
+            self._broker.group_offsets().ensure_topic()
         # TxnOffsetCommit: the group coordinator checks the member as for a plain commit (KIP-447);
         # a stale generation, an unknown member or a fenced static member make the transaction abortable
         try:
@@ -817,7 +869,8 @@ class Producer:
 
         Args:
             key / value / timestamp / headers: column names (key and others may be None/absent);
-                key and value columns must be binary or string.
+                key and value columns must be binary or string; timestamps are ms since the
+                epoch (or a timestamp type), null or -1 = now.
             partition: a column name of int partitions, a fixed partition, or None for
                 Kafka's default partitioner (murmur2 of the key, round-robin chunks for null keys).
             batch_rows: records per batch (one sequence range each).
@@ -861,7 +914,7 @@ class Producer:
             n = rb.num_rows
             keys = _binary_column(rb, key) if key and key in cols else pa.nulls(n, pa.binary())
             vals = _binary_column(rb, value)
-            ts = (rb.column(timestamp).cast(pa.int64()) if timestamp and timestamp in cols
+            ts = (_timestamp_column(rb, timestamp, topic) if timestamp and timestamp in cols
                   else pa.array(np.full(n, int(time.time() * 1000), dtype=np.int64)))
             hdrs = rb.column(headers) if headers and headers in cols else pa.nulls(n, HEADER_TYPE)
             payload = pa.Table.from_arrays([ts, keys, vals, hdrs], schema=PAYLOAD_SCHEMA)
@@ -982,6 +1035,32 @@ def _slices(batches: Iterable[pa.RecordBatch], rows: int) -> Iterable[pa.RecordB
     for rb in batches:
         for start in range(0, rb.num_rows, rows):
             yield rb.slice(start, rows)
+
+
+def _timestamp_column(rb: pa.RecordBatch, name: str, topic: str) -> pa.Array:
+    """The CreateTime (ms) of each row from column ``name``: null and -1 (Kafka's NO_TIMESTAMP)
+    are now, as in :meth:`Producer.produce`.
+
+    Raises:
+        KafkaException: ``_INVALID_ARG`` for a value below -1 or a column that is not an
+            integer or timestamp column.
+    """
+    try:
+        ts = rb.column(name).cast(pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise kafka_exception(KafkaError._INVALID_ARG,
+                              f"timestamp column {name!r} for {topic}: {exc}") from exc
+    if len(ts) == 0:
+        return ts
+    lowest = pc.min(ts).as_py()
+    if lowest is not None and lowest < NO_TIMESTAMP:
+        raise kafka_exception(KafkaError._INVALID_ARG,
+                              f"timestamp column {name!r} for {topic} holds {lowest}: a timestamp is -1 (none: "
+                              f"the producer uses the current time) or 0..{MAX_TIMESTAMP} ms since the epoch")
+    if ts.null_count or lowest == NO_TIMESTAMP:
+        now = pa.scalar(int(time.time() * 1000), pa.int64())
+        ts = pc.if_else(pc.fill_null(pc.equal(ts, NO_TIMESTAMP), True), now, ts)
+    return ts
 
 
 def _binary_column(rb: pa.RecordBatch, name: str) -> pa.Array:

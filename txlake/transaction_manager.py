@@ -20,14 +20,16 @@ a newer instance took over meanwhile: fatal. This is Kafka's ``beginCompletingTr
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import Future
 from enum import Enum
 from typing import TYPE_CHECKING, Callable
 
 from txlake.engine.errors import ApiError, Errors
 from txlake.engine.transaction_metadata import ProducerIdAndEpoch
 
-from .error import KafkaError, KafkaException
+from .error import KafkaError, KafkaException, as_kafka_exception
 
 if TYPE_CHECKING:
     from txlake.engine.transaction_coordinator import TransactionCoordinator
@@ -95,6 +97,11 @@ class TransactionManager:
         #: EndTxn of the transaction being completed has been answered NO_ERROR (a resumed
         #: abort_transaction must not send it again: after the bump it would be fenced)
         self._end_txn_done = False
+        #: requests a timed-out call left under way, by operation ("InitProducerId", "EndTxn
+        #: COMMIT", ...): calling again waits for their answer instead of sending another
+        self._pending: dict[str, Future] = {}
+        #: ``(producer id, epoch)`` of the last InitProducerId answer
+        self._init_answer: tuple[int, int] = (-1, -1)
 
     # ------------------------------------------------------------------ state checks
     def _require(self, *states: TxnState, operation: str) -> None:
@@ -130,14 +137,26 @@ class TransactionManager:
             self.state = TxnState.ABORTABLE_ERROR
         return KafkaException(self.error)
 
-    def _call(self, request: Callable[[], Errors], timeout: float | None, what: str) -> Errors:
-        """Send a coordinator request, retrying retriable answers until ``timeout`` (s)."""
+    def _call(self, request: Callable[[], Errors], timeout: float | None, what: str,
+              resumable: bool = False) -> Errors:
+        """Send a coordinator request, retrying retriable answers until ``timeout`` (s; None or
+        negative: no limit). ``resumable``: see :meth:`_send`.
+
+        Raises:
+            KafkaException: ``_TIMED_OUT`` (retriable) when ``timeout`` passed; the engine's
+                error, mapped by :func:`~txlake.error.as_kafka_exception` (e.g. CORRUPT_MESSAGE for
+                an unreadable ``__transaction_state`` record, naming it).
+        """
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         while True:
             try:
-                error = request()
+                error = self._send(request, deadline, what, resumable)
             except ApiError as exc:
                 error = exc.error
+            except KafkaException:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the engine failed: a KafkaException naming it
+                raise as_kafka_exception(exc, f"{what} of transactional id {self.transactional_id!r}") from exc
             if error not in _RETRY:
                 return error
             if deadline is not None and time.monotonic() >= deadline:
@@ -145,20 +164,59 @@ class TransactionManager:
                                                 retriable=True))
             time.sleep(RETRY_BACKOFF_S)
 
+    def _send(self, request: Callable[[], Errors], deadline: float | None, what: str, resumable: bool) -> Errors:
+        """One coordinator request. Without a ``deadline`` (monotonic s) it runs in this thread;
+        with one it runs on a thread of its own and this call returns by the deadline: a
+        coordinator request waits for its records to be committed to storage, which a storage
+        outage can hold up for long (Kafka bounds a request by ``request.timeout.ms`` the same way).
+
+        A ``resumable`` request (InitProducerId, EndTxn) still under way at the deadline is kept:
+        the next call of the same operation waits for its answer instead of sending another
+        (Kafka's ``TransactionManager`` keeps the pending result of a timed-out
+        ``initTransactions`` / ``commitTransaction`` / ``abortTransaction``, and a retry of the
+        call awaits it). Any other request is abandoned: its late answer is ignored.
+
+        Raises:
+            KafkaException: ``_TIMED_OUT`` (retriable) at the deadline.
+        """
+        future = self._pending.pop(what, None) if resumable else None
+        if future is None:
+            if deadline is None:
+                return request()
+            future = Future()
+
+            def run() -> None:
+                try:
+                    future.set_result(request())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(exc)
+
+            threading.Thread(target=run, name=f"txlake-txn-{what}", daemon=True).start()
+        try:
+            return future.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            if future.done():
+                raise  # the request itself failed with a TimeoutError (an OSError)
+            if resumable:
+                self._pending[what] = future
+            raise KafkaException(KafkaError(
+                Errors._TIMED_OUT, f"{what} of transactional id {self.transactional_id!r} timed out: the coordinator "
+                "has not answered yet (storage slow or unavailable?); call again to wait for its answer",
+                retriable=True)) from None
+
     def _init_producer_id(self, timeout: float | None, expected: ProducerIdAndEpoch | None) -> Errors:
         """InitProducerId (``expected`` = the current identity for a KIP-360 bump); on NO_ERROR the
         new identity is taken and announced to ``on_identity``."""
-        answer: list = []
 
         def request() -> Errors:
             error, pid, epoch = self._coordinator().handle_init_producer_id(self.transactional_id, self.timeout_ms,
                                                                             expected)
-            answer[:] = [pid, epoch]
+            self._init_answer = (pid, epoch)
             return error
 
-        error = self._call(request, timeout, "InitProducerId")
+        error = self._call(request, timeout, "InitProducerId", resumable=True)
         if error == Errors.NO_ERROR:
-            self.producer_id, self.epoch = answer
+            self.producer_id, self.epoch = self._init_answer
             if self._on_identity is not None:
                 self._on_identity(self.producer_id, self.epoch)
         return error
@@ -272,8 +330,10 @@ class TransactionManager:
         when the last error is INVALID_PRODUCER_ID_MAPPING, which the coordinator would answer
         again -- then InitProducerId with the current producer id and epoch.
 
-        Both callables return the records not delivered / not handed over in time. A call that
-        raised ``_TIMED_OUT`` may be repeated: it resumes where it stopped.
+        Both callables return the records not delivered / not handed over in time. ``timeout``
+        (s) bounds the whole call. A call that raised ``_TIMED_OUT`` may be repeated: it resumes
+        where it stopped -- an EndTxn still under way (e.g. its records wait for a storage outage
+        to end) is not sent again, the repeated call waits for its answer.
 
         Raises:
             KafkaException: ``_TIMED_OUT`` (retriable: call again); for a commit, the error of a
@@ -288,7 +348,12 @@ class TransactionManager:
             self._require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.ABORTING_TRANSACTION,
                           operation="abort_transaction")
             self.state = TxnState.ABORTING_TRANSACTION
-        left = (hand_over or flush)(timeout) if committed else flush(timeout)
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+
+        def remaining() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        left = (hand_over or flush)(remaining()) if committed else flush(remaining())
         if left:
             raise KafkaException(KafkaError(Errors._TIMED_OUT, f"{left} records not delivered in time", retriable=True))
         if committed and self.state is TxnState.ABORTABLE_ERROR:
@@ -299,16 +364,17 @@ class TransactionManager:
         if self.partitions and not self._end_txn_done and not (
                 not committed and self.epoch_bump_required and last_error == Errors.INVALID_PRODUCER_ID_MAPPING):
             error = self._call(lambda: self._coordinator().handle_end_txn(
-                self.transactional_id, self.producer_id, self.epoch, committed), timeout, "EndTxn")
+                self.transactional_id, self.producer_id, self.epoch, committed), remaining(),
+                f"EndTxn {'COMMIT' if committed else 'ABORT'}", resumable=True)
             if error != Errors.NO_ERROR:
                 raise self._fail(error, f"{'commit' if committed else 'abort'}_transaction failed: {error.name}",
                                  epoch_bump=error in _ABORTABLE_WITH_BUMP)
             self._end_txn_done = True
         if not committed and self.epoch_bump_required:
-            self._bump_epoch(timeout)
+            self._bump_epoch(remaining())
         if committed and hand_over is not None:
             # the records were committed before the Complete record: serve their reports
-            left = flush(timeout)
+            left = flush(remaining())
             if left:
                 raise KafkaException(KafkaError(Errors._TIMED_OUT, f"{left} delivery reports not served in time",
                                                 retriable=True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from .error import KafkaError
@@ -24,12 +25,24 @@ class TopicPartition:
     Args:
         topic: topic name; partition: id (-1 = unset); offset: an offset or a logical
         offset (OFFSET_BEGINNING -2, OFFSET_END -1, OFFSET_STORED -1000, OFFSET_INVALID -1001).
+
+    Raises:
+        TypeError: ``topic`` is not a str, ``partition``/``offset``/``leader_epoch`` not an int,
+            ``metadata`` not a str (what confluent-kafka raises).
     """
 
     __slots__ = ("topic", "partition", "offset", "metadata", "leader_epoch", "error")
 
     def __init__(self, topic: str, partition: int = -1, offset: int = OFFSET_INVALID,
                  metadata: str | None = None, leader_epoch: int | None = None):
+        if not isinstance(topic, str):
+            raise TypeError(f"TopicPartition topic must be a str, not {type(topic).__name__}")
+        partition = _int_arg("partition", partition)
+        offset = _int_arg("offset", offset)
+        if leader_epoch is not None:
+            leader_epoch = _int_arg("leader_epoch", leader_epoch)
+        if metadata is not None and not isinstance(metadata, str):
+            raise TypeError(f"TopicPartition metadata must be a str or None, not {type(metadata).__name__}")
         self.topic = topic
         self.partition = partition
         self.offset = offset
@@ -51,6 +64,28 @@ class TopicPartition:
     def __repr__(self) -> str:
         err = f",error={self.error!r}" if self.error else ""
         return f"TopicPartition{{topic={self.topic},partition={self.partition},offset={self.offset},leader_epoch={self.leader_epoch}{err}}}"
+
+
+def partition_list(partitions: Any, method: str) -> list[TopicPartition]:
+    """``partitions`` if it is a list of :class:`TopicPartition` (confluent-kafka's check of such
+    an argument).
+
+    Raises:
+        TypeError: anything else ("requires list of TopicPartition", as confluent-kafka).
+    """
+    if not isinstance(partitions, list):
+        raise TypeError(f"{method}() requires list of TopicPartition, not {type(partitions).__name__}")
+    for tp in partitions:
+        if not isinstance(tp, TopicPartition):
+            raise TypeError(f"{method}() requires list of TopicPartition: got a {type(tp).__name__} ({tp!r})")
+    return partitions
+
+
+def _int_arg(name: str, value: Any) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"TopicPartition {name} must be an int, not {type(value).__name__}") from None
 
 
 def _ts_type(kafka_type: int) -> int:
