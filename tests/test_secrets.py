@@ -246,3 +246,13 @@ def test_demo_reports_a_copier_that_died_on_its_own(tmp_path):
     assert 'txlake/copier.py", line' in e.stderr_tail  # the child's own traceback
     assert e.stderr_tail.splitlines()[-1] == "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)"
     assert "SIGKILL" not in out.getvalue()
+
+
+def test_invalid_config_messages_never_echo_a_secret_value():
+    """An invalid value of a secret-named property is reported without the value (librdkafka
+    redacts its sensitive properties the same way)."""
+    from txlake.config import _bad
+
+    err = _bad("storage.options.secret", "s3cr3t-value", "not a str").args[0]
+    assert "s3cr3t-value" not in err.str() and '"storage.options.secret"' in err.str()
+    assert '"42"' in _bad("linger.ms", 42).args[0].str()   # ordinary values stay visible

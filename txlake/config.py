@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from txlake.catalog.catalog import MIN_LOG_RETENTION_MS
 from txlake.catalog.log_cleanup import DEFAULT_LOG_RETENTION_MS
-from txlake.catalog.redaction import redact_config, redact_url
+from txlake.catalog.redaction import redact_config, redact_url, redact_value
 from txlake.engine.requests import BrokerConfig
 
 from .error import KafkaError, kafka_exception
@@ -29,7 +29,8 @@ def default_storage_url() -> str:
 
 def _bad(key: str, value: object, why: str = "") -> Exception:
     extra = f": {why}" if why else ""
-    return kafka_exception(KafkaError._INVALID_ARG, f"Invalid value \"{value}\" for configuration property \"{key}\"{extra}")
+    shown = redact_value(key, value)   # a secret's value is never echoed back
+    return kafka_exception(KafkaError._INVALID_ARG, f"Invalid value \"{shown}\" for configuration property \"{key}\"{extra}")
 
 
 def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, Any], int]:
