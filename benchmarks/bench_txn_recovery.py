@@ -280,7 +280,7 @@ class _MarkerRecorder:
         self.ops: list[tuple[str, object]] = []
         self._crashing = False
 
-    def append_txn_markers(self, markers):
+    def append_txn_markers(self, markers, urgent: bool = True):
         if self._crashing:
             raise RuntimeError("simulated crash after PrepareCommit/PrepareAbort")
         answers = []
@@ -298,6 +298,9 @@ class _MarkerRecorder:
 
     def init_producer_id(self):
         return self.real.init_producer_id()
+
+    def request_flush(self) -> None:
+        """Nothing is queued here: markers are recorded and answered at once."""
 
     @contextlib.contextmanager
     def crash(self):
@@ -336,6 +339,11 @@ def bulk_build(url: str, n_ids: int, n_state_partitions: int, seed: int, txn_ext
         ((err, msg),) = broker.create_topics([(TOPIC, TOPIC_PARTITIONS, {})])
         assert err == Errors.NO_ERROR, msg
         TransactionTopicLog(broker, n_state_partitions).ensure_topic()    # as the coordinator creates it
+        # the writer's own coordinator (started with the lease) would verify every transactional
+        # batch (KIP-890); this build writes the batches a recorded coordinator decided, with no
+        # AddPartitionsToTxn, as Kafka's log tests do
+        broker.transaction_coordinator()
+        broker.txn_verifier = None
         stand_in = _MarkerRecorder(broker)
         collected = _CollectingLog(n_state_partitions, clock)
         t0 = time.perf_counter()
