@@ -14,7 +14,7 @@ from test_catalog import _segment, _writer
 from test_catalog_log_cleanup import RETENTION, _later, _ten_commits
 
 import txlake.catalog.catalog as catalog_module
-from txlake import OFFSET_BEGINNING, AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from txlake import OFFSET_BEGINNING, AdminClient, Consumer, KafkaException, NewTopic, Producer, TopicPartition
 from txlake.catalog.catalog import Catalog, checkpoint_key, commit_key
 from txlake.catalog.errors import CatalogGapError
 from txlake.catalog.log_cleanup import clean_catalog_log
@@ -117,8 +117,9 @@ def test_a_reader_refuses_to_load_past_a_missing_commit_naming_it(storage):
     assert str(err).startswith(f"{store.uri(commit_key(n))}: catalog commit {n} is missing, but "
                                f"{store.uri(commit_key(n + 1))} exists past it: the catalog log has a gap")
     # every client's engine opens the catalog the same way
-    with pytest.raises(CatalogGapError, match=f"catalog commit {n} is missing"):
+    with pytest.raises(KafkaException, match=f"catalog commit {n} is missing") as caught:
         Consumer({**_conf(storage), "group.id": "g"})
+    assert isinstance(caught.value.__cause__, CatalogGapError)  # a client raises KafkaException, cause chained
 
 
 def test_a_tailing_reader_finds_a_gap_when_it_reads_past_it_or_its_look_is_due_and_never_lists_between(
@@ -196,8 +197,9 @@ def test_a_producer_refuses_to_open_a_root_with_a_gap_and_writes_nothing(storage
     before = _commits(store)
     # before: it took the lease at commit n, failed with "commit n+1 was written by another process",
     # and left 29 of 30 records readable
-    with pytest.raises(CatalogGapError, match=f"catalog commit {n} is missing"):
+    with pytest.raises(KafkaException, match=f"catalog commit {n} is missing") as caught:
         Producer(_conf(storage, **{"storage.lease.force": True}))
+    assert isinstance(caught.value.__cause__, CatalogGapError)
     assert _commits(store) == before
 
 

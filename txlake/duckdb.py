@@ -54,7 +54,8 @@ from typing import Any, Iterable
 import duckdb
 
 from txlake.catalog.catalog import Catalog
-from txlake.catalog.storage import ObjectStore
+from txlake.catalog.storage import ObjectNotFoundError, ObjectStore, StorageError
+from txlake.formats.errors import TxlakeError
 
 from .committed_view import READ_COMMITTED, ObjectScan, TopicView, topic_view, topic_views, verify_objects
 
@@ -446,9 +447,21 @@ def _sync_views(con: duckdb.DuckDBPyConnection, cs: _ConnState, root: _Root) -> 
             continue
         try:
             con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS\n{sql}")
-        except duckdb.Error as exc:  # DuckDB's text names no object: name the one at fault, or the topic
-            verify_objects(root.store, [o.key for o in view.objects])
-            raise type(exc)(f"view of topic {topic!r} of {root.store.url}: {exc}") from exc
+        except duckdb.Error as exc:
+            if topic in errors:
+                raise   # the error view itself: nothing of the topic's objects is involved
+            # DuckDB's text names no object (an object replaced since its footer was cached, say):
+            # name the one at fault, or the topic, and isolate the topic like any unreadable one
+            try:
+                verify_objects(root.store, [o.key for o in views[topic].objects])
+                cause: Exception = type(exc)(f"view of topic {topic!r} of {root.store.url}: {exc}")
+            except (TxlakeError, ObjectNotFoundError, StorageError) as bad:
+                bad.__context__ = exc
+                cause = bad
+            errors[topic] = cause
+            root.unreadable[topic] = f"{type(cause).__name__}: {cause}"
+            sql = unreadable_view_sql(_unreadable_message(topic, root.unreadable[topic]))
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {quote_ident(name)} AS\n{sql}")
         root.views[topic] = (name, sql)
         used.add(name.lower())
         changed.append(name)
