@@ -26,16 +26,11 @@ from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.errors import Errors
 from txlake.formats.catalog_actions import COMMIT_KIND, decode_actions
 from txlake.formats.records import PAYLOAD_SCHEMA
+from test_cli import _close_engines  # noqa: E402,F401 - autouse: unsets TXLAKE_STORAGE*, closes the engines
 
 RECORDS = 30
 
 
-@pytest.fixture(autouse=True)
-def _close_engines(monkeypatch):
-    monkeypatch.delenv("TXLAKE_STORAGE", raising=False)
-    monkeypatch.delenv("TXLAKE_STORAGE_OPTIONS", raising=False)
-    yield
-    registry.close_all()
 
 
 def _conf(storage, **extra):

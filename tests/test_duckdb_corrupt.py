@@ -21,18 +21,13 @@ from txlake.cli import main
 from txlake.engine import registry
 
 from helpers import open_catalog
+from test_cli import _close_engines  # noqa: E402,F401 - autouse: unsets TXLAKE_STORAGE*, closes the engines
 
 ORDERS = 30
 PAYMENTS = 7
 BROKEN = ("__consumer_offsets", "__transaction_state", "payments")
 
 
-@pytest.fixture(autouse=True)
-def _close_engines(monkeypatch):
-    monkeypatch.delenv("TXLAKE_STORAGE", raising=False)
-    monkeypatch.delenv("TXLAKE_STORAGE_OPTIONS", raising=False)
-    yield
-    registry.close_all()
 
 
 def _objects_by_topic(storage) -> dict[str, set[str]]:
