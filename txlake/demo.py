@@ -27,6 +27,16 @@ departures, a pandas DataFrame) into a topic ``flights`` keyed by carrier, and s
    count, and a Spark query ranks carriers by delay (txlake/demo_spark.py).
 
 :func:`run_demo` does all of it and returns a :class:`DemoResult` (tests assert on it).
+
+Every figure and claim printed comes from what happened: the worker processes' own reports
+(their stdout events), their exit statuses (a kill is claimed only for exit status -9), the
+transaction coordinator and the logs read back. A step that raises ends the run, named with
+why (:attr:`DemoResult.failed_step`); the Spark step is skipped, saying what is missing and
+how to get it, without Java 17+ or PySpark (checked before step 1). Worker processes run as
+``python -P -m ...`` in an empty directory and Spark's JVM with ``PYTHONSAFEPATH=1``, so a
+folder named ``txlake`` in the user's working directory never shadows the package. The
+engine's log records, the workers' stderr and the JVM's output go to a log file, not the
+narrative (docs/cli-and-duckdb.md, "The demo").
 """
 
 from __future__ import annotations
@@ -407,6 +417,7 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
         KafkaException: NOT_LEADER_OR_FOLLOWER (another process is the writer of the root).
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from txlake.catalog.storage import ObjectStore
 
@@ -419,7 +430,7 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
     result.log_path = log_path or default_log_path()
 
     console.rule("[bold]txlake demo[/]: exactly-once on the 2013 NYC flights")
-    console.print(f"Storage root: [bold]{url}[/]" + (f"  (local directory {result.local_path})" if result.local_path else ""),
+    console.print(f"Storage root: [bold]{escape(url)}[/]" + (f"  (local directory {escape(result.local_path)})" if result.local_path else ""),
                   soft_wrap=True)
     if fresh:
         n = wipe_root(store)
@@ -438,8 +449,8 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
             result.skipped[8] = "; ".join(pre.missing)
             console.print("[bold yellow]The Spark step (8) will be skipped[/]; steps 1–7 run. Missing:", soft_wrap=True)
             for line in pre.missing:
-                console.print(f"   • {line}", soft_wrap=True)
-    console.print(f"Log file (engine, worker processes, Spark's JVM): {result.log_path}", soft_wrap=True)
+                console.print(f"   • {escape(line)}", soft_wrap=True)
+    console.print(f"Log file (engine, worker processes, Spark's JVM): {escape(result.log_path)}", soft_wrap=True)
 
     run_dir = tempfile.mkdtemp(prefix="txlake-demo-")  # the worker processes' working directory: empty, neutral
     try:
@@ -460,6 +471,8 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
 def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options: dict, rows: int | None,
                partitions: int, force_lease: bool, chunk_rows: int, retry_batches: int) -> None:
     """Steps 1-8 in order; the first that raises is reported and ends the run."""
+    from rich.markup import escape
+
     from txlake.engine import registry
 
     from . import AdminClient, NewTopic
@@ -576,7 +589,7 @@ def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options
         for number, step in plan:
             if number in result.skipped:
                 if number == 8:
-                    console.print(f"\n[bold]8. Spark[/] — [yellow]skipped[/]: {result.skipped[8]}", soft_wrap=True)
+                    console.print(f"\n[bold]8. Spark[/] — [yellow]skipped[/]: {escape(result.skipped[8])}", soft_wrap=True)
                 continue
             try:
                 step()
@@ -585,7 +598,7 @@ def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options
                 log.write(f"---- step {number} ({STEPS[number]}) failed ----\n")
                 traceback.print_exception(exc, file=log)
                 log.flush()
-                console.print(f"   [bold red]✗ step {number} ({STEPS[number]}) failed:[/] {result.failure}",
+                console.print(f"   [bold red]✗ step {number} ({STEPS[number]}) failed:[/] {escape(result.failure)}",
                               soft_wrap=True)
                 not_run = [n for n, _ in plan if n > number and n not in result.skipped]
                 if not_run:
@@ -678,33 +691,36 @@ def _refuse_used_root(store) -> None:
 def _summary(result: DemoResult, console, store, options: dict) -> None:
     """The last lines: the outcome, what was skipped, the log, the data and how to remove it,
     and commands to explore it (with the root's -O options, secrets as environment variables)."""
+    from rich.markup import escape
+
     console.print()
     ran = [n for n in STEPS if n not in result.skipped]
     if result.failed_step is not None:
         console.print(f"[bold red]✗ demo FAILED at step {result.failed_step} ({STEPS[result.failed_step]}) after "
-                      f"{result.total_seconds:.1f} s:[/] {result.failure}", soft_wrap=True)
+                      f"{result.total_seconds:.1f} s:[/] {escape(result.failure)}", soft_wrap=True)
     else:
         what = "every claim above holds" if result.ok else "some claims above do NOT hold (marked ✗)"
         console.print(_verdict(result.ok, f"demo finished in {result.total_seconds:.1f} s, steps "
                                           f"{_ranges(ran)}: {what}").strip(), soft_wrap=True)
     for number, why in sorted(result.skipped.items()):
-        console.print(f"Step {number} ({STEPS[number]}) was skipped: {why}", soft_wrap=True)
-    console.print(f"Log file: {result.log_path}", soft_wrap=True)
+        console.print(f"Step {number} ({STEPS[number]}) was skipped: {escape(why)}", soft_wrap=True)
+    console.print(f"Log file: {escape(result.log_path or '')}", soft_wrap=True)
     try:
         result.stored_bytes = sum(o.size for o in store.list(""))
     except Exception:  # noqa: BLE001 - the size is a courtesy
         result.stored_bytes = -1
     where = result.local_path or result.url
     size = f" ({result.stored_bytes / 2**20:.1f} MiB)" if result.stored_bytes >= 0 else ""
-    console.print(f"The data lives in [bold]{where}[/]{size}: catalog under _catalog/, records under data/ as "
+    console.print(f"The data lives in [bold]{escape(where)}[/]{size}: catalog under _catalog/, records under data/ as "
                   "Parquet.", soft_wrap=True)
-    cli = _cli_name()
+    cli = escape(_cli_name())
     flags = storage_option_flags(options)
-    root_flags = " ".join([f"--storage {shlex.quote(result.url)}", *flags.flags])
+    root_flags = escape(" ".join([f"--storage {shlex.quote(result.url)}", *flags.flags]))
     base = default_storage_url().rstrip("/")
-    if result.url.startswith(base + "/demo"):
-        console.print(f"Nothing removes it: `{cli} demo --clean` deletes the demo's folders under {base} and their "
-                      f"logs; `{cli} demo --fresh` reuses one folder, {base}/demo, wiping it first.", soft_wrap=True)
+    if _DEMO_FOLDER.fullmatch(result.url[len(base) + 1:]) and result.url.startswith(base + "/"):
+        console.print(f"Nothing removes it: `{cli} demo --clean` deletes the demo's folders under {escape(base)} and "
+                      f"their logs; `{cli} demo --fresh` reuses one folder, {escape(base)}/demo, wiping it first.",
+                      soft_wrap=True)
     else:
         console.print(f"Nothing removes it: `{cli} {root_flags} demo --clean` deletes it (txlake's objects only); "
                       "`--fresh` wipes it before the next run.", soft_wrap=True)
