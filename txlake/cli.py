@@ -1175,7 +1175,7 @@ def _print_compaction_summary(console, summary, elapsed: float) -> None:
                    "without Java 17+ or pyspark).")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None,
               help="Where the engine's log, the worker processes' stderr and Spark's JVM output go "
-                   "[default: ~/.txlake/logs/demo-<timestamp>.log].")
+                   "[default: ~/.txlake/logs/<the demo folder's name>.log].")
 @click.option("--clean", is_flag=True,
               help="Delete what demo runs left and exit: every demo folder under the default root and the demo "
                    "logs, or with --storage that root (txlake's objects only).")

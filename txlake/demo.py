@@ -409,7 +409,7 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
         spark: run step 8 (needs ``copier``), Spark over the committed data on a local SparkSession.
         log_path: the log file (appended to) for the engine's log records, Python warnings, the
             worker processes' stderr and the Spark JVM's output; default
-            ``~/.txlake/logs/demo-<timestamp>.log`` (:func:`default_log_path`).
+            ``~/.txlake/logs/<the root's folder name>.log`` (:func:`default_log_path`).
 
     Raises:
         ValueError: the root already holds the demo's topics and ``fresh`` is off (the message
@@ -427,7 +427,7 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
     store = ObjectStore(url, options)
     url = store.url
     result = DemoResult(url=url, local_path=store.root if store.protocol == "file" else None)
-    result.log_path = log_path or default_log_path()
+    result.log_path = log_path or default_log_path(url)
 
     console.rule("[bold]txlake demo[/]: exactly-once on the 2013 NYC flights")
     console.print(f"Storage root: [bold]{escape(url)}[/]" + (f"  (local directory {escape(result.local_path)})" if result.local_path else ""),
@@ -641,10 +641,14 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def default_log_path() -> str:
-    """``~/.txlake/logs/demo-<YYYYmmdd-HHMMSS>-<4 hex>.log``, a new name each call."""
-    return os.path.join(os.path.expanduser("~"), ".txlake", "logs",
-                        f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}.log")
+def default_log_path(url: str | None = None) -> str:
+    """``~/.txlake/logs/<name>.log``: the name of the demo's folder when ``url`` ends in one
+    (``demo`` / ``demo-<timestamp>``, so the log and the data go together), else
+    ``demo-<YYYYmmdd-HHMMSS>-<4 hex>``, a new name each call."""
+    name = (url or "").rstrip("/").rpartition("/")[2]
+    if not _DEMO_FOLDER.fullmatch(name):
+        name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    return os.path.join(os.path.expanduser("~"), ".txlake", "logs", f"{name}.log")
 
 
 @contextmanager
