@@ -166,9 +166,15 @@ def test_demo_default_root_is_a_new_directory_under_the_default(tmp_path, monkey
             f"file://{tmp_path}/lake and their logs") in res.stdout
     (tmp_path / "lake" / "_catalog").mkdir()        # the default root's own data is not the demo's
     (tmp_path / "lake" / "_catalog" / "keep").write_text("mine")
+    logs = tmp_path / "home" / ".txlake" / "logs"
+    logs.mkdir(parents=True)
+    for name in ("demo.log", f"{made.name}.log", "other.log"):
+        (logs / name).write_text("x")
     res = CliRunner().invoke(main, ["demo", "--clean"], env={"HOME": str(tmp_path / "home")}, catch_exceptions=False)
     assert res.exit_code == 0 and res.stdout.startswith(f"removed file://{made}: ")
+    assert f"removed {logs}/demo*.log: 2 files, 2 B\nCleaned: 2 places," in res.stdout
     assert [p.name for p in (tmp_path / "lake").iterdir()] == ["_catalog"]
+    assert [p.name for p in logs.iterdir()] == ["other.log"]
 
 
 def test_fresh_refuses_to_wipe_foreign_data(tmp_path):

@@ -805,7 +805,7 @@ def storage_option_flags(options: dict | None) -> OptionFlags:
 def clean_demo_data(explicit_url: str | None, options: dict | None = None) -> list[tuple[str, int, int]]:
     """Delete what demo runs left: with ``explicit_url``, that root (txlake's objects only, as
     ``--fresh``); else every ``demo`` / ``demo-<timestamp>`` folder under the default storage
-    root, and the demo's log files (``~/.txlake/logs/demo-*.log``).
+    root, and the demo's log files (``~/.txlake/logs/demo.log``, ``demo-<timestamp>.log``).
 
     Returns:
         ``(what, objects, bytes)`` per root or log folder removed.
@@ -839,12 +839,13 @@ def clean_demo_data(explicit_url: str | None, options: dict | None = None) -> li
         done.append((store.url, n, size))
     if not explicit_url:
         logs = os.path.join(os.path.expanduser("~"), ".txlake", "logs")
-        found = sorted(glob.glob(os.path.join(logs, "demo-*.log")))
+        found = sorted(p for p in glob.glob(os.path.join(logs, "demo*.log"))
+                       if _DEMO_FOLDER.fullmatch(os.path.basename(p)[:-4]))
         size = sum(os.path.getsize(p) for p in found)
         for p in found:
             os.remove(p)
         if found:
-            done.append((logs, len(found), size))
+            done.append((os.path.join(logs, "demo*.log"), len(found), size))
     return done
 
 
