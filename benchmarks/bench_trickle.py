@@ -201,7 +201,7 @@ def main() -> None:
     rows.append(["total", sum(puts_after.values()), f"{sum(puts_after.values()) * per_hour:,.0f}"])
     print("\nPUTs while producing (before the final compaction round):")
     print(fmt_table(rows, ["kind", "PUTs", "per hour"]))
-    interval_ms = conf.get("storage.flush.interval.ms", broker.config.flush_interval_ms)
+    interval_ms = conf.get("storage.flush.interval.ms", getattr(broker.config, "flush_interval_ms", 0))
     if interval_ms:
         print(f"formula: 3600 s / {interval_ms / 1000:g} s x 2 = {3600 / (interval_ms / 1000) * 2:,.0f} PUTs/h of "
               f"flushes + checkpoints + snapshots + heartbeats (3600 s / {broker.config.lease_ms / 3000:g} s = "
