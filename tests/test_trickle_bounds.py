@@ -29,7 +29,7 @@ from txlake.catalog.writer_lease import WriterLease
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.compaction import compact
 from txlake.engine.errors import Errors
-from txlake.engine.group_commit import FLUSH_BURST
+from txlake.engine.group_commit import FLUSH_BURST, INTERVAL_EXEMPT_BYTES
 from txlake.engine.log_reader import SegmentCache, table_memory
 from txlake.formats.catalog_actions import CHECKPOINT_KIND, decode_actions
 from txlake.formats.records import read_row_group_sets, read_segment
@@ -267,6 +267,30 @@ def test_a_steady_stream_makes_at_most_one_flush_per_interval_after_its_burst(st
         flushes = broker.catalog.version - before
         assert flushes <= FLUSH_BURST + elapsed / 0.2 + 1, f"{flushes} flushes of {len(results)} batches in {elapsed:.2f} s"
         assert len(results) > 3 * flushes  # so the bound above is not met by a slow machine alone
+    finally:
+        broker.close()
+
+
+@FILE_ONLY
+def test_past_the_burst_a_small_flush_waits_for_the_interval_and_a_mebibyte_does_not(storage):
+    """A 60 s flush interval: ten one-record produce calls in a row each commit after the linger
+    (the burst); the eleventh waits for the interval (its 300 ms produce times out); a batch
+    of 1 MiB queued behind it ends the wait: the queue commits after the linger, both batches."""
+    broker = Broker(storage.object_store(), BrokerConfig(flush_linger_ms=1, flush_interval_ms=60_000, lease_ms=60_000))
+    try:
+        broker.create_topics([("t", 1, {})])
+        for i in range(FLUSH_BURST):
+            assert broker.produce([ProduceBatch("t", 0, payload(1, i))], timeout_ms=20_000)[0].base_offset == i
+        version = broker.catalog.version
+        (small,) = broker.produce_async([ProduceBatch("t", 0, payload(1, FLUSH_BURST))])
+        with pytest.raises(TimeoutError):
+            small.result(timeout=0.3)
+        assert broker.catalog.version == version
+        half = INTERVAL_EXEMPT_BYTES // 2  # two batches: one of 1 MiB is over max.message.bytes
+        big = [ProduceBatch("t", 0, payload(1, FLUSH_BURST + 1 + i, size=half)) for i in range(2)]
+        assert [r.base_offset for r in broker.produce(big, timeout_ms=20_000)] == [FLUSH_BURST + 1, FLUSH_BURST + 2]
+        assert small.result(timeout=0).base_offset == FLUSH_BURST
+        assert broker.catalog.version == version + 1  # one flush holding all three
     finally:
         broker.close()
 
