@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+import pyarrow as pa
+
 from txlake.catalog.errors import UnknownTopicError
 from txlake.catalog.log_cleanup import clean_catalog_log
 from txlake.catalog.state import CatalogState, PartitionState, SegmentInfo
@@ -369,6 +371,11 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
                             if progress is not None:
                                 progress("merge", done, total)
                     batch_reader.cache.clear()
+            if runs or summary.key_compacted_partitions:
+                # the round's decoded batches are freed; hand the pages back to the OS (best effort,
+                # Arrow's MemoryPool::ReleaseUnused): the allocator keeps them otherwise, and the
+                # process's RSS would step up to each round's peak and stay there (issue 14)
+                pa.default_memory_pool().release_unused()
         if progress is not None and not runs:
             progress("merge", 0, 0)
         # 4. object cleaning (not when the writer is closing)
