@@ -228,6 +228,9 @@ def main() -> None:
     first_max, second_max = max(rss[:max(half, 1)]), max(rss[half:] or rss)
     print(f"\nRSS: first {rss[0]:.0f} MB, last {rss[-1]:.0f} MB (after the round {rss_end:.0f} MB), max {max(rss):.0f} MB; "
           f"max of the first half {first_max:.0f} MB, of the second half {second_max:.0f} MB")
+    pool = [s[4] for s in samples]
+    print(f"Arrow memory pool (live buffers): first {pool[0] / 2**20:.1f} MB, last {pool[-1] / 2**20:.1f} MB, "
+          f"max {max(pool) / 2**20:.1f} MB")
     step = max(1, len(samples) // 12)
     print("RSS over time (min: MB, cache MB / tables): " + "; ".join(
         f"{s[0] / 60:.0f}: {s[1]:.0f}, {s[2] / 2**20:.1f}/{s[3]}" for s in samples[::step]))
