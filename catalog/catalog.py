@@ -15,6 +15,17 @@ numbers at a time -- so catching up on a tail of commits (up to a checkpoint int
 a process starts) takes a few round trips instead of one per commit, while a reader with
 nothing new still costs one GET per look.
 
+A checkpoint is written after a commit when both hold (:meth:`Catalog.checkpoint_due`):
+
+* at least ``checkpoint_interval`` commits were made since the last checkpoint, and
+* those commits together are at least as big (bytes) as the last checkpoint.
+
+So checkpoints add at most the log's own bytes to storage (a big state -- many segments, many
+objects awaiting deletion -- is checkpointed less often, where a fixed count rewrote it every
+few commits), at most one PUT per ``checkpoint_interval`` commits, and a reader opening the
+catalog reads at most about twice a checkpoint's bytes (the checkpoint and the commits after
+it; Delta Lake's ``checkpointInterval`` with a size condition).
+
 Old commits are deleted once a checkpoint covers them and they are older than the catalog
 log retention (:mod:`.log_cleanup`; Delta Lake's expired-log cleanup). Probing by number
 stays safe because every view keeps the time it last *confirmed* it was current (the next
@@ -146,7 +157,8 @@ class Catalog:
 
     Args:
         store: the storage root.
-        checkpoint_interval: write a checkpoint every this many commits.
+        checkpoint_interval: write a checkpoint after at least this many commits (and only when
+            they hold at least the last checkpoint's bytes; see the module docstring).
     """
 
     def __init__(self, store: ObjectStore, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL):
@@ -170,6 +182,11 @@ class Catalog:
         #: the gap this view found at its next number: raised again, with no further look, for as
         #: long as the probe finds that number missing (a repair or a restore ends it)
         self._gap: CatalogGapError | None = None
+        #: the newest checkpoint this view loaded or wrote: its version and size (bytes), and the
+        #: bytes of the commits applied since (:meth:`checkpoint_due`)
+        self.checkpoint_version = 0
+        self.checkpoint_bytes = 0
+        self.log_bytes_since_checkpoint = 0
 
     # -- loading and tailing ---------------------------------------------------------
     @classmethod
@@ -209,7 +226,8 @@ class Catalog:
         for version in sorted((v for v in versions if v > self.state.version), reverse=True):
             key = checkpoint_key(version)
             try:
-                actions = decode_actions(self.store.get(key), CHECKPOINT_KIND, self.store.uri(key))
+                data = self.store.get(key)
+                actions = decode_actions(data, CHECKPOINT_KIND, self.store.uri(key))
             except FormatError as exc:
                 log.warning("skipping unreadable catalog checkpoint %s: %s", self.store.uri(key), exc)
                 continue
@@ -217,6 +235,7 @@ class Catalog:
             for action in actions:
                 state.apply(action)
             self.state = state
+            self.checkpoint_version, self.checkpoint_bytes, self.log_bytes_since_checkpoint = version, len(data), 0
             return True
         return False
 
@@ -265,11 +284,11 @@ class Catalog:
             probed_at = elapsed_clock()
             missing = None
             window = self._read_commits(range(first, first + ahead))
-            for version, actions in window:
-                if actions is None:  # numbers are taken in order: nothing after a missing one ...
+            for version, read in window:
+                if read is None:  # numbers are taken in order: nothing after a missing one ...
                     missing = version
                     break
-                self._apply(version, actions)
+                self._apply(version, *read)
                 changed = True
             if missing is None:
                 ahead = min(2 * ahead, MAX_READ_AHEAD)
@@ -279,7 +298,7 @@ class Catalog:
                 raise CatalogGapError(*self._gap.__reduce__()[1])  # still missing: the same gap
             # a later number read ahead in the same window is evidence for free
             try:
-                later = any(actions is not None for _, actions in window)
+                later = any(read is not None for _, read in window)
             except FormatError:  # it exists, unreadable (raised when it is applied, after the gap)
                 later = True
             if not (check_gap or later or self._gap_check_due()):
@@ -349,25 +368,26 @@ class Catalog:
             self._confirmed_at = probed_at
             return False
 
-    def _read_commit(self, version: int) -> list[dict[str, Any]] | None:
-        """The actions of commit ``version``, or None when it does not exist (yet)."""
+    def _read_commit(self, version: int) -> tuple[list[dict[str, Any]], int] | None:
+        """The actions of commit ``version`` and its size (bytes), or None when it does not exist (yet)."""
         data = self.store.get_or_none(commit_key(version))
         if data is None:
             return None
-        return decode_actions(data, COMMIT_KIND, self.store.uri(commit_key(version)))
+        return decode_actions(data, COMMIT_KIND, self.store.uri(commit_key(version))), len(data)
 
     def _read_commits(self, versions: range):
-        """``(version, actions or None)`` for ``versions``, in order (fetched side by side)."""
+        """``(version, (actions, size) or None)`` for ``versions``, in order (fetched side by side)."""
         if len(versions) == 1:
             yield versions[0], self._read_commit(versions[0])
             return
         yield from zip(versions, _reader_pool().map(self._read_commit, versions))
 
-    def _apply(self, version: int, actions: list[dict[str, Any]]) -> None:
+    def _apply(self, version: int, actions: list[dict[str, Any]], size: int) -> None:
         assert version == self.state.version + 1, "commits apply in order"
         for action in actions:
             self.state.apply(action)
         self.state.version = version
+        self.log_bytes_since_checkpoint += size
         for listener in self._listeners:
             listener(version, actions)
 
@@ -426,10 +446,18 @@ class Catalog:
                 )
             self._confirmed_at = self._next_known_at = written_at
             self._next_known = version + 1
-            self._apply(version, list(actions))
-            if version % self.checkpoint_interval == 0:
+            self._apply(version, list(actions), len(data))
+            if self.checkpoint_due():
                 self.write_checkpoint()
             return version
+
+    def checkpoint_due(self) -> bool:
+        """Whether the current version gets a checkpoint (the rule of the module docstring): at
+        least :attr:`checkpoint_interval` commits since the last checkpoint, holding at least
+        its bytes."""
+        with self.lock:
+            return (self.state.version - self.checkpoint_version >= self.checkpoint_interval
+                    and self.log_bytes_since_checkpoint >= self.checkpoint_bytes)
 
     def _check_lease(self, lease_epoch: int) -> None:
         lease = self.state.lease
@@ -448,5 +476,8 @@ class Catalog:
             if not actions:
                 return None
             key = checkpoint_key(self.state.version)
-            self.store.put_if_absent(key, encode_actions(actions, CHECKPOINT_KIND, self.state.version))
+            data = encode_actions(actions, CHECKPOINT_KIND, self.state.version)
+            self.store.put_if_absent(key, data)
+            self.checkpoint_version, self.checkpoint_bytes, self.log_bytes_since_checkpoint = \
+                self.state.version, len(data), 0
             return key

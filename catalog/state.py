@@ -127,6 +127,13 @@ class PartitionState:
         """Aborted transactions with records in ``[start, end)`` (Kafka's ``collectAbortedTxns``)."""
         return [a for a in self.aborted_transactions if a.last_offset >= start and a.first_offset < end]
 
+    def drop_aborted_below_log_start(self) -> None:
+        """Forget the aborted transactions whose ABORT marker is below the log start offset: no
+        record of theirs can be read any more (Kafka deletes a segment's aborted-transaction
+        index with the segment). A new list: one a reader holds stays whole."""
+        if self.aborted_transactions and self.aborted_transactions[0].last_offset < self.log_start_offset:
+            self.aborted_transactions = [a for a in self.aborted_transactions if a.last_offset >= self.log_start_offset]
+
     def segments_from(self, offset: int) -> list[SegmentInfo]:
         """Segments holding offsets >= ``offset`` (in offset order)."""
         idx = bisect.bisect_right([s.last_offset for s in self.segments], offset - 1)
@@ -264,6 +271,7 @@ class CatalogState:
                 raise CatalogError(f"log start offset {p.log_start_offset} of {p.topic} [{p.partition}] is past its "
                                    f"high watermark {p.high_watermark}")
             p.last_stable_offset = max(p.last_stable_offset, p.log_start_offset)
+            p.drop_aborted_below_log_start()
         elif kind == PARTITION_STATE:
             p = self.partition(action["topic"], action["partition"])
             p.log_start_offset = action["offset"]
@@ -316,7 +324,8 @@ class CatalogState:
                 for s in p.segments:
                     out.append(s.to_action(p.high_watermark, p.last_stable_offset))
                 for a in p.aborted_transactions:
-                    out.append(a.to_action(t.name, p.partition))
+                    if a.last_offset >= p.log_start_offset:  # older ones can no longer be read
+                        out.append(a.to_action(t.name, p.partition))
                 out.append({"action": PARTITION_STATE, "topic": t.name, "partition": p.partition,
                             "offset": p.log_start_offset, "high_watermark": p.high_watermark,
                             "last_stable_offset": p.last_stable_offset})

@@ -96,7 +96,7 @@ class Broker:
         self.config = config or BrokerConfig()
         self.store = store
         self.catalog = Catalog.open(store, self.config.checkpoint_interval)
-        self.reader = LogReader(self.catalog)
+        self.reader = LogReader(self.catalog, drop_retired=True)
         self.lease: WriterLease | None = None
         self._committer = GroupCommitter(store, self.catalog, self.config, self.reader.cache, self._commit,
                                          self._snapshot_producer_state, self._first_unstable_offset,

@@ -15,13 +15,24 @@ from txlake.catalog.log_cleanup import DEFAULT_LOG_RETENTION_MS
 from .errors import Errors
 from .producer_state import NO_PRODUCER_ID
 
+#: default ``storage.flush.interval.ms``: a steady stream of produce requests makes at most two
+#: flushes a second (each two PUTs: data object + catalog commit) -- 14 400 PUTs an hour where a
+#: 200 records/s trickle made 684 000 with the 5 ms linger alone; acks of such a stream wait
+#: about 0.75 s (median; docs/storage-layout.md "Group commit", docs/benchmarks.md "Trickle")
+DEFAULT_FLUSH_INTERVAL_MS = 500
+
 
 @dataclass
 class BrokerConfig:
     """Broker-side settings (the ``storage.*`` keys of a client config, with Kafka's defaults).
 
     Attributes:
-        flush_linger_ms: how long (ms) the flusher waits to group more batches into one object.
+        flush_linger_ms: how long (ms) the flusher waits after the first queued batch to group
+            more batches into one object (the storage's linger; the client's ``linger.ms`` is
+            the producer's own, before it sends).
+        flush_interval_ms: the shortest time (ms) from one flush taking the queue to the next
+            one that only its linger ends (urgent batches and a full ``flush_max_bytes`` do
+            not wait): a steady stream makes at most ``3600 s / interval`` flushes an hour.
         flush_max_bytes: flush at once when this many payload bytes are queued.
         num_partitions: partitions of a topic created with ``num_partitions=-1`` (Kafka's ``num.partitions``).
         lease_ms / lease_force: writer lease duration, and whether to take it over at once.
@@ -50,6 +61,7 @@ class BrokerConfig:
     """
 
     flush_linger_ms: int = 5
+    flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
     flush_max_bytes: int = 64 * 1024 * 1024
     num_partitions: int = 1
     lease_ms: int = 15_000

@@ -73,7 +73,8 @@ def encode_actions(rows: Sequence[Mapping[str, Any]], kind: str, version_number:
         [{**row, "config": list(row["config"].items()) if row.get("config") is not None else None} for row in rows],
         schema=stamp(ACTION_SCHEMA, kind, VERSION, {"txlake.catalog.version": str(version_number)}),
     )
-    return encode_parquet(table)
+    # a commit is a few rows: no statistics or dictionaries (readers read it whole)
+    return encode_parquet(table, small=kind == COMMIT_KIND)
 
 
 def decode_actions(data: bytes, kind: str, location: str) -> list[dict[str, Any]]:

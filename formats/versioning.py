@@ -58,15 +58,21 @@ def check_tags(metadata: Mapping[bytes, bytes] | None, kind: str, supported: int
     return version
 
 
-def encode_parquet(table: pa.Table, compression: str = "zstd") -> bytes:
+def encode_parquet(table: pa.Table, compression: str = "zstd", small: bool = False) -> bytes:
     """Encode ``table`` as one Parquet object.
+
+    ``small``: for an object of a few rows (a catalog commit), written without column
+    statistics and dictionaries -- per column chunk they cost more footer and page bytes than
+    a few rows of data (a one-action commit: 7.9 KB -> 5.6 KB); readers lose nothing, they
+    read such objects whole.
 
     The writer writes into a native Arrow buffer, not a Python file object: that would take
     the GIL for every page, and beside an application thread running Python code each take
     waits for the interpreter's switch interval (5 ms) -- a 1 ms catalog commit took 330 ms.
     """
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression=compression)
+    extra = {"write_statistics": False, "use_dictionary": False} if small else {}
+    pq.write_table(table, sink, compression=compression, **extra)
     return sink.getvalue().to_pybytes()
 
 

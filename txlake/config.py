@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 from txlake.catalog.catalog import MIN_LOG_RETENTION_MS
 from txlake.catalog.log_cleanup import DEFAULT_LOG_RETENTION_MS
 from txlake.catalog.redaction import redact_config, redact_url, redact_value
-from txlake.engine.requests import BrokerConfig
+from txlake.engine.requests import DEFAULT_FLUSH_INTERVAL_MS, BrokerConfig
 
 from .error import KafkaError, kafka_exception
 
@@ -96,6 +96,7 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "storage.url": (_str, None),
     "storage.options": (_any, None),
     "storage.flush.linger.ms": (_int(0, 60_000), 5),
+    "storage.flush.interval.ms": (_int(0, 60_000), DEFAULT_FLUSH_INTERVAL_MS),
     "storage.flush.max.bytes": (_int(1024), 64 * 1024 * 1024),
     "storage.lease.ms": (_int(100), 15_000),
     "storage.lease.force": (_bool, False),
@@ -218,6 +219,7 @@ class ClientConfig:
         v = self.values
         return BrokerConfig(
             flush_linger_ms=v["storage.flush.linger.ms"], flush_max_bytes=v["storage.flush.max.bytes"],
+            flush_interval_ms=v["storage.flush.interval.ms"],
             num_partitions=v["num.partitions"], lease_ms=v["storage.lease.ms"], lease_force=v["storage.lease.force"],
             checkpoint_interval=v["storage.checkpoint.interval"],
             producer_snapshot_interval=v["storage.producer.snapshot.interval"],
