@@ -501,3 +501,16 @@ def test_an_integer_config_below_its_minimum_names_the_bound(root):
         Consumer({"storage.url": root, "session.timeout.ms": 0})
     assert kafka_error(info).str() == ('Invalid value "0" for configuration property "session.timeout.ms": '
                                        "value must be 1..3600000")
+
+
+def test_consume_takes_confluent_kafkas_range_of_num_messages(conf):
+    """confluent-kafka accepts 0..1000000 (0: nothing) and names the range in its ValueError."""
+    c = Consumer({**conf, "auto.offset.reset": "earliest"})
+    try:
+        assert c.consume(0, timeout=5) == []
+        for bad in (-100, 1_000_001):
+            with pytest.raises(ValueError) as info:
+                c.consume(bad)
+            assert str(info.value) == "num_messages must be between 0 and 1000000 (1M)"
+    finally:
+        c.close()

@@ -314,13 +314,16 @@ class Consumer:
         CORRUPT_MESSAGE naming the object) and the other partitions go on.
 
         Raises:
-            ValueError: ``num_messages`` outside 1..1000000.
+            ValueError: ``num_messages`` outside 0..1000000 (confluent-kafka's range and text;
+                0 returns an empty list at once).
             KafkaException: the storage root's catalog cannot be read (e.g. KAFKA_STORAGE_ERROR,
                 CORRUPT_MESSAGE naming the object), with the underlying error as ``__cause__``.
         """
         self._check_open()
-        if not 1 <= num_messages <= 1_000_000:
-            raise ValueError("num_messages must be between 1 and 1000000")
+        if not 0 <= num_messages <= 1_000_000:
+            raise ValueError("num_messages must be between 0 and 1000000 (1M)")
+        if num_messages == 0:
+            return []
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         out: list[Message] = []
         reading = f"consume() from {self._broker.store.url}"
