@@ -91,7 +91,9 @@ def test_coordinators_recover_the_same_state_from_compacted_logs(storage, close_
     d.begin_transaction()
     d.produce("out", value="open", partition=0)
     d.send_offsets_to_transaction([TopicPartition("in", 1, 33)], "g1", 10)
-    assert d.flush(10) == 0
+    # 30 s: one clean-clone CI run on S3 saw this record still undelivered after 10 s (not
+    # reproduced since; recorded in the session-9 note as an open question)
+    assert d.flush(30) == 0
     e = Producer({**conf, "transactional.id": "e"})
     e.init_transactions(10)
     e.begin_transaction()
