@@ -3,7 +3,9 @@
 * ``s3_server`` (session): a real SeaweedFS S3 server on 127.0.0.1, one per
   pytest session / xdist worker, on free ports.
 * ``backend`` / ``storage``: a fresh, unique storage root per test, parametrized
-  over ``file``, ``memory`` and ``s3``. The s3 case, and every test using
+  over ``file``, ``memory`` and ``s3``.
+* ``served``: ``txlake serve`` as a subprocess on a fresh root (``file`` and ``s3``),
+  stopped after the test (tests/server_support.py). The s3 case, and every test using
   ``s3_server``, carries ``pytest.mark.s3``: deselect them with ``-m "not s3"``.
 """
 
@@ -117,3 +119,23 @@ def storage(backend, request, tmp_path) -> StorageTarget:
         )
     else:  # pragma: no cover
         raise ValueError(f"unknown backend {backend!r}")
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def served(request, tmp_path):
+    """``txlake serve`` running on a fresh root (file:// or the local S3 server), as a
+    :class:`server_support.ServedRoot`; SIGTERMed after the test, which must exit 0."""
+    from server_support import ServedRoot
+
+    if request.param == "file":
+        target = StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file")
+    else:
+        server = request.getfixturevalue("s3_server")
+        target = StorageTarget(url=f"s3://{server.bucket}/{uuid.uuid4().hex}", options=server.storage_options(),
+                               backend="s3")
+    root = ServedRoot(target, tmp_path).start()
+    try:
+        yield root
+    finally:
+        code = root.stop()
+    assert code == 0, f"txlake serve exited {code} on SIGTERM; log {root.log_path}:\n{root.log_text()[-3000:]}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 import sys
 import time
@@ -1164,6 +1165,52 @@ def _print_compaction_summary(console, summary, elapsed: float) -> None:
     console.print(f"Orphaned objects {would}deleted: {summary.orphans_deleted:,}")
     console.print(f"Catalog commits {would}deleted: {summary.catalog_commits_deleted:,} "
                   f"(and {summary.catalog_checkpoints_deleted:,} checkpoints; older than storage.catalog.retention.ms)")
+
+
+# ------------------------------------------------------------------ serve
+@main.command("serve")
+@click.option("--listen", default="127.0.0.1:9092", show_default=True, metavar="HOST:PORT",
+              help="Address to accept Kafka clients on (port 0: any free port; the line printed names it).")
+@click.option("--advertised-listener", metavar="HOST:PORT", default=None,
+              help="The address Metadata gives clients for this broker [default: the --listen address].")
+@click.option("--config", "-c", "settings", multiple=True, metavar="KEY=VALUE",
+              help="An engine setting (the storage.* keys of a client config, e.g. "
+                   "storage.flush.interval.ms=100; docs/server.md). Repeatable.")
+@storage_options
+@writer_options
+@click.pass_context
+def serve_command(ctx: click.Context, listen: str, advertised_listener: str | None, settings: tuple[str, ...]) -> None:
+    """Run the engine as a single-node Kafka-compatible broker over the storage root: any Kafka
+    client connects with bootstrap.servers=HOST:PORT (docs/server.md). Prints "txlake serve:
+    listening on HOST:PORT" once it accepts connections; SIGTERM or Ctrl-C stops it cleanly
+    (in-flight requests answered, the writer lease released)."""
+    from txlake.engine.errors import ApiError
+    from txlake.server.serve import parse_listener, serve
+
+    from .config import parse_config
+    from .error import from_api_error
+
+    extra: dict[str, Any] = {}
+    for text in settings:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {text!r}", param_hint="--config")
+        extra[key.strip()] = value
+    try:
+        parse_listener(listen)
+        if advertised_listener:
+            parse_listener(advertised_listener, "--advertised-listener")
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    cfg = parse_config(client_conf(ctx, **extra), "admin")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        serve(cfg.storage_url, cfg.storage_options, listen, advertised_listener, cfg.broker_config())
+    except ApiError as exc:
+        raise click.ClickException(str(from_api_error(exc))) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {listen}: {exc}") from None
 
 
 # ------------------------------------------------------------------ catalog

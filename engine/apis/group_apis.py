@@ -1,0 +1,3 @@
+"""group_apis (being built)."""
+
+APIS: list = []

@@ -1,0 +1,186 @@
+"""KafkaApis: the engine's one request surface (after Kafka's ``kafka.server.KafkaApis``).
+
+Every Kafka API the engine answers has one handler here, registered under its ApiKey
+with the versions it implements. A handler takes a :class:`RequestContext` and the
+request value -- Kafka's own message, as generated from Kafka's JSON schemas (kafka-python
+3's ``kafka.protocol`` classes: the same field names and types as Kafka's
+``ProduceRequestData``, ``FetchResponseData``, ...) -- and returns the response value,
+a :class:`concurrent.futures.Future` of it (the answer comes later: a Produce waits for the
+catalog commit, a JoinGroup for the rebalance), or None (Produce with acks=0: Kafka sends
+no response). Responses carry Kafka error codes only.
+
+Handlers route to the owner of the state: the partition logs (:class:`~txlake.engine.broker.Broker`),
+the group coordinator or the transaction coordinator. The network server
+(``txlake.server``) decodes frames into request values and encodes the answers; nothing
+in it knows what a request means, and nothing here knows sockets.
+
+The handlers live by area: :mod:`.cluster` (ApiVersions, Metadata, DescribeCluster),
+:mod:`.log_apis` (Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
+InitProducerId), :mod:`.topic_apis` (CreateTopics, DeleteTopics, CreatePartitions,
+DescribeConfigs, IncrementalAlterConfigs), :mod:`.group_apis` (FindCoordinator and the
+consumer-group APIs).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from kafka.protocol.api_key import ApiKey
+
+from ..broker import Broker
+from ..errors import Errors
+
+log = logging.getLogger(__name__)
+
+#: what a handler returns: the response, a Future of it, or None (no response is sent)
+HandlerResult = Any
+Handler = Callable[["KafkaApis", "RequestContext", Any], HandlerResult]
+#: builds the response that answers a request with one error everywhere (Kafka's ``getErrorResponse``)
+ErrorResponse = Callable[[Any, int, Errors], Any]
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """Who asked and how (Kafka's ``RequestContext``).
+
+    Attributes:
+        api_key / api_version: the request's ApiKey and version (what the response is encoded at).
+        correlation_id: the request header's correlation id.
+        client_id: the request header's client id ("" when null).
+        client_host: the peer's address ("" in-process).
+    """
+
+    api_key: int
+    api_version: int
+    correlation_id: int = 0
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass(frozen=True)
+class ApiSpec:
+    """One API the engine implements.
+
+    Attributes:
+        key: the ApiKey.
+        min_version / max_version: the versions answered (advertised by ApiVersions).
+        handler: ``handler(apis, context, request) -> response | Future | None``.
+        error_response: ``error_response(request, version, error) -> response`` answering
+            every part of the request with ``error`` (used for UNSUPPORTED_VERSION and for a
+            handler that fails unexpectedly: UNKNOWN_SERVER_ERROR).
+        any_version: the handler answers every version itself (ApiVersions: KIP-511), with
+            ``request`` None when the version is beyond Kafka's schema.
+    """
+
+    key: ApiKey
+    min_version: int
+    max_version: int
+    handler: Handler
+    error_response: ErrorResponse | None = None
+    any_version: bool = False
+
+
+class UnsupportedRequest(Exception):
+    """A request the engine cannot answer at all (unknown API or version without an error
+    response): the server closes the connection, as Kafka's ``SocketServer`` does."""
+
+
+def cluster_id_for(url: str) -> str:
+    """A stable cluster id for a storage root: 22 url-safe base64 characters of a UUID, as
+    Kafka's ``Uuid.toString`` prints its cluster ids (the same root always has the same id)."""
+    raw = uuid.uuid5(uuid.NAMESPACE_URL, url).bytes
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+class KafkaApis:
+    """The request surface of one engine (one storage root, one broker node).
+
+    Args:
+        broker: the partition logs and coordinators of the storage root (it must be, or
+            become on first write, the writer: it holds the lease).
+        host / port: the advertised listener, the one broker Metadata names.
+        node_id: this broker's node id (Kafka's ``node.id``).
+        specs: the APIs; default every module's (``cluster``, ``log_apis``, ``topic_apis``, ``group_apis``).
+    """
+
+    def __init__(self, broker: Broker, host: str, port: int, node_id: int = 1,
+                 specs: Iterable[ApiSpec] | None = None):
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self.node_id = node_id
+        self.cluster_id = cluster_id_for(broker.store.url)
+        self.specs: dict[int, ApiSpec] = {}
+        for spec in (default_specs() if specs is None else specs):
+            assert spec.key not in self.specs, f"two handlers for {spec.key.name}"
+            assert 0 <= spec.min_version <= spec.max_version
+            self.specs[int(spec.key)] = spec
+
+    # ------------------------------------------------------------------ shared facts
+    @property
+    def leader_epoch(self) -> int:
+        """The leader epoch of every partition: the writer lease's epoch (it moves when a
+        new server takes the lease, as Kafka's leader epoch moves with a new leader)."""
+        lease = self.broker.lease
+        return lease.epoch if lease is not None and lease.epoch is not None else 0
+
+    def supported_versions(self) -> dict[int, tuple[int, int]]:
+        """ApiKey -> ``(min, max)`` version implemented (what ApiVersions advertises)."""
+        return {key: (s.min_version, s.max_version) for key, s in sorted(self.specs.items())}
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, context: RequestContext, request: Any) -> HandlerResult:
+        """Answer one request (see the module docstring for what comes back).
+
+        Raises:
+            UnsupportedRequest: the API is not implemented, or the version is not and the API
+                has no error response to say UNSUPPORTED_VERSION with.
+        """
+        spec = self.specs.get(context.api_key)
+        if spec is None:
+            raise UnsupportedRequest(f"API key {context.api_key} is not implemented")
+        if not spec.any_version and not spec.min_version <= context.api_version <= spec.max_version:
+            if spec.error_response is None:
+                raise UnsupportedRequest(f"{spec.key.name} v{context.api_version} is not implemented "
+                                         f"(versions {spec.min_version}-{spec.max_version})")
+            return spec.error_response(request, context.api_version, Errors.UNSUPPORTED_VERSION)
+        try:
+            result = spec.handler(self, context, request)
+        except Exception as exc:
+            return self._failed(spec, context, request, exc)
+        if isinstance(result, Future):
+            answer: Future = Future()
+
+            def relay(done: Future) -> None:
+                exc = done.exception()
+                if exc is None:
+                    answer.set_result(done.result())
+                    return
+                try:
+                    answer.set_result(self._failed(spec, context, request, exc))
+                except Exception as again:
+                    answer.set_exception(again)
+            result.add_done_callback(relay)
+            return answer
+        return result
+
+    def _failed(self, spec: ApiSpec, context: RequestContext, request: Any, exc: BaseException) -> Any:
+        log.error("%s v%d from %s (client id %r) failed: %s", spec.key.name, context.api_version,
+                  context.client_host or "in-process", context.client_id, exc, exc_info=exc)
+        if spec.error_response is None:
+            raise UnsupportedRequest(f"{spec.key.name} failed: {exc}") from exc
+        return spec.error_response(request, context.api_version, Errors.UNKNOWN_SERVER_ERROR)
+
+
+def default_specs() -> list[ApiSpec]:
+    """Every API of every handler module."""
+    from . import cluster, group_apis, log_apis, topic_apis
+    specs: list[ApiSpec] = []
+    for module in (cluster, log_apis, topic_apis, group_apis):
+        specs.extend(module.APIS)
+    return specs

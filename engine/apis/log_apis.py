@@ -1,0 +1,3 @@
+"""log_apis (being built)."""
+
+APIS: list = []

@@ -1,0 +1,3 @@
+"""topic_apis (being built)."""
+
+APIS: list = []

@@ -1,0 +1,107 @@
+"""``txlake serve``: start-up, cluster metadata, versions and defences against bad frames (issue 16).
+
+Real clients (confluent-kafka, kafka-python) and raw sockets against the server subprocess.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
+
+from txlake.engine.apis.kafka_apis import cluster_id_for
+
+
+def _roundtrip(port: int, request, version: int, correlation_id: int = 7) -> bytes:
+    request.with_header(correlation_id=correlation_id, client_id="raw-test")
+    data = request.encode(version=version, header=True, framed=True)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        return _read_frame(sock)
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    head = _recv_exactly(sock, 4)
+    (size,) = struct.unpack(">i", head)
+    return _recv_exactly(sock, size)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return out
+
+
+def test_metadata_names_one_broker_and_the_cluster_id(served):
+    md = AdminClient({"bootstrap.servers": served.bootstrap}).list_topics(timeout=10)
+    assert md.cluster_id == cluster_id_for(served.storage.object_store().url)
+    assert {b.id: (b.host, b.port) for b in md.brokers.values()} == {1: ("127.0.0.1", served.port)}
+    assert md.controller_id == 1
+    assert md.topics == {}
+
+
+def test_api_versions_advertises_what_is_implemented(served):
+    frame = _roundtrip(served.port, ApiVersionsRequest[3](client_software_name="t", client_software_version="1"), 3)
+    (correlation_id,) = struct.unpack(">i", frame[:4])
+    assert correlation_id == 7
+    answer = ApiVersionsResponse.decode(frame[4:], version=3)
+    assert answer.error_code == 0
+    versions = {k.api_key: (k.min_version, k.max_version) for k in answer.api_keys}
+    assert versions[18] == (0, 4)   # ApiVersions
+    assert versions[3] == (0, 12)   # Metadata
+    assert 58 not in versions        # Envelope: not a client API
+
+
+def test_api_versions_of_an_unknown_version_answers_unsupported_version_at_v0(served):
+    # KIP-511: a client newer than the broker sends ApiVersions v127; the broker answers v0 with
+    # UNSUPPORTED_VERSION (35) and its own list, so the client can retry
+    header = struct.pack(">hhih", 18, 127, 99, 3) + b"new" + b"\x00"
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(header) + 2) + header + b"\x00\x00")
+        frame = _read_frame(sock)
+    assert struct.unpack(">i", frame[:4]) == (99,)
+    answer = ApiVersionsResponse.decode(frame[4:], version=0)
+    assert answer.error_code == 35
+    assert (18, 0, 4) in {(k.api_key, k.min_version, k.max_version) for k in answer.api_keys}
+
+
+def test_metadata_of_a_missing_topic_is_unknown_topic_or_partition(served):
+    request = MetadataRequest[12](topics=[MetadataRequest.MetadataRequestTopic(name="nope", topic_id=None)],
+                                  allow_auto_topic_creation=True, include_topic_authorized_operations=False)
+    frame = _roundtrip(served.port, request, 12)
+    answer = MetadataResponse.decode(frame[5:], version=12)  # response header v1: correlation id + tagged fields
+    assert [(t.name, t.error_code) for t in answer.topics] == [("nope", 3)]
+
+
+@pytest.mark.parametrize("payload, what", [
+    (struct.pack(">i", 200_000_000), "larger than socket.request.max.bytes=104857600"),
+    (struct.pack(">i", 6) + b"\x00\x03\x00\x0c\x00\x01", "shorter than a request header"),
+    (struct.pack(">i", 10) + struct.pack(">hhih", 999, 0, 1, 0), "unknown API key 999"),
+    (struct.pack(">i", 13) + struct.pack(">hhih", 3, 12, 1, 0) + b"\x00\xff\xff", "cannot decode MetadataRequest v12"),
+    (struct.pack(">i", 10) + struct.pack(">hhih", 3, 12, 1, 0), "MetadataRequest v12: truncated varint"),
+])
+def test_bad_frames_close_the_connection_with_a_log_line_and_the_server_keeps_serving(served, payload, what):
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(payload)
+        assert sock.recv(1) == b""  # closed by the server, nothing answered
+    md = AdminClient({"bootstrap.servers": served.bootstrap}).list_topics(timeout=10)
+    assert md.cluster_id
+    log = served.log_text()
+    assert "closing the connection from 127.0.0.1:" in log and what in log, log[-2000:]
+
+
+def test_a_second_server_on_the_same_root_is_refused_naming_the_holder(served, tmp_path):
+    from server_support import ServedRoot
+
+    second = ServedRoot(served.storage, tmp_path / "second")
+    (tmp_path / "second").mkdir()
+    with pytest.raises(AssertionError) as failed:
+        second.start()
+    assert "NOT_LEADER_OR_FOLLOWER" in str(failed.value) or "writer" in str(failed.value)
