@@ -121,10 +121,18 @@ def storage(backend, request, tmp_path) -> StorageTarget:
         raise ValueError(f"unknown backend {backend!r}")
 
 
+@pytest.fixture
+def served_settings() -> dict:
+    """The ``--config KEY=VALUE`` settings ``served`` starts the server with; a test module
+    overrides this fixture to change them (e.g. ``group.initial.rebalance.delay.ms``)."""
+    return {}
+
+
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def served(request, tmp_path):
+def served(request, tmp_path, served_settings):
     """``txlake serve`` running on a fresh root (file:// or the local S3 server), as a
-    :class:`server_support.ServedRoot`; SIGTERMed after the test, which must exit 0."""
+    :class:`server_support.ServedRoot` started with ``served_settings``; SIGTERMed after the
+    test, which must exit 0."""
     from server_support import ServedRoot
 
     if request.param == "file":
@@ -133,7 +141,7 @@ def served(request, tmp_path):
         server = request.getfixturevalue("s3_server")
         target = StorageTarget(url=f"s3://{server.bucket}/{uuid.uuid4().hex}", options=server.storage_options(),
                                backend="s3")
-    root = ServedRoot(target, tmp_path).start()
+    root = ServedRoot(target, tmp_path, served_settings).start()
     try:
         yield root
     finally:

@@ -59,12 +59,13 @@ log = logging.getLogger(__name__)
 
 #: FindCoordinator key types (Kafka's ``CoordinatorType``)
 KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION, KEY_TYPE_SHARE = 0, 1, 2
-#: DescribeGroups' "authorized operations not requested" (``Integer.MIN_VALUE``)
-AUTHORIZED_OPERATIONS_OMITTED = -2147483648
+#: DescribeGroups' "authorized operations not requested" (``Integer.MIN_VALUE`` on the wire:
+#: kafka-python encodes its bit-field type from a set of operation codes, None for this)
+AUTHORIZED_OPERATIONS_OMITTED = None
 #: what a principal may do with a group here (no authorizer: every operation the server
-#: implements for groups, Kafka's ``AclEntry.supportedOperations(GROUP)``): READ (3),
-#: DELETE (6), DESCRIBE (8), as Kafka's 32-bit field of ``AclOperation`` codes
-GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
+#: implements for groups, Kafka's ``AclEntry.supportedOperations(GROUP)``): the ``AclOperation``
+#: codes READ (3), DELETE (6), DESCRIBE (8), sent as Kafka's 32-bit field
+GROUP_AUTHORIZED_OPERATIONS = frozenset({3, 6, 8})
 #: the group type of every group here (ListGroups v5, KIP-848)
 CLASSIC_GROUP_TYPE = "classic"
 #: "no offset" in OffsetFetch (Kafka's ``OffsetFetchResponse.INVALID_OFFSET``)
@@ -576,7 +577,7 @@ def handle_describe_groups(apis: KafkaApis, context: RequestContext, request: An
                     for m in desc.members],
                 authorized_operations=AUTHORIZED_OPERATIONS_OMITTED)
         if with_operations and described.error_code == 0:
-            described.authorized_operations = GROUP_AUTHORIZED_OPERATIONS
+            described.authorized_operations = set(GROUP_AUTHORIZED_OPERATIONS)
         groups.append(described)
     return DescribeGroupsResponse(throttle_time_ms=0, groups=groups)
 
