@@ -383,3 +383,46 @@ def test_consumer_commit_keeps_the_leader_epoch_it_sends(served):
     # on the wire, confluent-kafka sent the metadata "x" as the 2 bytes of its C string "x\0"
     # (librdkafka reads them back up to the NUL); the server keeps exactly what it was sent
     assert _fetch(served.port, "epochs") == (0, {("t", 0): (17, 5, "x\x00", 0)})
+
+
+# ---------------------------------------------------------------------------- KIP-447 require_stable
+def test_offset_fetch_require_stable_answers_unstable_offset_commit_while_a_transaction_holds_offsets(tmp_path):
+    # the server cannot start transactions yet (no AddOffsetsToTxn/TxnOffsetCommit on the wire): the
+    # in-process transactional producer writes the pending offsets and KafkaApis answers OffsetFetch
+    # in the same process, over the same engine
+    from txlake import AdminClient as TxlakeAdmin
+    from txlake import NewTopic, Producer as TxlakeProducer
+    from txlake import TopicPartition as TxlakeTopicPartition
+    from txlake.engine.apis import KafkaApis, RequestContext
+    from txlake.engine.registry import acquire_broker, close_all, release_broker
+
+    conf = {"storage.url": f"file://{tmp_path}/root", "transaction.state.log.num.partitions": 3}
+    try:
+        with TxlakeAdmin(conf) as admin:
+            admin.create_topics([NewTopic("t", 1)])["t"].result()
+        producer = TxlakeProducer({**conf, "transactional.id": "tx"})
+        producer.init_transactions(10)
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction([TxlakeTopicPartition("t", 0, 12)], "g")
+        broker = acquire_broker(conf["storage.url"])
+        apis = KafkaApis(broker, "127.0.0.1", 9092)
+
+        def fetch(version: int, require_stable: bool):
+            groups = [OffsetFetchRequest.OffsetFetchRequestGroup(group_id="g", topics=[
+                OffsetFetchRequest.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="t", partition_indexes=[0])])]
+            request = (OffsetFetchRequest[version](groups=groups, require_stable=require_stable) if version >= 8 else
+                       OffsetFetchRequest[version](group_id="g", require_stable=require_stable, topics=[
+                           OffsetFetchRequest.OffsetFetchRequestTopic(name="t", partition_indexes=[0])]))
+            answer = apis.handle(RequestContext(9, version), request)
+            topics = answer.groups[0].topics if version >= 8 else answer.topics
+            return [(p.committed_offset, p.error_code) for t in topics for p in t.partitions]
+
+        assert fetch(8, True) == [(-1, 88)]       # UNSTABLE_OFFSET_COMMIT
+        assert fetch(7, True) == [(-1, 88)]
+        assert fetch(8, False) == [(-1, 0)]       # read_uncommitted view: nothing committed yet
+        producer.commit_transaction(10)
+        assert fetch(8, True) == [(12, 0)]
+        producer.close()
+        release_broker(broker)
+    finally:
+        close_all()
