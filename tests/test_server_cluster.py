@@ -97,11 +97,14 @@ def test_bad_frames_close_the_connection_with_a_log_line_and_the_server_keeps_se
     assert "closing the connection from 127.0.0.1:" in log and what in log, log[-2000:]
 
 
-def test_a_second_server_on_the_same_root_is_refused_naming_the_holder(served, tmp_path):
+def test_a_second_server_on_the_same_root_is_refused_naming_the_holder(serve_root, tmp_path):
     from server_support import ServedRoot
 
+    serve_root.settings["storage.lease.ms"] = 3000   # the second start waits out one lease, then gives up
+    served = serve_root.start()
     second = ServedRoot(served.storage, tmp_path / "second")
     (tmp_path / "second").mkdir()
     with pytest.raises(AssertionError) as failed:
         second.start()
-    assert "NOT_LEADER_OR_FOLLOWER" in str(failed.value) or "writer" in str(failed.value)
+    text = str(failed.value)
+    assert "waiting" in text and f"is held by writer" in text and "a second writer cannot start" in text, text
