@@ -108,3 +108,20 @@ def test_a_second_server_on_the_same_root_is_refused_naming_the_holder(serve_roo
         second.start()
     text = str(failed.value)
     assert "waiting" in text and f"is held by writer" in text and "a second writer cannot start" in text, text
+
+
+def test_docs_server_page_lists_exactly_the_versions_advertised():
+    """docs/server.md's table of APIs and versions is what ApiVersions advertises."""
+    import re
+    from pathlib import Path
+
+    from kafka.protocol.api_key import ApiKey
+
+    from txlake.engine.apis.kafka_apis import default_specs
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "server.md").read_text()
+    table = text.split("checked against the code by tests/test_server_cluster.py -->", 1)[1].split("\n\n", 1)[0]
+    documented = {(name, int(key), int(low), int(high))
+                  for name, key, low, high in re.findall(r"^\| (\w+) \| (\d+) \| (\d+)-(\d+) \|$", table, re.M)}
+    advertised = {(ApiKey(s.key).name, int(s.key), s.min_version, s.max_version) for s in default_specs()}
+    assert documented == advertised
