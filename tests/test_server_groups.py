@@ -39,22 +39,24 @@ PROCESS_TIMEOUT_S = 60.0
 
 
 @pytest.fixture
-def served_settings() -> dict:
-    return dict(GROUP_SETTINGS)
+def served(serve_root):
+    """``txlake serve`` with :data:`GROUP_SETTINGS` on a fresh root (file:// and S3)."""
+    serve_root.settings.update(GROUP_SETTINGS)
+    return serve_root.start()
 
 
-def _with_topics(served, topics: dict[str, int]):
-    """Stop the server, create ``topics`` (name -> partitions) through the embedded engine,
-    start it again on the same root and port (the server holds the writer lease while it runs)."""
-    assert served.stop() == 0
-    broker = Broker(served.storage.object_store())
+def _with_topics(serve_root, topics: dict[str, int]):
+    """Create ``topics`` (name -> partitions) through the embedded engine, then start the server
+    with :data:`GROUP_SETTINGS` (it holds the writer lease while it runs)."""
+    broker = Broker(serve_root.storage.object_store())
     try:
         broker.ensure_writer()
         answers = broker.create_topics([(name, n, {}) for name, n in topics.items()])
         assert [error.name for error, _ in answers] == ["NO_ERROR"] * len(topics)
     finally:
         broker.close()
-    return served.start()
+    serve_root.settings.update(GROUP_SETTINGS)
+    return serve_root.start()
 
 
 def _decode(response_cls, frame: bytes, version: int, flexible: bool):
@@ -119,8 +121,8 @@ def test_find_coordinator_names_this_node_for_groups_and_transactions(served):
 
 
 # ---------------------------------------------------------------------------- exact membership errors
-def test_membership_errors_are_kafkas_exact_codes(served):
-    served = _with_topics(served, {"t": 2})
+def test_membership_errors_are_kafkas_exact_codes(serve_root):
+    served = _with_topics(serve_root, {"t": 2})
     port = served.port
     first = _join(port, "g")                 # KIP-394: a dynamic member first learns its id
     assert first.error_code == 79 and first.member_id  # MEMBER_ID_REQUIRED
@@ -174,8 +176,8 @@ def test_membership_errors_are_kafkas_exact_codes(served):
 
 
 # ---------------------------------------------------------------------------- admin clients
-def test_admin_clients_commit_list_describe_and_delete_group_offsets(served):
-    served = _with_topics(served, {"t": 3})
+def test_admin_clients_commit_list_describe_and_delete_group_offsets(serve_root):
+    served = _with_topics(serve_root, {"t": 3})
     kadmin = KafkaAdminClient(bootstrap_servers=served.bootstrap, request_timeout_ms=20_000)
     cadmin = AdminClient({"bootstrap.servers": served.bootstrap})
     try:
@@ -326,8 +328,8 @@ def _keys(records, partitions=None) -> set[str]:
     return {key for partition, _, key in records if partitions is None or partition in partitions}
 
 
-def test_two_consumer_processes_split_the_partitions_and_rebalance_when_one_joins_and_leaves(served):
-    served = _with_topics(served, {"t": 4})
+def test_two_consumer_processes_split_the_partitions_and_rebalance_when_one_joins_and_leaves(serve_root):
+    served = _with_topics(serve_root, {"t": 4})
     _produce(served.bootstrap, "t", 0, 40, 4)
     first = ConsumerProcess("confluent", served.bootstrap, "grp", "t")
     second = None
@@ -368,8 +370,8 @@ def test_two_consumer_processes_split_the_partitions_and_rebalance_when_one_join
             second.kill()
 
 
-def test_consumer_commit_keeps_the_leader_epoch_it_sends(served):
-    served = _with_topics(served, {"t": 1})
+def test_consumer_commit_keeps_the_leader_epoch_it_sends(serve_root):
+    served = _with_topics(serve_root, {"t": 1})
     from confluent_kafka import Consumer
 
     consumer = Consumer({"bootstrap.servers": served.bootstrap, "group.id": "epochs", "enable.auto.commit": False})
