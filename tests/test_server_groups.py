@@ -428,3 +428,24 @@ def test_offset_fetch_require_stable_answers_unstable_offset_commit_while_a_tran
         release_broker(broker)
     finally:
         close_all()
+
+
+def test_in_process_consumer_commit_keeps_the_leader_epoch_it_sends(tmp_path):
+    # the same record as the wire's OffsetCommit: a TopicPartition's leader_epoch round-trips in-process too
+    from txlake import AdminClient as TxlakeAdmin
+    from txlake import Consumer as TxlakeConsumer
+    from txlake import NewTopic
+    from txlake import TopicPartition as TxlakeTopicPartition
+    from txlake.engine.registry import close_all
+
+    conf = {"storage.url": f"file://{tmp_path}/root"}
+    try:
+        with TxlakeAdmin(conf) as admin:
+            admin.create_topics([NewTopic("t", 2)])["t"].result()
+        with TxlakeConsumer({**conf, "group.id": "g"}) as consumer:
+            consumer.commit(offsets=[TxlakeTopicPartition("t", 0, 8, "m", leader_epoch=6),
+                                     TxlakeTopicPartition("t", 1, 3)], asynchronous=False)
+            got = consumer.committed([TxlakeTopicPartition("t", 0), TxlakeTopicPartition("t", 1)], timeout=10)
+        assert [(tp.offset, tp.metadata, tp.leader_epoch) for tp in got] == [(8, "m", 6), (3, "", None)]
+    finally:
+        close_all()
