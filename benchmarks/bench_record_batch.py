@@ -47,8 +47,8 @@ def _kafka_python_over_cramjam() -> None:
         compress = staticmethod(lambda data: bytes(cramjam.snappy.compress_raw(bytes(data))))
         decompress = staticmethod(lambda data: bytes(cramjam.snappy.decompress_raw(bytes(data))))
 
-    def lz4_encode(data):
-        compressor = cramjam.lz4.Compressor(block_linked=False)
+    def lz4_encode(data):  # python-lz4's lz4.frame.compress: fast mode, independent blocks
+        compressor = cramjam.lz4.Compressor(level=0, block_linked=False)
         compressor.compress(bytes(data))
         return bytes(compressor.finish())
 

@@ -294,12 +294,10 @@ def _decode_batch(view: memoryview, pos: int, size: int, index: int, client: boo
                 raise
             except Exception as exc:  # noqa: BLE001 -- whatever the codec library raises on garbage
                 raise _Malformed(CORRUPT_MESSAGE, f"{COMPRESSION_TYPES[codec]} records do not decompress: {exc}")
-            records = _decode_records(buf, 0, len(buf), count, base_timestamp,
-                                      max_timestamp if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None)
         else:
             buf = bytes(body)
-            records = _decode_records(buf, 0, len(buf), count, base_timestamp,
-                                      max_timestamp if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None)
+        records = _decode_records(buf, 0, len(buf), count, base_timestamp,
+                                  max_timestamp if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None)
     except _Malformed as exc:
         if exc.position is None:
             raise fail(exc.error_name, index, pos, exc.reason) from None
