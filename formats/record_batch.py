@@ -310,21 +310,42 @@ def _decode_batch(view: memoryview, pos: int, size: int, index: int, client: boo
                      max_timestamp, producer_id, producer_epoch, base_sequence, count, records, pos, size)
 
 
-def _decompress(codec: int, body: memoryview) -> bytes:
-    if codec == 1:
-        return bytes(cramjam.gzip.decompress(body))
-    if codec == 2:
-        if len(body) >= 16 and body[:8] == _XERIAL_MAGIC:
-            return _xerial_decode(body)
-        return bytes(cramjam.snappy.decompress_raw(body))
-    if codec == 3:
-        return bytes(cramjam.lz4.decompress(body))
-    return bytes(cramjam.zstd.decompress(body))
+#: the most bytes one batch's records may decompress to (a compression bomb -- a small request
+#: that expands to gigabytes -- is refused as MESSAGE_TOO_LARGE instead of exhausting memory;
+#: Kafka's own default ``message.max.bytes`` is 1 MB of *compressed* batch)
+MAX_DECOMPRESSED_BYTES = 128 * 1024 * 1024
+MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
 
 
-def _xerial_decode(body: memoryview) -> bytes:
+def _decompress(codec: int, body: memoryview, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """The decompressed records, written into a buffer of ``limit`` bytes (reserved, not
+    touched, until written) so that no input can make it allocate more."""
+    if codec == 2 and len(body) >= 16 and body[:8] == _XERIAL_MAGIC:
+        return _xerial_decode(body, limit)
+    into = {1: cramjam.gzip.decompress_into, 2: cramjam.snappy.decompress_raw_into,
+            3: cramjam.lz4.decompress_into, 4: cramjam.zstd.decompress_into}[codec]
+    return _bounded(into, body, limit)
+
+
+def _bounded(into, body: memoryview, limit: int) -> bytes:
+    out = np.empty(limit + 1, dtype=np.uint8)
+    try:
+        n = into(body, out)
+    except Exception as exc:  # noqa: BLE001 -- cramjam says "failed to write whole buffer" / "smaller than required"
+        text = str(exc)
+        if "whole buffer" in text or "smaller than required" in text:
+            raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes "
+                                                f"(MAX_DECOMPRESSED_BYTES)") from None
+        raise
+    if n > limit:
+        raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes (MAX_DECOMPRESSED_BYTES)")
+    return out[:n].tobytes()
+
+
+def _xerial_decode(body: memoryview, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
     """The xerial snappy framing: 16-byte header, then blocks of int32 length + raw snappy."""
     out = []
+    total = 0
     pos, end = 16, len(body)
     while pos < end:
         if end - pos < 4:
@@ -335,7 +356,15 @@ def _xerial_decode(body: memoryview) -> bytes:
         if length < 0 or pos + length > end:
             raise _Malformed(CORRUPT_MESSAGE, f"snappy (xerial) block of {length} bytes at byte {pos - 4} does not "
                                               f"fit the {end} bytes of compressed records")
-        out.append(bytes(cramjam.snappy.decompress_raw(body[pos:pos + length])))
+        try:
+            block = _bounded(cramjam.snappy.decompress_raw_into, body[pos:pos + length], limit - total)
+        except _Malformed as exc:
+            if exc.error_name != MESSAGE_TOO_LARGE:
+                raise
+            raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes "
+                                                "(MAX_DECOMPRESSED_BYTES)") from None
+        total += len(block)
+        out.append(block)
         pos += length
     return b"".join(out)
 

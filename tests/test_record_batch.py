@@ -509,3 +509,19 @@ def test_compression_level_is_passed_to_the_codec(kafka_python_codecs, codec, le
     default, chosen = encode_batches(rows, compression=codec), encode_batches(rows, compression=codec, compression_level=level)
     assert default != chosen
     assert _read_kafka_python(chosen) == _read_kafka_python(default)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_compression_bomb_is_refused_as_message_too_large_without_allocating_it(codec, monkeypatch, kafka_python_codecs):
+    """A batch whose records decompress past MAX_DECOMPRESSED_BYTES is refused (MESSAGE_TOO_LARGE)
+    before more than that is written: the limit is lowered here so the test stays small."""
+    from txlake.formats import record_batch
+
+    monkeypatch.setattr(record_batch, "MAX_DECOMPRESSED_BYTES", 64 * 1024)
+    monkeypatch.setattr(record_batch._decompress, "__defaults__", (64 * 1024,))
+    value = b"\x00" * 200_000   # compresses to a few hundred bytes
+    data = _kafka_python_batch([(1_700_000_000_000, b"k", value, [])], COMPRESSION_TYPES.index(codec))
+    with pytest.raises(RecordBatchError) as failed:
+        decode_batches(data, topic="t", partition=0)
+    assert failed.value.error_name == "MESSAGE_TOO_LARGE"
+    assert "decompress to more than 65536 bytes" in str(failed.value)
