@@ -30,10 +30,12 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * registered short names first, then by the class names {@code txlake} and
  * {@code txlake.DefaultSource} -- this class, when its jar is on the driver's class path --
  * and only then by Python data source names. So this class takes the name when its jar is
- * loaded, without a {@code DataSourceRegister} entry (a JVM short name equal to a Python data
- * source's name fails every lookup with FOUND_MULTIPLE_DATA_SOURCES); without the jar the
- * Python source {@code txlake} (found by PySpark's discovery of {@code pyspark_txlake}) serves
- * the name alone.
+ * loaded, and the Python source keeps the name {@code txlake} too (PySpark's write worker
+ * insists on the Python class's own name, DATA_SOURCE_TYPE_MISMATCH); without the jar the
+ * Python source (found by PySpark's discovery of {@code pyspark_txlake}) serves the name
+ * alone. A {@code DataSourceRegister} short name would not do: some versions of
+ * {@code lookupDataSource} refuse a short name that a Python data source also has
+ * ({@code foundMultipleDataSources}); Spark 4.3.0's lets the JVM class win.
  *
  * <ul>
  * <li>Reads, streams and streaming writes: {@link #getTable} wraps the Python source's table
