@@ -11,3 +11,7 @@ fi
 # editable install; txlake's build backend (dev/txlake_build.py) adds spark_discovery/ to sys.path,
 # so Spark finds format("txlake") from any working directory (docs/spark.md)
 .venv/bin/python -m pip install --quiet -e ".[test]"
+# txlake's Spark jar (txlake.DefaultSource: df.write.format("txlake") in Spark's default save
+# mode, docs/spark.md), compiled from spark_connector/java/ into a git-ignored folder; needs a
+# JDK 17+ (javac). Without it everything else works and the write needs mode("append").
+.venv/bin/python dev/build_spark_jar.py || echo "note: txlake's Spark jar was not built (see above); docs/spark.md, Writing"

@@ -10,7 +10,9 @@ Layout -- one concept per module:
   catalog snapshot (:mod:`txlake.committed_view`);
 * :mod:`.batch_write` / :mod:`.stream_write` -- exactly-once writes: tasks stage their rows
   (:mod:`.staging`), the driver's commit appends them as one transaction
-  (:mod:`.staged_commit`), handed to the writer-lease holder when another process holds it.
+  (:mod:`.staged_commit`), handed to the writer-lease holder when another process holds it;
+* :mod:`.jvm` -- the jar of ``txlake.DefaultSource`` (Java, ``java/``), which gives batch
+  writes Spark's default save mode, ErrorIfExists, as Spark's Kafka sink has it.
 
 docs/spark.md describes every option and guarantee.
 """

@@ -4,13 +4,14 @@ Input columns and options are those of Spark's Kafka sink (see :mod:`.staging`):
 ``value`` (required), ``key``, ``topic`` (or the ``topic`` option, which wins),
 ``partition``, ``headers``; options ``storage.url`` (+ ``storage.options.*`` and other
 ``storage.*`` engine settings), ``topic``, ``kafka.<producer key>`` (e.g.
-``kafka.transaction.timeout.ms``), ``staging.maxFileBytes``. Save mode: Append --
-``df.write.format("txlake").mode("append")``. Spark's Kafka sink also takes ErrorIfExists
-(its default) on Spark's V1 write path, but for a DSv2 table with batch writes -- every
-Python data source -- Spark's ``DataFrameWriter.save()`` raises
-UNSUPPORTED_DATA_SOURCE_SAVE_MODE for ErrorIfExists and Ignore before calling the source
-(as for its own Kafka sink run as DSv2), so the mode must be named; Overwrite is refused
-here as by Spark's Kafka sink.
+``kafka.transaction.timeout.ms``), ``staging.maxFileBytes``. Save mode: this writer only
+ever appends. Spark's Kafka sink also takes ErrorIfExists (its default) on Spark's V1 write
+path, but for a DSv2 table with batch writes -- every Python data source -- Spark's
+``DataFrameWriter.save()`` raises UNSUPPORTED_DATA_SOURCE_SAVE_MODE for ErrorIfExists and
+Ignore before calling the source. txlake's JVM class ``txlake.DefaultSource`` (its jar on
+``spark.jars``, :mod:`.jvm`) takes that V1 path and runs this writer for Append and
+ErrorIfExists; without it the mode must be named, ``mode("append")``. Overwrite is refused
+(here, or by the JVM class first) as by Spark's Kafka sink.
 
 How a job is exactly once:
 

@@ -2,21 +2,42 @@
 
 Starting a JVM costs seconds, so the session is created on first use and kept until the
 process exits. It runs ``local[2,2]`` (2 threads; a failed task is retried once, as on a
-cluster) with the txlake data source registered by discovery (``pyspark_txlake``), filter pushdown to Python data sources enabled, no UI, and the Python
-workers running this very interpreter (so they import the same txlake).
+cluster) with the txlake data source registered by discovery (``pyspark_txlake``), txlake's Spark jar on
+``spark.jars`` (built here when missing and a JDK is on PATH: :data:`TXLAKE_JAR`), filter pushdown
+to Python data sources enabled, no UI, and the Python workers running this very interpreter (so
+they import the same txlake).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
+import warnings
 
 import pytest
 
+from txlake.spark_connector import jvm
+
 _lock = threading.Lock()
 _session = None
+
+
+def _txlake_jar() -> str | None:
+    """txlake's Spark jar for the installed PySpark, built if missing; None without a JDK."""
+    try:
+        return str(jvm.build_jar())
+    except jvm.JarBuildError as e:
+        if shutil.which("javac") is not None:
+            raise  # a JDK is here: the jar must build
+        warnings.warn(f"Spark tests run without txlake's Spark jar: {e}")
+        return None
+
+
+#: the jar on every test session's ``spark.jars`` (None: no JDK here, the jar's tests are skipped)
+TXLAKE_JAR = _txlake_jar()
 
 #: the session config docs/spark.md recommends, plus test-only settings
 SPARK_CONF = {
@@ -27,6 +48,7 @@ SPARK_CONF = {
     "spark.driver.memory": "1g",
     "spark.sql.session.timeZone": "UTC",
     "spark.python.worker.reuse": "true",
+    **({"spark.jars": TXLAKE_JAR} if TXLAKE_JAR else {}),
 }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import threading
 import time
 
@@ -204,10 +205,6 @@ def test_topic_column_and_topic_option_overriding_it(file_storage):
     ("topic int, value string", {}, "append", "Topic type must be a StringType"),
     ("value string, partition long", {"topic": "t"}, "append", "partition attribute type must be an IntegerType"),
     ("value string, headers array<string>", {"topic": "t"}, "append", "headers attribute type must be"),
-    ("value string", {"topic": "t"}, "overwrite", "Save mode Overwrite not allowed"),
-    # refused by Spark itself for every Python data source (docs/spark.md, Writing); None: the default mode
-    ("value string", {"topic": "t"}, None, r'\[UNSUPPORTED_DATA_SOURCE_SAVE_MODE\].*"ErrorIfExists"'),
-    ("value string", {"topic": "t"}, "ignore", r'\[UNSUPPORTED_DATA_SOURCE_SAVE_MODE\].*"Ignore"'),
     ("value string", {"topic": "t", "kafka.linger.ms": "soon"}, "append", "linger.ms"),
     ("value string", {"topic": "t", "staging.maxFileByte": "9"}, "append",
      "unknown option 'staging.maxfilebyte' .*did you mean 'staging.maxFileBytes'"),
@@ -221,6 +218,73 @@ def test_bad_input_is_refused_at_planning_as_by_the_kafka_sink(file_storage, ddl
     with pytest.raises(Exception, match=message):
         write(df, file_storage, mode=mode, **options)
     assert staged_objects(file_storage) == []
+
+
+# ----------------------------------------------------- save modes: txlake.DefaultSource (the jar)
+needs_jar = pytest.mark.skipif(shutil.which("javac") is None,
+                               reason="no JDK (javac) here: txlake's Spark jar cannot be built")
+
+
+@needs_jar
+@pytest.mark.parametrize("mode", [None, "append"])      # None: Spark's default, ErrorIfExists
+def test_default_and_append_save_modes_append_every_row_once(file_storage, mode):
+    """As Spark's Kafka sink, ErrorIfExists (Spark's default) and Append append the rows, exactly
+    once; ``spark.read.format("txlake")`` reads them back. Without txlake.DefaultSource Spark
+    refused the default mode with UNSUPPORTED_DATA_SOURCE_SAVE_MODE before any txlake code ran."""
+    create_topics(file_storage, t=2)
+    rows = [(f"k{i}", f"v{i}", i % 2) for i in range(6)]
+    df = spark().createDataFrame(rows, "key string, value string, partition int")
+    write(df, file_storage, mode=mode, topic="t")
+    got = read_committed(file_storage, "t", 2, expected=6)
+    assert sorted((k, v, p) for k, v, p, _ in got) == sorted((k.encode(), v.encode(), p) for k, v, p in rows)
+    back = spark().read.format("txlake").options(**spark_options(file_storage, subscribe="t")).load().collect()
+    assert sorted((r.partition, r.offset) for r in back) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert sorted((bytes(r.key), bytes(r.value), r.partition) for r in back) == sorted(
+        (k.encode(), v.encode(), p) for k, v, p in rows)
+    assert staged_objects(file_storage) == []
+
+
+@needs_jar
+@pytest.mark.parametrize("mode", ["ignore", "overwrite"])
+def test_ignore_and_overwrite_are_refused_with_the_kafka_sinks_message(file_storage, mode):
+    """Spark's Kafka sink: "Save mode Overwrite not allowed for Kafka. Allowed save modes are
+    Append and ErrorIfExists (default)." (``KafkaSourceProvider.createRelation``); nothing is
+    staged or written."""
+    from pyspark.errors import AnalysisException
+
+    create_topics(file_storage, t=1)
+    df = spark().createDataFrame([("v",)], "value string")
+    with pytest.raises(AnalysisException) as refused:
+        write(df, file_storage, mode=mode, topic="t")
+    assert str(refused.value).splitlines()[0] == (
+        f"Save mode {mode.capitalize()} not allowed for txlake. Allowed save modes are Append and "
+        "ErrorIfExists (default).")
+    assert staged_objects(file_storage) == []
+    assert read_committed(file_storage, "t", 1) == []
+
+
+@needs_jar
+def test_format_txlake_is_the_jvm_class_and_streams_read_through_it(file_storage, tmp_path):
+    """With the jar on ``spark.jars``, ``format("txlake")`` resolves to ``txlake.DefaultSource``
+    (a class name, ahead of Python data source names) and ``readStream`` still reads through it:
+    a ``Trigger.AvailableNow`` query gets exactly the committed records."""
+    session = spark()
+    looked_up = session._jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+        "txlake", session._jsparkSession.sessionState().conf())
+    assert looked_up.getName() == "txlake.DefaultSource"
+    create_topics(file_storage, t=2)
+    write(session.createDataFrame([("a", 0), ("b", 1), ("c", 0)], "value string, partition int"),
+          file_storage, mode=None, topic="t")
+    stream = session.readStream.format("txlake").options(
+        **spark_options(file_storage, subscribe="t", startingOffsets="earliest")).load()
+    query = (stream.selectExpr("partition", "offset", "CAST(value AS STRING) AS value").writeStream
+             .format("memory").queryName("txlake_stream_through_jar")
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+    rows = session.sql("SELECT * FROM txlake_stream_through_jar").collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(0, 0), (0, 1), (1, 0)]
+    assert sorted((r.partition, r.value) for r in rows) == [(0, "a"), (0, "c"), (1, "b")]
 
 
 @pytest.mark.parametrize("rows, ddl, options, message", [

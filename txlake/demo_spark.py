@@ -196,9 +196,12 @@ def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, **con
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    from txlake.spark_connector.jvm import jar_path
+
+    jar = jar_path()  # txlake.DefaultSource: the default save mode for df.write (docs/spark.md)
     settings = {"spark.sql.python.filterPushdown.enabled": "true", "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "8",
-                "spark.sql.session.timeZone": "UTC", **conf}
+                "spark.sql.session.timeZone": "UTC", **({"spark.jars": str(jar)} if jar else {}), **conf}
     if SparkContext._gateway is None:  # no JVM in this process yet: start it here, its output where we say
         from pyspark.java_gateway import launch_gateway
 
