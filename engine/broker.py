@@ -428,7 +428,7 @@ class Broker:
         n = batch.records.num_rows
         assert n > 0, "a batch holds at least one record"
         config = effective_config(topic.config)
-        size = batch.records.nbytes
+        size = batch.records.nbytes if batch.size_in_bytes is None else batch.size_in_bytes
         max_bytes = int(config["max.message.bytes"])
         if size > max_bytes:
             return _done(ProduceResult(Errors.MESSAGE_TOO_LARGE,
@@ -464,7 +464,7 @@ class Broker:
             wp.producers.update(batch.producer_id, batch.producer_epoch, batch.base_sequence, last_seq, base,
                                 base + n - 1, max_ts, batch.is_transactional)
         fut: Future = Future()
-        self._committer.enqueue(PendingBatch(batch, base, ts_type, now, fut), size)
+        self._committer.enqueue(PendingBatch(batch, base, ts_type, now, fut), batch.records.nbytes)
         return fut
 
     def flush(self, timeout_ms: int = 60_000) -> None:

@@ -247,3 +247,20 @@ def test_sigkill_mid_stream_then_restart_keeps_every_acknowledged_record_exactly
     values = [v for *_, v, _, _ in got]
     assert sorted(values) == sorted(b"r%05d" % i for i in range(sent))   # each exactly once
     assert {(p, o) for p, o, _ in acked} == {(p, o) for _, p, o, *_ in got}  # at the acknowledged offsets
+
+
+def test_max_message_bytes_measures_the_compressed_batch_as_kafka_does(serve_root):
+    """A zstd batch of 4 MB of compressible values is well under 1 MB on the wire: Kafka checks
+    max.message.bytes against the batch as sent, so it is accepted; a batch over the limit on
+    the wire is MESSAGE_TOO_LARGE naming the sizes."""
+    served = serve_root
+    create_topic(served.storage, "big", 1, **{"max.message.bytes": "1000000"})
+    served.start()
+    reports = produce_confluent(served.bootstrap, [("big", 0, None, b"a" * 400_000, None, TS + i) for i in range(10)],
+                                **{"compression.type": "zstd", "linger.ms": 50, "message.max.bytes": 10_000_000,
+                                   "batch.size": 10_000_000})
+    assert [(err, o) for err, _, _, o, _ in reports] == [(None, i) for i in range(10)]
+    random_value = __import__("os").urandom(1_200_000)
+    failed = produce_confluent(served.bootstrap, [("big", 0, None, random_value, None, TS)],
+                               **{"compression.type": "none", "message.max.bytes": 10_000_000})
+    assert [err.code() if err else None for err, *_ in failed] == [10]  # MESSAGE_TOO_LARGE

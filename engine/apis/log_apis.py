@@ -105,7 +105,8 @@ def handle_produce(apis: KafkaApis, context: RequestContext, request: Any) -> An
             slots.append(len(answers))
             answers.append((*where, ProduceResult(Errors.NO_ERROR)))
             batches.append(ProduceBatch(name, part.index, wire.records, wire.producer_id, wire.producer_epoch,
-                                        wire.base_sequence, wire.is_transactional))
+                                        wire.base_sequence, wire.is_transactional,
+                                        size_in_bytes=wire.size_in_bytes))
     futures = broker.produce_async(batches, internal_topics_allowed=context.client_id == ADMIN_CLIENT_ID) if batches else []
     for slot, fut in zip(slots, futures):
         answers[slot] = (*answers[slot][:3], fut)
