@@ -264,3 +264,31 @@ def test_max_message_bytes_measures_the_compressed_batch_as_kafka_does(serve_roo
     failed = produce_confluent(served.bootstrap, [("big", 0, None, random_value, None, TS)],
                                **{"compression.type": "none", "message.max.bytes": 10_000_000})
     assert [err.code() if err else None for err, *_ in failed] == [10]  # MESSAGE_TOO_LARGE
+
+
+def test_zstd_in_produce_below_v7_is_unsupported_compression_type(serve_root):
+    """KIP-110: a zstd batch in a Produce request older than v7 answers UNSUPPORTED_COMPRESSION_TYPE (76)."""
+    import pyarrow as pa
+
+    from txlake.formats.record_batch import encode_batches
+    from txlake.formats.records import RECORD_SCHEMA
+
+    served = serve_root
+    create_topic(served.storage, "z", 1)
+    served.start()
+    row = {"topic": "z", "partition": 0, "offset": 0, "timestamp": TS, "timestamp_type": 0, "key": b"k",
+           "value": b"v", "headers": None, "producer_id": -1, "producer_epoch": -1, "base_sequence": -1,
+           "base_offset": 0, "last_offset_delta": 0, "is_transactional": False, "is_control": False,
+           "control_type": None, "coordinator_epoch": None}
+    records = encode_batches(pa.Table.from_pylist([row], RECORD_SCHEMA), compression="zstd")
+
+    def produce(version: int) -> int:
+        request = ProduceRequest[version](transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[
+            ProduceRequest.TopicProduceData(name="z", partition_data=[
+                ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)])])
+        frame = _raw(served.port, request, version)
+        body = frame[5:] if version >= 9 else frame[4:]
+        return ProduceResponse.decode(body, version=version).responses[0].partition_responses[0].error_code
+
+    assert produce(6) == 76
+    assert produce(7) == 0
