@@ -41,7 +41,7 @@ from txlake.catalog.errors import (CatalogError, CatalogGapError, InvalidConfigE
 from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK, REMOVE_SEGMENT,
                                   CatalogState, TopicState)
 from txlake.catalog.storage import InvalidObjectKeyError, ObjectStore
-from txlake.catalog.topic_config import cleanup_policies, effective_config, validate_topic_config
+from txlake.catalog.topic_config import LONG_MAX, cleanup_policies, effective_config, validate_topic_config
 from txlake.catalog.topic_names import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, is_internal,
                                          unify_collision_chars, validate_topic_name)
 from txlake.catalog.writer_lease import WriterLease
@@ -438,6 +438,9 @@ class Broker:
             # Kafka's LogValidator: a compacted topic keeps the latest record per key, so every record needs one
             return _done(ProduceResult(Errors.INVALID_RECORD, message=(
                 f"Compacted topic cannot accept message without key in topic partition {batch.topic}-{batch.partition}.")))
+        timestamp_error = _timestamp_error(batch, config)
+        if timestamp_error is not None:
+            return _done(ProduceResult(Errors.INVALID_TIMESTAMP, message=timestamp_error))
         if batch.producer_id >= 0:
             last_seq = increment_sequence(batch.base_sequence, n - 1)
             try:
@@ -853,6 +856,31 @@ class Broker:
         with self._append_lock:
             wp = self._partitions.get((topic, partition)) if self.is_writer else None
             return None if wp is None else wp.producers.snapshot_rows()
+
+
+def _timestamp_error(batch: ProduceBatch, config: dict) -> str | None:
+    """Kafka's ``LogValidator.validateTimestamp`` (KIP-937): on a CreateTime topic, a record
+    timestamp more than ``message.timestamp.before.max.ms`` before now or more than
+    ``message.timestamp.after.max.ms`` after it makes the batch INVALID_TIMESTAMP (-1, "no
+    timestamp", is never checked). Returns the message, or None when the batch is valid."""
+    if config["message.timestamp.type"] != "CreateTime" or batch.is_control:
+        return None
+    before, after = int(config["message.timestamp.before.max.ms"]), int(config["message.timestamp.after.max.ms"])
+    if before >= LONG_MAX and after >= LONG_MAX:
+        return None
+    ts = batch.records.column("timestamp")
+    ts = pc.filter(ts, pc.not_equal(ts, -1))
+    if len(ts) == 0:
+        return None
+    now = now_ms()
+    low, high = pc.min(ts).as_py(), pc.max(ts).as_py()
+    if now - low > before:
+        return (f"Timestamp {low} of a message in {batch.topic}-{batch.partition} is out of range: it is more than "
+                f"message.timestamp.before.max.ms={before} before the broker's time {now}")
+    if high - now > after:
+        return (f"Timestamp {high} of a message in {batch.topic}-{batch.partition} is out of range: it is more than "
+                f"message.timestamp.after.max.ms={after} after the broker's time {now}")
+    return None
 
 
 def _done(result: ProduceResult) -> Future:

@@ -292,3 +292,19 @@ def test_zstd_in_produce_below_v7_is_unsupported_compression_type(serve_root):
 
     assert produce(6) == 76
     assert produce(7) == 0
+
+
+def test_timestamps_outside_the_topics_window_are_invalid_timestamp(serve_root):
+    """KIP-937: message.timestamp.before.max.ms / after.max.ms bound CreateTime timestamps
+    (INVALID_TIMESTAMP, 32); the engine checks them for every writer, the wire included."""
+    served = serve_root
+    create_topic(served.storage, "w", 1, **{"message.timestamp.before.max.ms": "3600000",
+                                             "message.timestamp.after.max.ms": "60000"})
+    served.start()
+    now = int(time.time() * 1000)
+    codes = []
+    for value, ts in ((b"ok", now), (b"old", now - 2 * 3_600_000), (b"future", now + 600_000)):
+        (report,) = produce_confluent(served.bootstrap, [("w", 0, None, value, None, ts)])
+        codes.append(report[0].code() if report[0] else None)
+    assert codes == [None, 32, 32]   # a batch with any such record is refused whole, as Kafka does
+    assert consume_confluent(served.bootstrap, [("w", 0, 0)], 1)[0][4] == b"ok"
