@@ -14,11 +14,14 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from typing import Any, Callable
 
+from txlake.catalog.errors import WriterLeaseHeldError
 from txlake.catalog.storage import ObjectStore
 from txlake.engine.apis import KafkaApis
 from txlake.engine.broker import Broker, BrokerConfig
+from txlake.engine.errors import ApiError, Errors
 
 from .network import DEFAULT_MAX_REQUEST_BYTES, KafkaServer
 
@@ -57,10 +60,32 @@ def serve(url: str, storage_options: dict[str, Any] | None = None, listen: str =
     advertised = parse_listener(advertised_listener, "--advertised-listener") if advertised_listener else None
     broker = Broker(ObjectStore(url, storage_options), config)
     try:
-        broker.ensure_writer()
+        _take_lease(broker)
         asyncio.run(_run(broker, host, port, advertised, max_request_bytes, announce))
     finally:
         broker.close()
+
+
+def _take_lease(broker: Broker) -> None:
+    """Become the root's writer. A lease whose holder stopped renewing (a server killed with
+    SIGKILL, restarted at once) is waited out once, then taken over; a holder that is still
+    renewing after that wait is alive, and start-up fails naming it (NOT_LEADER_OR_FOLLOWER)."""
+    waited_for: str | None = None
+    while True:
+        try:
+            broker.ensure_writer()
+            return
+        except ApiError as exc:
+            held = exc.__cause__
+            if exc.error != Errors.NOT_LEADER_OR_FOLLOWER or not isinstance(held, WriterLeaseHeldError) \
+                    or held.holder == waited_for:
+                raise
+            wait_s = held.expires_in_ms / 1000 + 0.5
+            log.warning("the writer lease of %s is held by %s: waiting %.1f s for it to lapse (a server restarted "
+                        "after a crash takes the lease over then; a live holder keeps it and this start fails)",
+                        broker.store.url, held.holder, wait_s)
+            waited_for = held.holder
+            time.sleep(wait_s)
 
 
 async def _run(broker: Broker, host: str, port: int, advertised: tuple[str, int] | None,

@@ -122,9 +122,10 @@ def storage(backend, request, tmp_path) -> StorageTarget:
 
 
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def served(request, tmp_path):
-    """``txlake serve`` running on a fresh root (file:// or the local S3 server), as a
-    :class:`server_support.ServedRoot`; SIGTERMed after the test, which must exit 0."""
+def serve_root(request, tmp_path):
+    """A fresh root (file:// or the local S3 server) for ``txlake serve``, as a
+    :class:`server_support.ServedRoot` NOT started yet (set the root up first, then
+    ``.start()``); SIGTERMed after the test if running, which must exit 0."""
     from server_support import ServedRoot
 
     if request.param == "file":
@@ -133,9 +134,15 @@ def served(request, tmp_path):
         server = request.getfixturevalue("s3_server")
         target = StorageTarget(url=f"s3://{server.bucket}/{uuid.uuid4().hex}", options=server.storage_options(),
                                backend="s3")
-    root = ServedRoot(target, tmp_path).start()
+    root = ServedRoot(target, tmp_path)
     try:
         yield root
     finally:
-        code = root.stop()
+        code = root.stop() if root.proc is not None else 0
     assert code == 0, f"txlake serve exited {code} on SIGTERM; log {root.log_path}:\n{root.log_text()[-3000:]}"
+
+
+@pytest.fixture
+def served(serve_root):
+    """``txlake serve`` running on a fresh root (file:// or the local S3 server): :func:`serve_root`, started."""
+    return serve_root.start()

@@ -97,11 +97,31 @@ def test_bad_frames_close_the_connection_with_a_log_line_and_the_server_keeps_se
     assert "closing the connection from 127.0.0.1:" in log and what in log, log[-2000:]
 
 
-def test_a_second_server_on_the_same_root_is_refused_naming_the_holder(served, tmp_path):
+def test_a_second_server_on_the_same_root_is_refused_naming_the_holder(serve_root, tmp_path):
     from server_support import ServedRoot
 
+    serve_root.settings["storage.lease.ms"] = 3000   # the second start waits out one lease, then gives up
+    served = serve_root.start()
     second = ServedRoot(served.storage, tmp_path / "second")
     (tmp_path / "second").mkdir()
     with pytest.raises(AssertionError) as failed:
         second.start()
-    assert "NOT_LEADER_OR_FOLLOWER" in str(failed.value) or "writer" in str(failed.value)
+    text = str(failed.value)
+    assert "waiting" in text and f"is held by writer" in text and "a second writer cannot start" in text, text
+
+
+def test_docs_server_page_lists_exactly_the_versions_advertised():
+    """docs/server.md's table of APIs and versions is what ApiVersions advertises."""
+    import re
+    from pathlib import Path
+
+    from kafka.protocol.api_key import ApiKey
+
+    from txlake.engine.apis.kafka_apis import default_specs
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "server.md").read_text()
+    table = text.split("checked against the code by tests/test_server_cluster.py -->", 1)[1].split("\n\n", 1)[0]
+    documented = {(name, int(key), int(low), int(high))
+                  for name, key, low, high in re.findall(r"^\| (\w+) \| (\d+) \| (\d+)-(\d+) \|$", table, re.M)}
+    advertised = {(ApiKey(s.key).name, int(s.key), s.min_version, s.max_version) for s in default_specs()}
+    assert documented == advertised

@@ -1,3 +1,433 @@
-"""log_apis (being built)."""
+"""Log APIs: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, InitProducerId (Kafka's
+``KafkaApis.handleProduceRequest``, ``handleFetchRequest``, ``handleListOffsetRequest``,
+``handleOffsetForLeaderEpochRequest``, ``handleInitProducerIdRequest``).
 
-APIS: list = []
+Record batches cross this layer as Kafka's wire bytes (message format v2): a Produce's
+``records`` are decoded into the log's Arrow columns by :mod:`txlake.formats.record_batch`
+(offsets are assigned by the log), a Fetch's are encoded from the rows the log reader
+returns, batch by batch with their producer id, epoch, sequence and control flag, so
+clients see exactly the batches and offsets the log holds.
+
+Leader epochs: every partition's leader epoch is the writer lease's epoch
+(:attr:`KafkaApis.leader_epoch`). A Fetch or ListOffsets naming an older current leader
+epoch answers FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH (KIP-320). The log
+never truncates what it acknowledged, so OffsetForLeaderEpoch answers the high watermark as
+the end offset of any epoch up to the current one: a client never has to truncate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any
+
+from kafka.protocol.api_key import ApiKey
+from kafka.protocol.consumer import (FetchResponse, ListOffsetsResponse,
+                                     OffsetForLeaderEpochResponse)
+from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
+
+from txlake.formats.errors import RecordBatchError
+from txlake.formats.record_batch import decode_batches, encode_batches
+
+from ..errors import Errors
+from ..requests import ProduceBatch, ProduceResult
+from .kafka_apis import ApiSpec, KafkaApis, RequestContext
+
+#: Kafka's ``READ_COMMITTED`` isolation level in Fetch and ListOffsets
+READ_COMMITTED = 1
+#: the client id whose Produce requests may write to internal topics (Kafka's ``KafkaApis``)
+ADMIN_CLIENT_ID = "__admin_client"
+#: a Fetch reads at most this many records of a partition per request
+MAX_FETCH_RECORDS = 50_000
+#: bytes a record costs in a v2 batch besides its key and value (length, attributes, deltas)
+RECORD_OVERHEAD_BYTES = 20
+_ZERO_UUID = uuid.UUID(int=0)
+
+
+def _leader_epoch_error(apis: KafkaApis, current_leader_epoch: int) -> Errors | None:
+    """KIP-320: a client that names a current leader epoch must name ours."""
+    if current_leader_epoch < 0:
+        return None
+    ours = apis.leader_epoch
+    if current_leader_epoch < ours:
+        return Errors.FENCED_LEADER_EPOCH
+    if current_leader_epoch > ours:
+        return Errors.UNKNOWN_LEADER_EPOCH
+    return None
+
+
+def _topic_name(apis: KafkaApis, name: str | None, topic_id: Any) -> str | None:
+    """The topic a request part names: by name (up to v12), or by topic id (v13+)."""
+    if topic_id is not None and topic_id != _ZERO_UUID and not name:
+        for topic in apis.broker.topics().values():
+            if topic.topic_id == str(topic_id):
+                return topic.name
+        return None
+    return name
+
+
+# ---------------------------------------------------------------------------------- Produce
+def handle_produce(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+    """Produce: decode each partition's record batch, append it, answer after the catalog
+    commit that makes it durable (acks=1 and acks=all alike: the leader's log *is* object
+    storage), or at once with no response for acks=0.
+
+    Per partition: NO_ERROR with the base offset (and the log-append time for a
+    LogAppendTime topic); CORRUPT_MESSAGE or INVALID_RECORD with ``record_errors`` for a
+    batch that does not decode; UNKNOWN_TOPIC_OR_PARTITION; the engine's validation errors
+    (MESSAGE_TOO_LARGE, INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, ...). acks
+    other than -1, 0, 1: INVALID_REQUIRED_ACKS for every partition.
+    """
+    broker = apis.broker
+    answers: list[tuple[str | None, Any, int, ProduceResult | Future]] = []
+    batches: list[ProduceBatch] = []
+    slots: list[int] = []
+    for topic_data in request.topic_data:
+        topic_id = getattr(topic_data, "topic_id", None)
+        name = _topic_name(apis, getattr(topic_data, "name", None), topic_id)
+        for part in topic_data.partition_data:
+            where = (getattr(topic_data, "name", None), topic_id, part.index)
+            if request.acks not in (-1, 0, 1):
+                answers.append((*where, ProduceResult(Errors.INVALID_REQUIRED_ACKS)))
+                continue
+            if name is None:
+                error = Errors.UNKNOWN_TOPIC_ID if topic_id is not None else Errors.UNKNOWN_TOPIC_OR_PART
+                answers.append((*where, ProduceResult(error)))
+                continue
+            try:
+                decoded = decode_batches(part.records or b"", topic=name, partition=part.index)
+            except RecordBatchError as exc:
+                answers.append((*where, ProduceResult(Errors[exc.error_name], message=str(exc))))
+                continue
+            (wire,) = decoded  # decode_batches with client checks yields exactly one batch
+            slots.append(len(answers))
+            answers.append((*where, ProduceResult(Errors.NO_ERROR)))
+            batches.append(ProduceBatch(name, part.index, wire.records, wire.producer_id, wire.producer_epoch,
+                                        wire.base_sequence, wire.is_transactional))
+    futures = broker.produce_async(batches, internal_topics_allowed=context.client_id == ADMIN_CLIENT_ID) if batches else []
+    for slot, fut in zip(slots, futures):
+        answers[slot] = (*answers[slot][:3], fut)
+    if request.acks == 0:
+        return None
+    return _when_all(answers, request.timeout_ms, lambda done: _produce_response(apis, done))
+
+
+def _when_all(answers: list[tuple], timeout_ms: int, build) -> Future:
+    """A Future of ``build(answers with every Future replaced by its result)``; a Future not
+    done within ``timeout_ms`` counts as REQUEST_TIMED_OUT (Kafka's produce purgatory)."""
+    out: Future = Future()
+    pending = [a[3] for a in answers if isinstance(a[3], Future)]
+    lock = threading.Lock()
+    state = {"left": len(pending), "done": False}
+
+    def finish() -> None:
+        with lock:
+            if state["done"]:
+                return
+            state["done"] = True
+        resolved = []
+        for *where, value in answers:
+            if isinstance(value, Future):
+                if value.done() and value.exception() is None:
+                    value = value.result()
+                elif value.done():
+                    value = ProduceResult(Errors.UNKNOWN_SERVER_ERROR, message=str(value.exception()))
+                else:
+                    value = ProduceResult(Errors.REQUEST_TIMED_OUT, message=f"not committed within {timeout_ms} ms")
+            resolved.append((*where, value))
+        try:
+            out.set_result(build(resolved))
+        except Exception as exc:
+            out.set_exception(exc)
+
+    def one_done(_: Future) -> None:
+        with lock:
+            state["left"] -= 1
+            last = state["left"] == 0
+        if last:
+            finish()
+
+    if not pending:
+        finish()
+        return out
+    timer = threading.Timer(max(timeout_ms, 0) / 1000, finish)
+    timer.daemon = True
+    timer.start()
+    out.add_done_callback(lambda _: timer.cancel())
+    for fut in pending:
+        fut.add_done_callback(one_done)
+    return out
+
+
+def _produce_response(apis: KafkaApis, answers: list[tuple]) -> Any:
+    topics: dict[tuple, list] = {}
+    state = apis.broker.catalog.state
+    for name, topic_id, index, result in answers:
+        log_start = -1
+        if result.error == Errors.NO_ERROR and name is not None and name in state.topics:
+            log_start = state.partition(name, index).log_start_offset
+        part = ProduceResponse.TopicProduceResponse.PartitionProduceResponse(
+            index=index, error_code=int(result.error), base_offset=result.base_offset,
+            log_append_time_ms=result.log_append_time, log_start_offset=log_start,
+            record_errors=[], error_message=result.message or None)
+        if result.error in (Errors.CORRUPT_MESSAGE, Errors.INVALID_RECORD):
+            part.record_errors = [ProduceResponse.TopicProduceResponse.PartitionProduceResponse.BatchIndexAndErrorMessage(
+                batch_index=0, batch_index_error_message=result.message or None)]
+        topics.setdefault((name, topic_id), []).append(part)
+    return ProduceResponse(
+        responses=[ProduceResponse.TopicProduceResponse(name=name, topic_id=topic_id or _ZERO_UUID, partition_responses=parts)
+                   for (name, topic_id), parts in topics.items()],
+        throttle_time_ms=0)
+
+
+def _produce_error(request: Any, version: int, error: Errors) -> Any:
+    answers = [(getattr(t, "name", None), getattr(t, "topic_id", None), p.index, ProduceResult(error))
+               for t in request.topic_data for p in t.partition_data]
+    topics: dict[tuple, list] = {}
+    for name, topic_id, index, result in answers:
+        topics.setdefault((name, topic_id), []).append(ProduceResponse.TopicProduceResponse.PartitionProduceResponse(
+            index=index, error_code=int(result.error), base_offset=-1, record_errors=[]))
+    return ProduceResponse(responses=[ProduceResponse.TopicProduceResponse(name=n, topic_id=i or _ZERO_UUID,
+                                                                           partition_responses=p)
+                                      for (n, i), p in topics.items()], throttle_time_ms=0)
+
+
+# ---------------------------------------------------------------------------------- Fetch
+class CommitSignal:
+    """Wakes fetches waiting for new data (Kafka's fetch purgatory, keyed by nothing: any
+    catalog commit may have moved a high watermark or LSO)."""
+
+    def __init__(self, catalog) -> None:
+        self._cond = threading.Condition()
+        self._version = 0
+        catalog.add_listener(self._committed)
+
+    def _committed(self, version: int, actions: list) -> None:
+        with self._cond:
+            self._version += 1
+            self._cond.notify_all()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def wait_past(self, seen: int, timeout_s: float) -> None:
+        """Block until a commit after the one counted as ``seen``, or ``timeout_s``."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != seen, timeout=timeout_s)
+
+
+_signals_lock = threading.Lock()
+
+
+def _commit_signal(apis: KafkaApis) -> CommitSignal:
+    with _signals_lock:
+        signal = getattr(apis, "_commit_signal", None)
+        if signal is None:
+            signal = CommitSignal(apis.broker.catalog)
+            apis._commit_signal = signal  # type: ignore[attr-defined]
+        return signal
+
+
+def handle_fetch(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+    """Fetch: committed records from each partition's fetch offset, up to the high watermark
+    (read_uncommitted) or the last stable offset (read_committed), with the aborted
+    transactions of the fetched range under read_committed (the client drops their
+    records) and control batches as they are in the log (the client skips them).
+
+    Waits up to ``max_wait_ms`` while fewer than ``min_bytes`` are available. At least one
+    whole batch is returned even above ``max_bytes`` / ``partition_max_bytes`` (KIP-74).
+    No fetch sessions (KIP-227): the response's session id is 0, so clients send full requests.
+    """
+    signal = _commit_signal(apis)
+    deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
+    while True:
+        seen = signal.version
+        topics, total = _read_fetch(apis, context, request)
+        remaining = deadline - time.monotonic()
+        if total >= max(request.min_bytes, 1) or remaining <= 0 or _has_error(topics):
+            return FetchResponse(throttle_time_ms=0, error_code=0, session_id=0, responses=topics)
+        signal.wait_past(seen, remaining)
+
+
+def _has_error(topics: list) -> bool:
+    return any(p.error_code for t in topics for p in t.partitions)
+
+
+def _read_fetch(apis: KafkaApis, context: RequestContext, request: Any) -> tuple[list, int]:
+    broker = apis.broker
+    committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    isolation = "read_committed" if committed else "read_uncommitted"
+    budget = request.max_bytes if request.max_bytes > 0 else 0x7FFFFFFF
+    total = 0
+    out = []
+    for topic in request.topics:
+        topic_id = getattr(topic, "topic_id", None)
+        name = _topic_name(apis, getattr(topic, "topic", None), topic_id)
+        parts = []
+        for p in topic.partitions:
+            part = FetchResponse.FetchableTopicResponse.PartitionData(
+                partition_index=p.partition, error_code=0, high_watermark=-1, last_stable_offset=-1,
+                log_start_offset=-1, aborted_transactions=None, preferred_read_replica=-1, records=b"")
+            parts.append(part)
+            if name is None:
+                part.error_code = int(Errors.UNKNOWN_TOPIC_ID if topic_id is not None else Errors.UNKNOWN_TOPIC_OR_PART)
+                continue
+            epoch_error = _leader_epoch_error(apis, getattr(p, "current_leader_epoch", -1))
+            if epoch_error is not None:
+                part.error_code = int(epoch_error)
+                continue
+            result = broker.fetch(name, p.partition, p.fetch_offset, MAX_FETCH_RECORDS, isolation)
+            part.error_code = int(result.error)
+            part.high_watermark = result.high_watermark
+            part.last_stable_offset = result.last_stable_offset
+            part.log_start_offset = result.log_start_offset
+            if committed:
+                part.aborted_transactions = []
+            if result.error != Errors.NO_ERROR or result.records is None or result.records.num_rows == 0:
+                continue
+            limit = min(p.partition_max_bytes, budget - total) if total else p.partition_max_bytes
+            rows = _within_bytes(result.records, limit)
+            data = encode_batches(rows, partition_leader_epoch=apis.leader_epoch)
+            part.records = data
+            total += len(data)
+            if committed:
+                last = rows.column("offset")[rows.num_rows - 1].as_py()
+                part.aborted_transactions = [
+                    FetchResponse.FetchableTopicResponse.PartitionData.AbortedTransaction(
+                        producer_id=a.producer_id, first_offset=a.first_offset)
+                    for a in result.aborted_transactions if a.first_offset <= last]
+            if total >= budget:
+                budget = total  # later partitions get nothing more this time (they still answer)
+        out.append(FetchResponse.FetchableTopicResponse(topic=name if name is not None else getattr(topic, "topic", None),
+                                                        topic_id=topic_id or _ZERO_UUID, partitions=parts))
+    return out, total
+
+
+def _within_bytes(rows, limit: int):
+    """The leading rows whose encoded size stays within ``limit`` bytes, but at least the whole
+    first batch (KIP-74: a fetch always makes progress)."""
+    import pyarrow.compute as pc
+
+    keys = pc.fill_null(pc.binary_length(rows.column("key")), 0)
+    values = pc.fill_null(pc.binary_length(rows.column("value")), 0)
+    sizes = pc.add(pc.add(keys, values), RECORD_OVERHEAD_BYTES)
+    cumulative = pc.cumulative_sum(sizes).to_numpy()
+    n = int((cumulative <= max(limit, 0)).sum())
+    bases = rows.column("base_offset")
+    first_base = bases[0].as_py()
+    first_batch = int(pc.sum(pc.equal(bases, first_base)).as_py())
+    n = max(n, first_batch)
+    if n < rows.num_rows:
+        # end on a batch boundary when possible, so no batch is cut in two across responses
+        cut_base = bases[n].as_py()
+        if n > first_batch and bases[n - 1].as_py() == cut_base:
+            n = int(pc.sum(pc.less(bases, cut_base)).as_py())
+    return rows.slice(0, n)
+
+
+def _fetch_error(request: Any, version: int, error: Errors) -> Any:
+    return FetchResponse(throttle_time_ms=0, error_code=int(error), session_id=0, responses=[])
+
+
+# ---------------------------------------------------------------------------------- ListOffsets
+def handle_list_offsets(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+    """ListOffsets: per partition the offset for a timestamp (ms) or for -2 (earliest), -1
+    (latest: the high watermark, or the LSO under read_committed), -3 (the record with the
+    largest timestamp, KIP-734), -4 (earliest local: the log start offset, KIP-405)."""
+    isolation = "read_committed" if getattr(request, "isolation_level", 0) == READ_COMMITTED else "read_uncommitted"
+    topics = []
+    for topic in request.topics:
+        parts = []
+        for p in topic.partitions:
+            part = ListOffsetsResponse.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
+                partition_index=p.partition_index, error_code=0, timestamp=-1, offset=-1, leader_epoch=-1)
+            parts.append(part)
+            epoch_error = _leader_epoch_error(apis, getattr(p, "current_leader_epoch", -1))
+            if epoch_error is not None:
+                part.error_code = int(epoch_error)
+                continue
+            timestamp = -2 if p.timestamp == -4 else p.timestamp
+            error, offset, ts = apis.broker.list_offsets(topic.name, p.partition_index, timestamp, isolation)
+            part.error_code = int(error)
+            if error == Errors.NO_ERROR:
+                part.offset, part.timestamp, part.leader_epoch = offset, ts, apis.leader_epoch
+        topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=topic.name, partitions=parts))
+    return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
+
+
+def _list_offsets_error(request: Any, version: int, error: Errors) -> Any:
+    R = ListOffsetsResponse.ListOffsetsTopicResponse
+    return ListOffsetsResponse(throttle_time_ms=0, topics=[
+        R(name=t.name, partitions=[R.ListOffsetsPartitionResponse(partition_index=p.partition_index, error_code=int(error))
+                                   for p in t.partitions]) for t in request.topics])
+
+
+# ---------------------------------------------------------------------------------- OffsetForLeaderEpoch
+def handle_offset_for_leader_epoch(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+    """OffsetForLeaderEpoch (KIP-101/KIP-320): the end offset of the requested epoch. The log
+    never truncates acknowledged records, so every epoch up to the current one ends at the
+    high watermark; a later epoch answers UNKNOWN_LEADER_EPOCH."""
+    R = OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult
+    ours = apis.leader_epoch
+    state = apis.broker.catalog.state
+    topics = []
+    for topic in request.topics:
+        parts = []
+        for p in topic.partitions:
+            part = R.EpochEndOffset(error_code=0, partition=p.partition, leader_epoch=-1, end_offset=-1)
+            parts.append(part)
+            error = _leader_epoch_error(apis, getattr(p, "current_leader_epoch", -1))
+            if error is None and topic.topic not in state.topics:
+                error = Errors.UNKNOWN_TOPIC_OR_PART
+            if error is None and not 0 <= p.partition < len(state.topics[topic.topic].partitions):
+                error = Errors.UNKNOWN_TOPIC_OR_PART
+            if error is None and p.leader_epoch > ours:
+                error = Errors.UNKNOWN_LEADER_EPOCH
+            if error is not None:
+                part.error_code = int(error)
+                continue
+            part.leader_epoch = p.leader_epoch
+            part.end_offset = state.partition(topic.topic, p.partition).high_watermark
+        topics.append(R(topic=topic.topic, partitions=parts))
+    return OffsetForLeaderEpochResponse(throttle_time_ms=0, topics=topics)
+
+
+def _offset_for_leader_epoch_error(request: Any, version: int, error: Errors) -> Any:
+    R = OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult
+    return OffsetForLeaderEpochResponse(throttle_time_ms=0, topics=[
+        R(topic=t.topic, partitions=[R.EpochEndOffset(error_code=int(error), partition=p.partition)
+                                     for p in t.partitions]) for t in request.topics])
+
+
+# ---------------------------------------------------------------------------------- InitProducerId
+def handle_init_producer_id(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+    """InitProducerId: a new producer id (epoch 0) for an idempotent producer; for a
+    transactional id, the transaction coordinator's answer (KIP-98, KIP-360 with the
+    producer id and epoch of v3+)."""
+    if request.transactional_id is None:
+        error, pid, epoch = apis.broker.init_producer_id()
+    else:
+        from ..transaction_metadata import ProducerIdAndEpoch
+
+        expected = None
+        if getattr(request, "producer_id", -1) >= 0:
+            expected = ProducerIdAndEpoch(request.producer_id, request.producer_epoch)
+        error, pid, epoch = apis.broker.transaction_coordinator().handle_init_producer_id(
+            request.transactional_id, request.transaction_timeout_ms, expected)
+    return InitProducerIdResponse(throttle_time_ms=0, error_code=int(error), producer_id=pid, producer_epoch=epoch)
+
+
+def _init_producer_id_error(request: Any, version: int, error: Errors) -> Any:
+    return InitProducerIdResponse(throttle_time_ms=0, error_code=int(error), producer_id=-1, producer_epoch=-1)
+
+
+APIS = [
+    ApiSpec(ApiKey.Produce, 3, 11, handle_produce, _produce_error),
+    ApiSpec(ApiKey.Fetch, 4, 12, handle_fetch, _fetch_error),
+    ApiSpec(ApiKey.ListOffsets, 1, 8, handle_list_offsets, _list_offsets_error),
+    ApiSpec(ApiKey.OffsetForLeaderEpoch, 2, 4, handle_offset_for_leader_epoch, _offset_for_leader_epoch_error),
+    ApiSpec(ApiKey.InitProducerId, 0, 4, handle_init_producer_id, _init_producer_id_error),
+]

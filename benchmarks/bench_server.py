@@ -1,0 +1,214 @@
+"""``txlake serve`` benchmarks (issue 16): a real Kafka client against the server subprocess.
+
+Run:  .venv/bin/python benchmarks/bench_server.py [--records 100000] [--value-bytes 1000]
+
+* produce: confluent-kafka's Producer (idempotent, linger.ms=5, acks=all) -> ``txlake serve``
+  on a fresh file:// root: MB/s and records/s of payload (key + value) until the last
+  delivery report, against the in-process ``txlake.Producer`` writing the same records to
+  another fresh root in the same run (ratio = server / in-process).
+* consume: confluent-kafka's Consumer reading the same records back from the server
+  (read_committed), against a raw DuckDB scan of the same segment objects
+  (``read_parquet`` of the topic's objects, every column; ratio = DuckDB time / consumer time).
+* latency: produce at a fixed rate (default 1 000 records/s) with the default linger;
+  p50 / p99 of send-to-delivery-report.
+* server CPU: user+system CPU seconds of the server process per MB produced and consumed
+  (from /proc/PID/stat), to say where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import fresh_root, machine  # noqa: E402
+
+from txlake import AdminClient, NewTopic, Producer  # noqa: E402
+from txlake.engine.registry import close_all  # noqa: E402
+
+TOPIC = "bench"
+
+
+def create(url: str, partitions: int) -> None:
+    with AdminClient({"storage.url": url}) as admin:
+        admin.create_topics([NewTopic(TOPIC, partitions)])[TOPIC].result()
+    close_all()
+
+
+def start_server(url: str, settings: list[str]) -> tuple[subprocess.Popen, str]:
+    extra = [a for s in settings for a in ("--config", s)]
+    proc = subprocess.Popen([sys.executable, "-m", "txlake.cli", "serve", "--storage", url, "--listen", "127.0.0.1:0", *extra],
+                            stdout=subprocess.PIPE, stderr=open(os.devnull, "wb"))
+    line = proc.stdout.readline().decode().strip()
+    assert line.startswith("txlake serve: listening on "), line
+    return proc, line.rsplit(" ", 1)[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def payloads(n: int, value_bytes: int) -> tuple[list[bytes], list[bytes]]:
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, size=n * value_bytes, dtype=np.uint8).tobytes()
+    values = [raw[i * value_bytes:(i + 1) * value_bytes] for i in range(n)]
+    keys = [b"key-%d" % (i % 1000) for i in range(n)]
+    return keys, values
+
+
+def bench_produce_wire(bootstrap: str, keys, values, partitions: int) -> float:
+    from confluent_kafka import Producer as KafkaProducer
+
+    p = KafkaProducer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                       "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 2_000_000,
+                       "batch.size": 1_000_000})
+    failed = []
+    start = time.perf_counter()
+    for i, (k, v) in enumerate(zip(keys, values)):
+        while True:
+            try:
+                p.produce(TOPIC, value=v, key=k, partition=i % partitions,
+                          on_delivery=lambda err, msg: failed.append(err) if err else None)
+                break
+            except BufferError:
+                p.poll(0.01)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(300) == 0
+    elapsed = time.perf_counter() - start
+    assert not failed, failed[:3]
+    return elapsed
+
+
+def bench_produce_inprocess(url: str, keys, values, partitions: int) -> float:
+    p = Producer({"storage.url": url, "enable.idempotence": True, "linger.ms": 5,
+                  "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 2_000_000})
+    start = time.perf_counter()
+    for i, (k, v) in enumerate(zip(keys, values)):
+        while True:
+            try:
+                p.produce(TOPIC, value=v, key=k, partition=i % partitions)
+                break
+            except BufferError:
+                p.poll(0.01)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(300) == 0
+    elapsed = time.perf_counter() - start
+    close_all()
+    return elapsed
+
+
+def bench_consume_wire(bootstrap: str, n: int, partitions: int) -> float:
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import TopicPartition
+
+    c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False,
+                       "isolation.level": "read_committed", "fetch.max.bytes": 52_428_800,
+                       "max.partition.fetch.bytes": 10_485_760})
+    c.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions)])
+    got = 0
+    start = time.perf_counter()
+    while got < n:
+        for m in c.consume(10_000, 1.0):
+            if m.error() is None:
+                got += 1
+    elapsed = time.perf_counter() - start
+    c.close()
+    return elapsed
+
+
+def bench_duckdb_scan(url: str) -> float:
+    import duckdb
+
+    files = glob.glob(url[len("file://"):] + "/**/*.parquet", recursive=True)
+    files = [f for f in files if "/data/" in f or "/segments/" in f] or files
+    con = duckdb.connect()
+    start = time.perf_counter()
+    con.sql(f"SELECT * FROM read_parquet({files!r})").arrow()
+    return time.perf_counter() - start
+
+
+def bench_latency(bootstrap: str, rate: int, seconds: float) -> tuple[float, float]:
+    from confluent_kafka import Producer as KafkaProducer
+
+    p = KafkaProducer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    latencies: list[float] = []
+    interval = 1.0 / rate
+    start = time.perf_counter()
+    sent = 0
+    while time.perf_counter() - start < seconds:
+        due = start + sent * interval
+        now = time.perf_counter()
+        if now < due:
+            p.poll(due - now)
+            continue
+        t0 = time.perf_counter()
+        p.produce(TOPIC, value=b"x" * 100, partition=0,
+                  on_delivery=lambda err, msg, t0=t0: latencies.append(time.perf_counter() - t0))
+        sent += 1
+    p.flush(60)
+    ms = np.array(latencies) * 1000
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--value-bytes", type=int, default=1000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--latency-seconds", type=float, default=20.0)
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--server-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="an engine setting for the server (repeatable), e.g. storage.flush.interval.ms=100")
+    args = parser.parse_args()
+    keys, values = payloads(args.records, args.value_bytes)
+    mb = sum(len(k) + len(v) for k, v in zip(keys, values)) / 1e6
+    print(f"# {machine()}; {args.records} records of {args.value_bytes} B values, {args.partitions} partitions")
+
+    local = fresh_root()
+    create(local, args.partitions)
+    t_local = bench_produce_inprocess(local, keys, values, args.partitions)
+
+    url = fresh_root()
+    create(url, args.partitions)
+    proc, bootstrap = start_server(url, args.server_config)
+    try:
+        cpu0 = cpu_seconds(proc.pid)
+        t_wire = bench_produce_wire(bootstrap, keys, values, args.partitions)
+        cpu1 = cpu_seconds(proc.pid)
+        t_consume = bench_consume_wire(bootstrap, args.records, args.partitions)
+        cpu2 = cpu_seconds(proc.pid)
+        p50, p99 = bench_latency(bootstrap, args.rate, args.latency_seconds)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    t_duck = bench_duckdb_scan(url)
+    results = {
+        "produce_wire_mb_s": mb / t_wire, "produce_wire_records_s": args.records / t_wire,
+        "produce_inprocess_mb_s": mb / t_local, "produce_ratio_wire_vs_inprocess": t_local / t_wire,
+        "server_cpu_s_per_mb_produce": (cpu1 - cpu0) / mb,
+        "consume_wire_mb_s": mb / t_consume, "consume_ratio_vs_duckdb_scan": t_duck / t_consume,
+        "server_cpu_s_per_mb_consume": (cpu2 - cpu1) / mb,
+        "latency_p50_ms": p50, "latency_p99_ms": p99, "latency_rate_records_s": args.rate,
+    }
+    print(f"produce  confluent-kafka -> txlake serve: {mb / t_wire:7.1f} MB/s {args.records / t_wire:9.0f} records/s "
+          f"(in-process Producer {mb / t_local:.1f} MB/s; ratio {t_local / t_wire:.2f}); "
+          f"server CPU {(cpu1 - cpu0) / mb * 1000:.1f} ms/MB")
+    print(f"consume  txlake serve -> confluent-kafka: {mb / t_consume:7.1f} MB/s (raw DuckDB scan of the objects "
+          f"{mb / t_duck:.1f} MB/s; ratio {t_duck / t_consume:.2f}); server CPU {(cpu2 - cpu1) / mb * 1000:.1f} ms/MB")
+    print(f"latency  {args.rate} records/s, default linger: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,676 @@
+"""Kafka record batches on the wire (message format v2, KIP-98) <-> the log's Arrow columns.
+
+A Produce request carries, for each partition, a ``records`` field holding record
+batches; a Fetch response carries them back. This module is the codec between those
+bytes and the rows txlake keeps (:mod:`.records`):
+
+* :func:`decode_batches` parses a Produce request's ``records`` of one partition into
+  :class:`WireBatch` values (the batch header, decoded, and the records as rows of
+  :data:`~.records.PAYLOAD_SCHEMA`), with the checks a Kafka broker makes before it
+  appends (``ProduceRequest.validateRecords``, ``UnifiedLog.analyzeAndValidateRecords``,
+  ``LogValidator.validateBatch``, ``DefaultRecordBatch`` / ``DefaultRecord.readFrom``).
+* :func:`encode_batches` turns rows of :data:`~.records.RECORD_SCHEMA` (what the log
+  reader returns for a Fetch) into the bytes of a Fetch response's ``records``.
+
+Wire layout (Kafka's ``DefaultRecordBatch``; all integers big-endian)::
+
+    baseOffset int64 | batchLength int32 (bytes after this field) | partitionLeaderEpoch int32
+    | magic int8 (= 2) | crc uint32 (CRC-32C of attributes .. end) | attributes int16
+    | lastOffsetDelta int32 | baseTimestamp int64 | maxTimestamp int64 | producerId int64
+    | producerEpoch int16 | baseSequence int32 | recordCount int32 | records
+
+    attributes: bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd),
+                bit 3 timestamp type (1 LogAppendTime), bit 4 transactional, bit 5 control
+
+Each record (``DefaultRecord``; varint = zig-zag LEB128 as in Protocol Buffers)::
+
+    length varint | attributes int8 | timestampDelta varlong | offsetDelta varint
+    | keyLength varint (-1: null) | key | valueLength varint (-1: null) | value
+    | headerCount varint | [headerKeyLength varint | headerKey (UTF-8)
+                           | headerValueLength varint (-1: null) | headerValue]
+
+With compression, everything after ``recordCount`` is one compressed stream of the
+records: gzip, snappy (raw, or the xerial/Java framing Kafka's Java client writes), the
+LZ4 frame format (independent blocks), or zstd frames. A control batch (transaction
+marker, KIP-98) holds one record: key = version int16 0 + type int16 (0 ABORT, 1 COMMIT,
+Kafka's ``ControlRecordType``), value = version int16 0 + coordinator epoch int32
+(Kafka's ``EndTransactionMarker``) -- exactly the key and value the engine stores on a
+marker row, so those bytes pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import cramjam
+import numpy as np
+import pyarrow as pa
+from crc32c import crc32c as _crc32c
+
+from .errors import RecordBatchError
+from .records import HEADER_TYPE, PAYLOAD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME
+
+__all__ = ["WireBatch", "decode_batches", "encode_batches", "COMPRESSION_TYPES",
+           "CORRUPT_MESSAGE", "INVALID_RECORD", "NO_PARTITION_LEADER_EPOCH"]
+
+#: Kafka error names a :class:`~.errors.RecordBatchError` carries
+CORRUPT_MESSAGE = "CORRUPT_MESSAGE"
+INVALID_RECORD = "INVALID_RECORD"
+
+#: Kafka's ``CompressionType`` names, by id (the low three bits of a batch's attributes)
+COMPRESSION_TYPES = ("none", "gzip", "snappy", "lz4", "zstd")
+_COMPRESSION_IDS = {name: i for i, name in enumerate(COMPRESSION_TYPES)}
+
+#: ``RecordBatch.NO_PARTITION_LEADER_EPOCH``: a batch that names no leader epoch
+NO_PARTITION_LEADER_EPOCH = -1
+
+MAGIC_V2 = 2
+LOG_OVERHEAD = 12  # baseOffset + batchLength
+_MAGIC_OFFSET = 16
+_HEADER_SIZE_UP_TO_MAGIC = 17
+_ATTRIBUTES_OFFSET = 21  # the CRC covers attributes .. end of batch
+RECORD_BATCH_OVERHEAD = 61  # DefaultRecordBatch.RECORD_BATCH_OVERHEAD: a batch with no records
+_RECORD_OVERHEAD_V0 = 14  # LegacyRecord.RECORD_OVERHEAD_V0: the least batchLength Kafka's framing reads on
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")  # the whole 61-byte header
+_PREFIX = struct.Struct(">qiibI")  # baseOffset .. crc (21 bytes, not covered by the CRC)
+_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. recordCount (40 bytes)
+_INT32 = struct.Struct(">i")
+_CONTROL_KEY = struct.Struct(">hh")  # version, type (ControlRecordType)
+_CONTROL_VALUE = struct.Struct(">hi")  # version, coordinator epoch (EndTransactionMarker)
+
+_TIMESTAMP_TYPE_BIT = 0x08
+_TRANSACTIONAL_BIT = 0x10
+_CONTROL_BIT = 0x20
+
+#: the xerial snappy framing (SnappyOutputStream, what Kafka's Java client writes): magic,
+#: then version and compatible version (int32 each), then blocks of int32 length + raw snappy
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
+_XERIAL_BLOCK = 32 * 1024  # SnappyOutputStream's default block size
+_ZSTD_LEVEL = 3  # Kafka's default compression.zstd.level
+_GZIP_LEVEL = 6  # Kafka's default compression.gzip.level (java.util.zip's default)
+
+_INT64_MIN = -(1 << 63)
+_INT32_MAX = (1 << 31) - 1
+
+
+@dataclass(slots=True)
+class WireBatch:
+    """One decoded record batch (message format v2) of a partition's ``records``.
+
+    Attributes:
+        base_offset: the batch's first offset (0 in a producer's batch; the log assigns offsets).
+        partition_leader_epoch: the leader epoch the batch names (-1: none).
+        compression: ``"none"``, ``"gzip"``, ``"snappy"``, ``"lz4"`` or ``"zstd"``.
+        timestamp_type: 0 CreateTime, 1 LogAppendTime (:data:`.records.TIMESTAMP_LOG_APPEND_TIME`).
+        is_transactional / is_control: the batch's attribute bits (KIP-98).
+        last_offset_delta: last offset of the batch minus ``base_offset``.
+        base_timestamp / max_timestamp: ms since the epoch, from the header (-1: none).
+        producer_id / producer_epoch / base_sequence: -1 when the producer is not idempotent.
+        record_count: the header's record count (equal to ``records.num_rows``).
+        records: rows of :data:`~.records.PAYLOAD_SCHEMA`: timestamp (ms; base_timestamp +
+            the record's delta, or max_timestamp for LogAppendTime, as Kafka's record
+            iterator gives it), key and value (null when absent), headers (null when none).
+        position: byte position of the batch in the partition's ``records``.
+        size_in_bytes: the batch's size on the wire, its 12 bytes of offset and length included.
+    """
+
+    base_offset: int
+    partition_leader_epoch: int
+    compression: str
+    timestamp_type: int
+    is_transactional: bool
+    is_control: bool
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+    records: pa.Table
+    position: int = 0
+    size_in_bytes: int = 0
+
+    @property
+    def last_offset(self) -> int:
+        """``base_offset + last_offset_delta``."""
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def has_producer_id(self) -> bool:
+        """The batch names a producer id (Kafka's ``RecordBatch.hasProducerId``)."""
+        return self.producer_id >= 0
+
+
+class _Malformed(Exception):
+    """A fault inside a batch's records: turned into a RecordBatchError by the caller."""
+
+    def __init__(self, error_name: str, reason: str, position: int | None = None):
+        super().__init__(reason)
+        self.error_name = error_name
+        self.reason = reason
+        #: byte position of the fault in the (decompressed) records, when known
+        self.position = position
+
+
+# ---------------------------------------------------------------------------------- decode
+
+
+def decode_batches(data: bytes | bytearray | memoryview, *, topic: str, partition: int,
+                   client: bool = True) -> list[WireBatch]:
+    """Decode one partition's ``records`` field of a Produce request (zero or more v2 batches).
+
+    Args:
+        data: the bytes of the ``records`` field (batches back to back, each framed by its
+            ``batchLength``).
+        topic, partition: the topic-partition the records are for (named in errors).
+        client: apply the checks Kafka makes on records a client produces
+            (``AppendOrigin.CLIENT``): exactly one batch (``ProduceRequest.validateRecords``),
+            ``baseOffset`` 0 (``UnifiedLog.analyzeAndValidateRecords``), a positive record
+            count equal to ``lastOffsetDelta + 1``, no control batch, and a base sequence
+            when the batch names a producer id (``LogValidator.validateBatch``). False
+            decodes any well-formed v2 batches, e.g. ones :func:`encode_batches` wrote.
+
+    Returns:
+        The batches in order, each with its records as rows of :data:`~.records.PAYLOAD_SCHEMA`.
+
+    Raises:
+        RecordBatchError: naming the topic-partition, the batch index, the byte position
+            and the fault; its ``error_name`` is the Kafka error a broker answers with:
+
+            * ``CORRUPT_MESSAGE`` (``CorruptRecordException``): a ``batchLength`` below 14,
+              a magic byte outside 0..2, a batch shorter than the 61-byte v2 header, a CRC-32C
+              that does not match, an unknown compression id (5..7; Kafka fails these with an
+              unexpected ``IllegalArgumentException``), or compressed records that do not
+              decompress (Kafka answers those with its generic ``KafkaException``, i.e.
+              UNKNOWN_SERVER_ERROR; a corrupt payload is the truthful name).
+            * ``INVALID_RECORD`` (``InvalidRecordException``): magic 0 or 1 (Kafka 4 accepts
+              only v2 in Produce v3+), truncated input, a negative record count, records
+              that end before the declared count or bytes left after it, a record whose
+              length, header count or header key length is impossible, and the ``client``
+              checks above.
+
+        Nothing else is raised, whatever the bytes.
+
+    Record offset deltas are read but not checked: the log places the records at
+    consecutive offsets in their order, as Kafka's ``LogValidator`` rewrites a batch whose
+    inner offsets are not 0..n-1 rather than refusing it. A header key that is not UTF-8
+    is decoded with replacement characters, as Java's ``new String(bytes, UTF_8)`` does.
+    """
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
+    total = len(view)
+
+    def fail(error_name: str, index: int, position: int, reason: str) -> RecordBatchError:
+        return RecordBatchError(error_name, topic, partition, index, position, reason)
+
+    # framing first (ByteBufferLogInputStream.nextBatchSize), so that the whole request's
+    # shape is known before any batch is checked, as ProduceRequest.validateRecords sees it
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    while pos < total:
+        index = len(spans)
+        remaining = total - pos
+        if remaining < LOG_OVERHEAD:
+            raise fail(INVALID_RECORD, index, pos, f"{remaining} trailing bytes, fewer than the {LOG_OVERHEAD} of a "
+                                                   "batch's offset and length: the records are truncated")
+        length = _INT32.unpack_from(view, pos + 8)[0]
+        if length < _RECORD_OVERHEAD_V0:
+            raise fail(CORRUPT_MESSAGE, index, pos, f"batch length {length} is less than the minimum record "
+                                                    f"overhead ({_RECORD_OVERHEAD_V0})")
+        if remaining < _HEADER_SIZE_UP_TO_MAGIC:
+            raise fail(INVALID_RECORD, index, pos, f"batch length {length} needs {length + LOG_OVERHEAD} bytes, "
+                                                   f"only {remaining} remain: the records are truncated")
+        magic = view[pos + _MAGIC_OFFSET]
+        magic = magic - 256 if magic > 127 else magic
+        if magic < 0 or magic > MAGIC_V2:
+            raise fail(CORRUPT_MESSAGE, index, pos, f"invalid magic {magic} (Kafka knows 0, 1 and 2)")
+        if magic != MAGIC_V2:
+            raise fail(INVALID_RECORD, index, pos, f"magic {magic} (message format v{magic}): Produce requests "
+                                                   "(v3 and later) may only contain record batches with magic 2")
+        size = length + LOG_OVERHEAD
+        if remaining < size:
+            raise fail(INVALID_RECORD, index, pos, f"batch length {length} needs {size} bytes, only {remaining} "
+                                                   "remain: the records are truncated")
+        spans.append((pos, size))
+        pos += size
+
+    if client and len(spans) != 1:
+        what = "no record batch" if not spans else f"{len(spans)} record batches"
+        raise fail(INVALID_RECORD, min(len(spans), 1), spans[1][0] if len(spans) > 1 else 0,
+                   f"{what}: a Produce request must contain exactly one record batch per partition")
+
+    batches = []
+    for index, (pos, size) in enumerate(spans):
+        batches.append(_decode_batch(view, pos, size, index, client, fail))
+    return batches
+
+
+def _decode_batch(view: memoryview, pos: int, size: int, index: int, client: bool, fail) -> WireBatch:
+    if size < RECORD_BATCH_OVERHEAD:
+        raise fail(CORRUPT_MESSAGE, index, pos, f"the batch size {size} is smaller than the minimum allowed "
+                                                f"overhead {RECORD_BATCH_OVERHEAD}")
+    (base_offset, _, epoch, _, crc, attributes, last_offset_delta, base_timestamp, max_timestamp,
+     producer_id, producer_epoch, base_sequence, count) = _HEADER.unpack_from(view, pos)
+    if client and base_offset != 0:
+        raise fail(INVALID_RECORD, index, pos, f"the base offset of a produced batch must be 0, it is {base_offset}")
+    computed = _crc32c(view[pos + _ATTRIBUTES_OFFSET:pos + size])
+    if computed != crc:
+        raise fail(CORRUPT_MESSAGE, index, pos, f"stored crc = {crc}, computed crc = {computed}")
+    codec = attributes & 0x07
+    if codec >= len(COMPRESSION_TYPES):
+        raise fail(CORRUPT_MESSAGE, index, pos, f"unknown compression type id {codec}")
+    is_control = bool(attributes & _CONTROL_BIT)
+    if client:
+        last_offset = base_offset + last_offset_delta
+        if last_offset_delta < 0:
+            raise fail(INVALID_RECORD, index, pos, f"invalid offset range [{base_offset}, {last_offset}]")
+        if count <= 0:
+            raise fail(INVALID_RECORD, index, pos, f"invalid reported count for record batch: {count}")
+        if last_offset_delta + 1 != count:
+            raise fail(INVALID_RECORD, index, pos, f"inconsistent batch offset range [{base_offset}, {last_offset}] "
+                                                   f"and count of records {count}")
+        if is_control:
+            raise fail(INVALID_RECORD, index, pos, "clients are not allowed to write control records")
+        if producer_id >= 0 and base_sequence < 0:
+            raise fail(INVALID_RECORD, index, pos, f"invalid sequence number {base_sequence} in record batch with "
+                                                   f"producer id {producer_id}")
+    if count < 0:
+        raise fail(INVALID_RECORD, index, pos, f"invalid record count {count}")
+    body = view[pos + RECORD_BATCH_OVERHEAD:pos + size]
+    timestamp_type = (attributes & _TIMESTAMP_TYPE_BIT) >> 3
+    try:
+        if codec:
+            try:
+                buf = _decompress(codec, body)
+            except _Malformed:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- whatever the codec library raises on garbage
+                raise _Malformed(CORRUPT_MESSAGE, f"{COMPRESSION_TYPES[codec]} records do not decompress: {exc}")
+            records = _decode_records(buf, 0, len(buf), count, base_timestamp,
+                                      max_timestamp if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None)
+        else:
+            buf = bytes(body)
+            records = _decode_records(buf, 0, len(buf), count, base_timestamp,
+                                      max_timestamp if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None)
+    except _Malformed as exc:
+        if exc.position is None:
+            raise fail(exc.error_name, index, pos, exc.reason) from None
+        if codec:  # a position in the decompressed records: name it, point at the batch
+            raise fail(exc.error_name, index, pos, f"{exc.reason} (at byte {exc.position} of the decompressed "
+                                                   "records)") from None
+        raise fail(exc.error_name, index, pos + RECORD_BATCH_OVERHEAD + exc.position, exc.reason) from None
+    return WireBatch(base_offset, epoch, COMPRESSION_TYPES[codec], timestamp_type,
+                     bool(attributes & _TRANSACTIONAL_BIT), is_control, last_offset_delta, base_timestamp,
+                     max_timestamp, producer_id, producer_epoch, base_sequence, count, records, pos, size)
+
+
+def _decompress(codec: int, body: memoryview) -> bytes:
+    if codec == 1:
+        return bytes(cramjam.gzip.decompress(body))
+    if codec == 2:
+        if len(body) >= 16 and body[:8] == _XERIAL_MAGIC:
+            return _xerial_decode(body)
+        return bytes(cramjam.snappy.decompress_raw(body))
+    if codec == 3:
+        return bytes(cramjam.lz4.decompress(body))
+    return bytes(cramjam.zstd.decompress(body))
+
+
+def _xerial_decode(body: memoryview) -> bytes:
+    """The xerial snappy framing: 16-byte header, then blocks of int32 length + raw snappy."""
+    out = []
+    pos, end = 16, len(body)
+    while pos < end:
+        if end - pos < 4:
+            raise _Malformed(CORRUPT_MESSAGE, f"snappy (xerial) block header truncated at byte {pos} of the "
+                                              "compressed records")
+        length = _INT32.unpack_from(body, pos)[0]
+        pos += 4
+        if length < 0 or pos + length > end:
+            raise _Malformed(CORRUPT_MESSAGE, f"snappy (xerial) block of {length} bytes at byte {pos - 4} does not "
+                                              f"fit the {end} bytes of compressed records")
+        out.append(bytes(cramjam.snappy.decompress_raw(body[pos:pos + length])))
+        pos += length
+    return b"".join(out)
+
+
+def _varint_slow(buf: bytes, pos: int, max_bytes: int, bits: int) -> tuple[int, int]:
+    """A zig-zag varint of up to ``max_bytes`` bytes at ``pos`` (5 for int32, 10 for int64),
+    wrapped to ``bits`` bits as Java's ``ByteUtils.readVarint``/``readVarlong`` read it."""
+    value = 0
+    shift = 0
+    end = len(buf)
+    for _ in range(max_bytes):
+        if pos >= end:
+            raise _Malformed(INVALID_RECORD, "found invalid record structure: a varint runs past the end of the records")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            value &= (1 << bits) - 1
+            return (value >> 1) ^ -(value & 1), pos
+        shift += 7
+    raise _Malformed(INVALID_RECORD, f"found invalid record structure: a varint longer than {max_bytes} bytes")
+
+
+def _decode_records(buf: bytes, pos: int, end: int, count: int, base_timestamp: int,
+                    log_append_time: int | None) -> pa.Table:
+    """Parse ``count`` records of ``buf[pos:end]`` into PAYLOAD_SCHEMA rows (DefaultRecord.readFrom)."""
+    keys: list = []
+    values: list = []
+    deltas: list = []
+    headers: list = []
+    any_headers = False
+    add_key, add_value, add_delta, add_headers = keys.append, values.append, deltas.append, headers.append
+    slow = _varint_slow
+    index = 0
+    record_start = pos
+    try:
+        for index in range(count):
+            if pos >= end:
+                raise _Malformed(INVALID_RECORD, f"incorrect declared batch size, premature EOF reached: the records "
+                                                 f"end after {index} of the {count} the batch declares")
+            record_start = pos
+            # length
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+                length = (v >> 1) ^ -(v & 1)
+            else:
+                length, pos = slow(buf, pos, 5, 32)
+            start = pos
+            if length < 0 or length > end - start:
+                raise _Malformed(INVALID_RECORD, f"invalid record size: expected {length} bytes in record payload, "
+                                                 f"but the records have only {end - start} remaining bytes")
+            pos += 1  # the record's attributes: unused
+            # timestamp delta (varlong)
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+                add_delta((v >> 1) ^ -(v & 1))
+            else:
+                v, pos = slow(buf, pos, 10, 64)
+                add_delta(v)
+            # offset delta: read, not kept (the log assigns consecutive offsets)
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+            else:
+                _, pos = slow(buf, pos, 5, 32)
+            # key
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+                n = (v >> 1) ^ -(v & 1)
+            else:
+                n, pos = slow(buf, pos, 5, 32)
+            if n < 0:
+                add_key(None)
+            else:
+                add_key(buf[pos:pos + n])
+                pos += n
+            # value
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+                n = (v >> 1) ^ -(v & 1)
+            else:
+                n, pos = slow(buf, pos, 5, 32)
+            if n < 0:
+                add_value(None)
+            else:
+                add_value(buf[pos:pos + n])
+                pos += n
+            # headers
+            v = buf[pos]
+            if v < 0x80:
+                pos += 1
+                n = (v >> 1) ^ -(v & 1)
+            else:
+                n, pos = slow(buf, pos, 5, 32)
+            if n == 0:
+                add_headers(None)
+            else:
+                if n < 0:
+                    raise _Malformed(INVALID_RECORD, f"found invalid number of record headers {n}")
+                if n > end - pos:
+                    raise _Malformed(INVALID_RECORD, f"found invalid number of record headers: {n} is larger than "
+                                                     f"the {end - pos} remaining bytes")
+                pairs = []
+                for _ in range(n):
+                    hk, pos = slow(buf, pos, 5, 32)
+                    if hk < 0:
+                        raise _Malformed(INVALID_RECORD, f"invalid negative header key size {hk}")
+                    key = buf[pos:pos + hk].decode("utf-8", "replace")
+                    pos += hk
+                    hv, pos = slow(buf, pos, 5, 32)
+                    if hv < 0:
+                        pairs.append({"key": key, "value": None})
+                    else:
+                        pairs.append({"key": key, "value": buf[pos:pos + hv]})
+                        pos += hv
+                add_headers(pairs)
+                any_headers = True
+            if pos - start != length:
+                raise _Malformed(INVALID_RECORD, f"invalid record size: expected to read {length} bytes in record "
+                                                 f"payload, but instead read {pos - start}")
+    except IndexError:
+        raise _Malformed(INVALID_RECORD, f"found invalid record structure: record {index} runs past the end of "
+                                         "the records", record_start) from None
+    except _Malformed as exc:
+        exc.position = record_start
+        raise
+    if pos != end:
+        raise _Malformed(INVALID_RECORD, f"incorrect declared batch size: {end - pos} bytes remain after the "
+                                         f"{count} records the batch declares", pos)
+    n = len(keys)
+    if log_append_time is not None:
+        timestamps = pa.array(np.full(n, log_append_time, dtype=np.int64))
+    else:
+        # Java's long addition: wraps rather than overflows
+        timestamps = pa.array(np.array(deltas, dtype=np.int64) + np.int64(base_timestamp))
+    return pa.Table.from_arrays(
+        [timestamps, pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
+         pa.array(headers, HEADER_TYPE) if any_headers else pa.nulls(n, HEADER_TYPE)],
+        schema=PAYLOAD_SCHEMA)
+
+
+# ---------------------------------------------------------------------------------- encode
+
+
+def _varint(z: int) -> bytes:
+    """LEB128 of an already zig-zagged (non-negative) value."""
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+#: LEB128 bytes of every zig-zagged value that fits two bytes (|n| < 8192)
+_VARINT_TABLE = tuple(_varint(z) for z in range(1 << 14))
+_NULL = b"\x01"  # varint -1: a null key, value or header value
+_ZERO = b"\x00"  # varint 0: no headers; also a record's attributes byte
+
+
+def _zigzag_bytes(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)
+    return _VARINT_TABLE[z] if z < 16384 else _varint(z)
+
+
+def _encode_headers(pairs) -> bytes:
+    if not pairs:
+        return _ZERO
+    out = [_zigzag_bytes(len(pairs))]
+    for pair in pairs:
+        key = pair["key"].encode("utf-8")
+        out.append(_zigzag_bytes(len(key)))
+        out.append(key)
+        value = pair["value"]
+        if value is None:
+            out.append(_NULL)
+        else:
+            out.append(_zigzag_bytes(len(value)))
+            out.append(value)
+    return b"".join(out)
+
+
+def _compress(codec: int, data: bytes) -> bytes:
+    if codec == 1:
+        return bytes(cramjam.gzip.compress(data, level=_GZIP_LEVEL))
+    if codec == 2:
+        view = memoryview(data)
+        out = [_XERIAL_HEADER]
+        for start in range(0, len(data), _XERIAL_BLOCK):
+            block = bytes(cramjam.snappy.compress_raw(view[start:start + _XERIAL_BLOCK]))
+            out.append(_INT32.pack(len(block)))
+            out.append(block)
+        return b"".join(out)
+    if codec == 3:
+        # Kafka's Lz4BlockInputStream reads only frames of independent blocks
+        compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+        compressor.compress(data)
+        return bytes(compressor.finish())
+    return bytes(cramjam.zstd.compress(data, level=_ZSTD_LEVEL))
+
+
+def _zigzag_array(values: np.ndarray) -> list[int]:
+    values = values.astype(np.int64, copy=False)
+    return ((values << 1) ^ (values >> 63)).view(np.uint64).tolist()
+
+
+def encode_batches(rows: pa.Table, *, compression: str = "none",
+                   partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH) -> bytes:
+    """Encode one partition's log rows as the ``records`` of a Fetch response.
+
+    Args:
+        rows: rows of :data:`~.records.RECORD_SCHEMA` (the columns offset, timestamp,
+            timestamp_type, key, value, headers, producer_id, producer_epoch, base_sequence,
+            base_offset, last_offset_delta, is_transactional, is_control, control_type and
+            coordinator_epoch are read) of one partition in offset order, as the log reader
+            returns them: possibly starting in the middle of a batch, possibly with gaps
+            left by compaction or aborted-record removal.
+        compression: ``"none"``, ``"gzip"``, ``"snappy"`` (xerial framing, as Kafka's Java
+            client writes), ``"lz4"`` (LZ4 frame, independent 64 KiB blocks) or ``"zstd"``
+            (level 3, Kafka's default). Control batches are never compressed, as Kafka writes
+            transaction markers.
+        partition_leader_epoch: the epoch written in every batch header (-1: none).
+
+    Returns:
+        One v2 batch per run of rows sharing ``base_offset``, back to back: baseOffset and
+        lastOffsetDelta from the columns, each record's offset delta = its offset minus
+        baseOffset (so a client sees the exact offsets, gaps included, although a partial
+        batch holds fewer records than ``lastOffsetDelta + 1``), producer id, epoch and
+        base sequence of the batch (a record's sequence stays baseSequence + its offset
+        delta), the attribute bits from the flag columns, baseTimestamp = the first row's
+        timestamp, maxTimestamp = the largest, CRC-32C over attributes .. end. A control
+        row's record is its key and value as stored, or, where they are null, the
+        ``ControlRecordType`` key (version 0, control_type) and ``EndTransactionMarker``
+        value (version 0, coordinator_epoch). Empty input gives ``b""``.
+
+    Raises:
+        ValueError: an unknown ``compression``; offsets not increasing; a row whose offset
+            is below its base_offset, more than 2**31 - 1 above it, or beyond its batch's
+            last offset; a control row with neither a key nor a control_type.
+    """
+    codec = _COMPRESSION_IDS.get(compression)
+    if codec is None:
+        raise ValueError(f"unknown compression {compression!r}: Kafka's compression types are "
+                         f"{', '.join(COMPRESSION_TYPES)}")
+    total = rows.num_rows
+    if total == 0:
+        return b""
+
+    def numpy(name: str) -> np.ndarray:
+        return rows.column(name).to_numpy()
+
+    offsets = numpy("offset").astype(np.int64, copy=False)
+    base_offsets = numpy("base_offset").astype(np.int64, copy=False)
+    last_deltas = numpy("last_offset_delta").astype(np.int64, copy=False)
+    if total > 1 and not (offsets[1:] > offsets[:-1]).all():
+        bad = int(np.flatnonzero(offsets[1:] <= offsets[:-1])[0])
+        raise ValueError(f"rows are not in offset order: offset {offsets[bad + 1]} follows {offsets[bad]}")
+    offset_deltas = offsets - base_offsets
+    wrong = (offset_deltas < 0) | (offset_deltas > last_deltas) | (offset_deltas > _INT32_MAX)
+    if wrong.any():
+        bad = int(np.flatnonzero(wrong)[0])
+        raise ValueError(f"offset {offsets[bad]} lies outside its batch [{base_offsets[bad]}, "
+                         f"{base_offsets[bad] + last_deltas[bad]}]")
+    starts = np.concatenate(([0], np.flatnonzero(base_offsets[1:] != base_offsets[:-1]) + 1))
+    ends = np.append(starts[1:], total)
+    timestamps = numpy("timestamp").astype(np.int64, copy=False)
+    first_ts = timestamps[starts]
+    max_ts = np.maximum.reduceat(timestamps, starts)
+    ts_z = _zigzag_array(timestamps - np.repeat(first_ts, ends - starts))
+    off_z = _zigzag_array(offset_deltas)
+
+    keys = rows.column("key").to_pylist()
+    values = rows.column("value").to_pylist()
+    header_column = rows.column("headers")
+    headers = header_column.to_pylist() if header_column.null_count < total else None
+
+    def per_batch(name: str) -> list:
+        return rows.column(name).take(pa.array(starts)).to_pylist()
+
+    ts_types, producer_ids = per_batch("timestamp_type"), per_batch("producer_id")
+    producer_epochs, base_sequences = per_batch("producer_epoch"), per_batch("base_sequence")
+    transactional, control = per_batch("is_transactional"), per_batch("is_control")
+    control_types, coordinator_epochs = per_batch("control_type"), per_batch("coordinator_epoch")
+
+    table = _VARINT_TABLE
+    varint = _varint
+    out: list = []
+    for b, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        parts: list = []
+        add = parts.extend
+        is_control = bool(control[b])
+        for k in range(s, e):
+            key = keys[k]
+            value = values[k]
+            if is_control:
+                if key is None:
+                    if control_types[b] is None:
+                        raise ValueError(f"control row at offset {offsets[k]} has neither a key nor a control_type")
+                    key = _CONTROL_KEY.pack(0, control_types[b])
+                if value is None and coordinator_epochs[b] is not None:
+                    value = _CONTROL_VALUE.pack(0, coordinator_epochs[b])
+            z = ts_z[k]
+            tsv = table[z] if z < 16384 else varint(z)
+            z = off_z[k]
+            ov = table[z] if z < 16384 else varint(z)
+            if key is None:
+                kv, key, kn = _NULL, b"", 0
+            else:
+                kn = len(key)
+                z = kn << 1
+                kv = table[z] if z < 16384 else varint(z)
+            if value is None:
+                vv, value, vn = _NULL, b"", 0
+            else:
+                vn = len(value)
+                z = vn << 1
+                vv = table[z] if z < 16384 else varint(z)
+            hv = _ZERO if headers is None or headers[k] is None else _encode_headers(headers[k])
+            size = 1 + len(tsv) + len(ov) + len(kv) + kn + len(vv) + vn + len(hv)
+            z = size << 1
+            add((table[z] if z < 16384 else varint(z), _ZERO, tsv, ov, kv, key, vv, value, hv))
+        body = b"".join(parts)
+        batch_codec = 0 if is_control else codec
+        if batch_codec:
+            body = _compress(batch_codec, body)
+        attributes = (batch_codec | (_TIMESTAMP_TYPE_BIT if ts_types[b] == TIMESTAMP_LOG_APPEND_TIME else 0)
+                      | (_TRANSACTIONAL_BIT if transactional[b] else 0) | (_CONTROL_BIT if is_control else 0))
+        after_crc = _AFTER_CRC.pack(attributes, int(last_deltas[s]), int(first_ts[b]), int(max_ts[b]),
+                                    producer_ids[b], producer_epochs[b], base_sequences[b], e - s)
+        crc = _crc32c(body, _crc32c(after_crc))
+        out.append(_PREFIX.pack(int(base_offsets[s]), RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(body),
+                                partition_leader_epoch, MAGIC_V2, crc))
+        out.append(after_crc)
+        out.append(body)
+    return b"".join(out)
