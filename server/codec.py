@@ -73,8 +73,8 @@ def schema_versions(api_key: int) -> tuple[int, int] | None:
     cls = REQUEST_CLASSES.get(api_key)
     if cls is None:
         return None
-    low, high = (int(v) for v in cls._json["validVersions"].split("-"))
-    return low, high
+    low, _, high = cls._json["validVersions"].partition("-")  # "0-12", or "0" for a one-version API
+    return int(low), int(high or low)
 
 
 @dataclass
