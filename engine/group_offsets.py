@@ -64,12 +64,16 @@ class OffsetAndMetadata:
         expire_timestamp: an explicit expiry (ms since the epoch), set only by an OffsetCommit
             with a ``retention_time_ms`` (OffsetCommit v2-v4); None: the offset expires by
             ``offsets.retention.minutes`` (KIP-211).
+        leader_epoch: the leader epoch of the last consumed record, as the client committed it
+            (OffsetCommit v6+ ``committed_leader_epoch``, KIP-320); None when not sent (-1 on the
+            wire). OffsetFetch answers it back unchanged (Kafka's ``OffsetCommitValue`` v3).
     """
 
     offset: int
     metadata: str = ""
     commit_timestamp: int = -1
     expire_timestamp: int | None = None
+    leader_epoch: int | None = None
 
 
 @dataclass
@@ -111,8 +115,9 @@ def _payload(keys: list[bytes], values: list[bytes | None], timestamp_ms: int) -
 def offset_records(group_id: str, offsets: dict[TopicPartitionKey, OffsetAndMetadata],
                    now_ms: int | None = None) -> pa.Table:
     """The records (PAYLOAD_SCHEMA) of an offset commit: key = group/topic/partition, value =
-    offset, metadata, commit timestamp ``now_ms`` (default: the wall clock, ms) and the explicit
-    expire timestamp if the offset has one (Kafka's ``OffsetCommitValue``)."""
+    offset, metadata, commit timestamp ``now_ms`` (default: the wall clock, ms), and the explicit
+    expire timestamp and the committed leader epoch if the offset has them (Kafka's
+    ``OffsetCommitValue``; records without ``leader_epoch`` read back as None)."""
     now = _wall_ms() if now_ms is None else now_ms
     keys, values = [], []
     for (topic, partition), om in sorted(offsets.items()):
@@ -120,6 +125,8 @@ def offset_records(group_id: str, offsets: dict[TopicPartitionKey, OffsetAndMeta
         value = {"v": RECORD_VERSION, "offset": om.offset, "metadata": om.metadata, "commit_timestamp": now}
         if om.expire_timestamp is not None:
             value["expire_timestamp"] = om.expire_timestamp
+        if om.leader_epoch is not None:
+            value["leader_epoch"] = om.leader_epoch
         values.append(json.dumps(value, separators=(",", ":")).encode())
     return _payload(keys, values, now)
 
@@ -137,7 +144,7 @@ def _decode(key: bytes, value: bytes | None, location: str) -> tuple[str, tuple[
     if k.get("v") != RECORD_VERSION or (v is not None and v.get("v") != RECORD_VERSION):
         raise CorruptObjectError(location, f"offset commit record of unknown version {k.get('v')}")
     om = OffsetAndMetadata(v["offset"], v.get("metadata", ""), v.get("commit_timestamp", -1),
-                           v.get("expire_timestamp")) if v else None
+                           v.get("expire_timestamp"), v.get("leader_epoch")) if v else None
     return k["group"], (k["topic"], k["partition"]), om
 
 

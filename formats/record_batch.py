@@ -41,7 +41,9 @@ marker row, so those bytes pass through unchanged.
 from __future__ import annotations
 
 import struct
+from array import array
 from dataclasses import dataclass
+from itertools import accumulate
 
 import cramjam
 import numpy as np
@@ -89,10 +91,11 @@ _CONTROL_BIT = 0x20
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 _XERIAL_BLOCK = 32 * 1024  # SnappyOutputStream's default block size
-_ZSTD_LEVEL = 3  # Kafka's default compression.zstd.level
-_GZIP_LEVEL = 6  # Kafka's default compression.gzip.level (java.util.zip's default)
+#: compression level by codec id when the caller names none: Kafka's defaults for gzip (6,
+#: ``compression.gzip.level``) and zstd (3, ``compression.zstd.level``); LZ4's fast mode (1)
+#: where Kafka's producer defaults to 9 (LZ4-HC, about ten times slower to write)
+_DEFAULT_LEVELS = {1: 6, 3: 1, 4: 3}
 
-_INT64_MIN = -(1 << 63)
 _INT32_MAX = (1 << 31) - 1
 
 
@@ -291,12 +294,10 @@ def _decode_batch(view: memoryview, pos: int, size: int, index: int, client: boo
                 raise
             except Exception as exc:  # noqa: BLE001 -- whatever the codec library raises on garbage
                 raise _Malformed(CORRUPT_MESSAGE, f"{COMPRESSION_TYPES[codec]} records do not decompress: {exc}")
-            records = _decode_records(buf, 0, len(buf), count, base_timestamp,
-                                      max_timestamp if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None)
         else:
             buf = bytes(body)
-            records = _decode_records(buf, 0, len(buf), count, base_timestamp,
-                                      max_timestamp if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None)
+        records = _decode_records(buf, 0, len(buf), count, base_timestamp,
+                                  max_timestamp if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None)
     except _Malformed as exc:
         if exc.position is None:
             raise fail(exc.error_name, index, pos, exc.reason) from None
@@ -309,21 +310,42 @@ def _decode_batch(view: memoryview, pos: int, size: int, index: int, client: boo
                      max_timestamp, producer_id, producer_epoch, base_sequence, count, records, pos, size)
 
 
-def _decompress(codec: int, body: memoryview) -> bytes:
-    if codec == 1:
-        return bytes(cramjam.gzip.decompress(body))
-    if codec == 2:
-        if len(body) >= 16 and body[:8] == _XERIAL_MAGIC:
-            return _xerial_decode(body)
-        return bytes(cramjam.snappy.decompress_raw(body))
-    if codec == 3:
-        return bytes(cramjam.lz4.decompress(body))
-    return bytes(cramjam.zstd.decompress(body))
+#: the most bytes one batch's records may decompress to (a compression bomb -- a small request
+#: that expands to gigabytes -- is refused as MESSAGE_TOO_LARGE instead of exhausting memory;
+#: Kafka's own default ``message.max.bytes`` is 1 MB of *compressed* batch)
+MAX_DECOMPRESSED_BYTES = 128 * 1024 * 1024
+MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
 
 
-def _xerial_decode(body: memoryview) -> bytes:
+def _decompress(codec: int, body: memoryview, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """The decompressed records, written into a buffer of ``limit`` bytes (reserved, not
+    touched, until written) so that no input can make it allocate more."""
+    if codec == 2 and len(body) >= 16 and body[:8] == _XERIAL_MAGIC:
+        return _xerial_decode(body, limit)
+    into = {1: cramjam.gzip.decompress_into, 2: cramjam.snappy.decompress_raw_into,
+            3: cramjam.lz4.decompress_into, 4: cramjam.zstd.decompress_into}[codec]
+    return _bounded(into, body, limit)
+
+
+def _bounded(into, body: memoryview, limit: int) -> bytes:
+    out = np.empty(limit + 1, dtype=np.uint8)
+    try:
+        n = into(body, out)
+    except Exception as exc:  # noqa: BLE001 -- cramjam says "failed to write whole buffer" / "smaller than required"
+        text = str(exc)
+        if "whole buffer" in text or "smaller than required" in text:
+            raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes "
+                                                f"(MAX_DECOMPRESSED_BYTES)") from None
+        raise
+    if n > limit:
+        raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes (MAX_DECOMPRESSED_BYTES)")
+    return out[:n].tobytes()
+
+
+def _xerial_decode(body: memoryview, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
     """The xerial snappy framing: 16-byte header, then blocks of int32 length + raw snappy."""
     out = []
+    total = 0
     pos, end = 16, len(body)
     while pos < end:
         if end - pos < 4:
@@ -334,7 +356,15 @@ def _xerial_decode(body: memoryview) -> bytes:
         if length < 0 or pos + length > end:
             raise _Malformed(CORRUPT_MESSAGE, f"snappy (xerial) block of {length} bytes at byte {pos - 4} does not "
                                               f"fit the {end} bytes of compressed records")
-        out.append(bytes(cramjam.snappy.decompress_raw(body[pos:pos + length])))
+        try:
+            block = _bounded(cramjam.snappy.decompress_raw_into, body[pos:pos + length], limit - total)
+        except _Malformed as exc:
+            if exc.error_name != MESSAGE_TOO_LARGE:
+                raise
+            raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes "
+                                                "(MAX_DECOMPRESSED_BYTES)") from None
+        total += len(block)
+        out.append(block)
         pos += length
     return b"".join(out)
 
@@ -360,13 +390,16 @@ def _varint_slow(buf: bytes, pos: int, max_bytes: int, bits: int) -> tuple[int, 
 
 def _decode_records(buf: bytes, pos: int, end: int, count: int, base_timestamp: int,
                     log_append_time: int | None) -> pa.Table:
-    """Parse ``count`` records of ``buf[pos:end]`` into PAYLOAD_SCHEMA rows (DefaultRecord.readFrom)."""
+    """Parse ``count`` records of ``buf[pos:end]`` into PAYLOAD_SCHEMA rows (DefaultRecord.readFrom).
+
+    One pass of plain Python over the bytes, with the one- and two-byte varints (every
+    length below 8 KiB) read inline; the columns are built from buffers at the end."""
     keys: list = []
     values: list = []
-    deltas: list = []
+    timestamps: list = []
     headers: list = []
     any_headers = False
-    add_key, add_value, add_delta, add_headers = keys.append, values.append, deltas.append, headers.append
+    add_key, add_value, add_timestamp, add_headers = keys.append, values.append, timestamps.append, headers.append
     slow = _varint_slow
     index = 0
     record_start = pos
@@ -381,6 +414,10 @@ def _decode_records(buf: bytes, pos: int, end: int, count: int, base_timestamp: 
             if v < 0x80:
                 pos += 1
                 length = (v >> 1) ^ -(v & 1)
+            elif buf[pos + 1] < 0x80:
+                v = (v & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+                length = (v >> 1) ^ -(v & 1)
             else:
                 length, pos = slow(buf, pos, 5, 32)
             start = pos
@@ -392,13 +429,12 @@ def _decode_records(buf: bytes, pos: int, end: int, count: int, base_timestamp: 
             v = buf[pos]
             if v < 0x80:
                 pos += 1
-                add_delta((v >> 1) ^ -(v & 1))
+                add_timestamp(base_timestamp + ((v >> 1) ^ -(v & 1)))
             else:
                 v, pos = slow(buf, pos, 10, 64)
-                add_delta(v)
+                add_timestamp(base_timestamp + v)
             # offset delta: read, not kept (the log assigns consecutive offsets)
-            v = buf[pos]
-            if v < 0x80:
+            if buf[pos] < 0x80:
                 pos += 1
             else:
                 _, pos = slow(buf, pos, 5, 32)
@@ -406,6 +442,10 @@ def _decode_records(buf: bytes, pos: int, end: int, count: int, base_timestamp: 
             v = buf[pos]
             if v < 0x80:
                 pos += 1
+                n = (v >> 1) ^ -(v & 1)
+            elif buf[pos + 1] < 0x80:
+                v = (v & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
                 n = (v >> 1) ^ -(v & 1)
             else:
                 n, pos = slow(buf, pos, 5, 32)
@@ -419,6 +459,10 @@ def _decode_records(buf: bytes, pos: int, end: int, count: int, base_timestamp: 
             if v < 0x80:
                 pos += 1
                 n = (v >> 1) ^ -(v & 1)
+            elif buf[pos + 1] < 0x80:
+                v = (v & 0x7F) | (buf[pos + 1] << 7)
+                pos += 2
+                n = (v >> 1) ^ -(v & 1)
             else:
                 n, pos = slow(buf, pos, 5, 32)
             if n < 0:
@@ -428,14 +472,11 @@ def _decode_records(buf: bytes, pos: int, end: int, count: int, base_timestamp: 
                 pos += n
             # headers
             v = buf[pos]
-            if v < 0x80:
+            if v == 0:
                 pos += 1
-                n = (v >> 1) ^ -(v & 1)
-            else:
-                n, pos = slow(buf, pos, 5, 32)
-            if n == 0:
                 add_headers(None)
             else:
+                n, pos = slow(buf, pos, 5, 32)
                 if n < 0:
                     raise _Malformed(INVALID_RECORD, f"found invalid number of record headers {n}")
                 if n > end - pos:
@@ -470,14 +511,37 @@ def _decode_records(buf: bytes, pos: int, end: int, count: int, base_timestamp: 
                                          f"{count} records the batch declares", pos)
     n = len(keys)
     if log_append_time is not None:
-        timestamps = pa.array(np.full(n, log_append_time, dtype=np.int64))
+        stamps = array("q", [log_append_time]) * n
     else:
-        # Java's long addition: wraps rather than overflows
-        timestamps = pa.array(np.array(deltas, dtype=np.int64) + np.int64(base_timestamp))
+        try:
+            stamps = array("q", timestamps)
+        except OverflowError:  # Java's long addition wraps
+            stamps = array("q", [((t + (1 << 63)) % (1 << 64)) - (1 << 63) for t in timestamps])
     return pa.Table.from_arrays(
-        [timestamps, pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
-         pa.array(headers, HEADER_TYPE) if any_headers else pa.nulls(n, HEADER_TYPE)],
+        [pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(stamps)]), _binary_array(keys),
+         _binary_array(values), pa.array(headers, HEADER_TYPE) if any_headers else pa.nulls(n, HEADER_TYPE)],
         schema=PAYLOAD_SCHEMA)
+
+
+def _binary_array(items: list) -> pa.Array:
+    """A binary array of ``items`` (bytes or None), built from one joined buffer and its
+    offsets (``pa.array`` on a list of bytes is several times slower on small batches)."""
+    n = len(items)
+    validity = None
+    null_count = 0
+    if None in items:
+        valid = [item is not None for item in items]
+        null_count = n - sum(valid)
+        validity = pa.py_buffer(np.packbits(np.array(valid, dtype=bool), bitorder="little"))
+        items = [b"" if item is None else item for item in items]
+    data = b"".join(items)
+    if len(data) > _INT32_MAX:
+        raise _Malformed(INVALID_RECORD, f"the records hold {len(data)} bytes of keys or values, more than the "
+                                         f"{_INT32_MAX} one column of a batch can hold")
+    offsets = array("i", [0])
+    offsets.extend(accumulate(map(len, items)))
+    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                 null_count=null_count)
 
 
 # ---------------------------------------------------------------------------------- encode
@@ -521,9 +585,9 @@ def _encode_headers(pairs) -> bytes:
     return b"".join(out)
 
 
-def _compress(codec: int, data: bytes) -> bytes:
+def _compress(codec: int, data: bytes, level: int | None) -> bytes:
     if codec == 1:
-        return bytes(cramjam.gzip.compress(data, level=_GZIP_LEVEL))
+        return bytes(cramjam.gzip.compress(data, level=_DEFAULT_LEVELS[1] if level is None else level))
     if codec == 2:
         view = memoryview(data)
         out = [_XERIAL_HEADER]
@@ -534,10 +598,11 @@ def _compress(codec: int, data: bytes) -> bytes:
         return b"".join(out)
     if codec == 3:
         # Kafka's Lz4BlockInputStream reads only frames of independent blocks
-        compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+        compressor = cramjam.lz4.Compressor(level=_DEFAULT_LEVELS[3] if level is None else level,
+                                            content_checksum=False, block_linked=False)
         compressor.compress(data)
         return bytes(compressor.finish())
-    return bytes(cramjam.zstd.compress(data, level=_ZSTD_LEVEL))
+    return bytes(cramjam.zstd.compress(data, level=_DEFAULT_LEVELS[4] if level is None else level))
 
 
 def _zigzag_array(values: np.ndarray) -> list[int]:
@@ -545,7 +610,7 @@ def _zigzag_array(values: np.ndarray) -> list[int]:
     return ((values << 1) ^ (values >> 63)).view(np.uint64).tolist()
 
 
-def encode_batches(rows: pa.Table, *, compression: str = "none",
+def encode_batches(rows: pa.Table, *, compression: str = "none", compression_level: int | None = None,
                    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH) -> bytes:
     """Encode one partition's log rows as the ``records`` of a Fetch response.
 
@@ -557,9 +622,12 @@ def encode_batches(rows: pa.Table, *, compression: str = "none",
             returns them: possibly starting in the middle of a batch, possibly with gaps
             left by compaction or aborted-record removal.
         compression: ``"none"``, ``"gzip"``, ``"snappy"`` (xerial framing, as Kafka's Java
-            client writes), ``"lz4"`` (LZ4 frame, independent 64 KiB blocks) or ``"zstd"``
-            (level 3, Kafka's default). Control batches are never compressed, as Kafka writes
-            transaction markers.
+            client writes), ``"lz4"`` (LZ4 frame, independent 64 KiB blocks, as Kafka's
+            ``Lz4BlockInputStream`` requires) or ``"zstd"``. Control batches are never
+            compressed, as Kafka writes transaction markers.
+        compression_level: the codec's level; None: gzip 6 and zstd 3 (Kafka's defaults),
+            lz4 1 (LZ4's fast mode; Kafka's producer default, 9, is LZ4-HC). Ignored for
+            none and snappy.
         partition_leader_epoch: the epoch written in every batch header (-1: none).
 
     Returns:
@@ -663,7 +731,7 @@ def encode_batches(rows: pa.Table, *, compression: str = "none",
         body = b"".join(parts)
         batch_codec = 0 if is_control else codec
         if batch_codec:
-            body = _compress(batch_codec, body)
+            body = _compress(batch_codec, body, compression_level)
         attributes = (batch_codec | (_TIMESTAMP_TYPE_BIT if ts_types[b] == TIMESTAMP_LOG_APPEND_TIME else 0)
                       | (_TRANSACTIONAL_BIT if transactional[b] else 0) | (_CONTROL_BIT if is_control else 0))
         after_crc = _AFTER_CRC.pack(attributes, int(last_deltas[s]), int(first_ts[b]), int(max_ts[b]),

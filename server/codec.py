@@ -73,7 +73,7 @@ def schema_versions(api_key: int) -> tuple[int, int] | None:
     cls = REQUEST_CLASSES.get(api_key)
     if cls is None:
         return None
-    low, _, high = cls._json["validVersions"].partition("-")  # "0-12", or "0" for a one-version API
+    low, _, high = cls._json["validVersions"].partition("-")  # "0-9", or one version: "0"
     return int(low), int(high or low)
 
 

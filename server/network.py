@@ -39,6 +39,8 @@ DEFAULT_MAX_REQUEST_BYTES = 104_857_600
 #: have ``max.in.flight.requests.per.connection`` outstanding; librdkafka's default is 1 000 000)
 MAX_IN_FLIGHT_PER_CONNECTION = 64
 _SIZE = struct.Struct(">i")
+#: at shutdown, how long (s) requests already read may take to be answered
+STOP_GRACE_S = 5.0
 
 
 class KafkaServer:
@@ -59,7 +61,10 @@ class KafkaServer:
         self.max_request_bytes = max_request_bytes
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="txlake-request")
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[asyncio.Task] = set()
+        #: live connections: their task -> their stream writer (closed at stop)
+        self._connections: dict[asyncio.Task, asyncio.StreamWriter] = {}
+        #: requests read and not yet answered (or dropped), over all connections
+        self._in_flight = 0
 
     async def start(self) -> None:
         """Bind and start accepting connections."""
@@ -71,17 +76,29 @@ class KafkaServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for task in list(self._connections):
-            task.cancel()
-        if self._connections:
-            await asyncio.gather(*self._connections, return_exceptions=True)
+        # closing a connection's transport ends its read loop (EOF) after the requests it
+        # already read are answered; a connection still busy after a grace period is cancelled
+        for writer in list(self._connections.values()):
+            writer.transport.pause_reading()
+        deadline = asyncio.get_running_loop().time() + STOP_GRACE_S
+        while self._in_flight and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        for writer in list(self._connections.values()):
+            writer.close()
+        tasks = list(self._connections)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=1.0)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
         self._pool.shutdown(wait=True, cancel_futures=False)
 
     # ------------------------------------------------------------------ one connection
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
+        self._connections[task] = writer
         peer = writer.get_extra_info("peername")
         peer_name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         responses: asyncio.Queue = asyncio.Queue(maxsize=MAX_IN_FLIGHT_PER_CONNECTION)
@@ -110,6 +127,7 @@ class KafkaServer:
                     break
                 context = RequestContext(request.api_key, request.api_version, request.correlation_id,
                                          request.client_id or "", peer[0] if isinstance(peer, tuple) else "")
+                self._in_flight += 1
                 await responses.put(asyncio.ensure_future(self._answer(context, request, peer_name)))
         finally:
             await responses.put(None)
@@ -122,7 +140,7 @@ class KafkaServer:
                 await writer.wait_closed()
             except Exception:
                 pass
-            self._connections.discard(task)
+            self._connections.pop(task, None)
 
     async def _answer(self, context: RequestContext, request: RequestFrame, peer_name: str) -> bytes | None:
         """The framed response to one request, None when none is sent (acks=0), or raises
@@ -147,28 +165,40 @@ class KafkaServer:
             pending = await responses.get()
             if pending is None:
                 return
-            if broken:
-                pending.cancel()
-                continue
             try:
-                data = await pending
-            except UnsupportedRequest as exc:
-                log.warning("closing the connection from %s: %s", peer_name, exc)
+                await self._send_one(pending, writer, peer_name, broken)
+            except _Broken:
                 broken = True
-            except Exception as exc:  # a bug: say so, close this connection, keep serving others
-                log.error("closing the connection from %s: unexpected error answering a request: %s",
-                          peer_name, exc, exc_info=exc)
-                broken = True
-            else:
-                if data is None:
-                    continue
-                try:
-                    writer.write(data)
-                    await writer.drain()
-                except ConnectionError:
-                    broken = True
-            if broken:
                 writer.close()
+            finally:
+                self._in_flight -= 1
+
+    async def _send_one(self, pending: asyncio.Future, writer: asyncio.StreamWriter, peer_name: str,
+                        broken: bool) -> None:
+        """Write one response (raises :class:`_Broken` when the connection must close)."""
+        if broken:
+            pending.cancel()
+            return
+        try:
+            data = await pending
+        except UnsupportedRequest as exc:
+            log.warning("closing the connection from %s: %s", peer_name, exc)
+            raise _Broken from exc
+        except Exception as exc:  # a bug: say so, close this connection, keep serving others
+            log.error("closing the connection from %s: unexpected error answering a request: %s",
+                      peer_name, exc, exc_info=exc)
+            raise _Broken from exc
+        if data is None:
+            return
+        try:
+            writer.write(data)
+            await writer.drain()
+        except ConnectionError as exc:
+            raise _Broken from exc
+
+
+class _Broken(Exception):
+    """The connection cannot go on (its remaining responses are dropped)."""
 
 
 def _encode(request: RequestFrame, response: Any) -> bytes:

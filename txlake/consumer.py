@@ -520,7 +520,7 @@ class Consumer:
         if message is not None:
             wanted = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
         elif offsets is not None:
-            wanted = [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in offsets]
+            wanted = [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata, tp.leader_epoch) for tp in offsets]
         else:
             with self._lock:
                 wanted = [tp for tp in self.position(self.assignment())
@@ -544,7 +544,8 @@ class Consumer:
         else:
             try:
                 answer = self._broker.group_offsets().commit(
-                    group, {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "")
+                    group, {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "",
+                                                                          leader_epoch=tp.leader_epoch)
                             for tp in request.offsets}, *request.identity)
             except Exception as exc:  # the engine failed: the caller still gets an answer
                 log.error("offset commit of group %s failed: %s", group, exc, exc_info=True)
@@ -552,7 +553,7 @@ class Consumer:
                                        Errors.UNKNOWN_SERVER_ERROR)
             error, partitions = None, []
             for tp in request.offsets:
-                done = TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata)
+                done = TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata, tp.leader_epoch)
                 code = answer[(tp.topic, tp.partition)]
                 if code != Errors.NO_ERROR:
                     # librdkafka: the commit's error is that of the last partition that failed
@@ -607,7 +608,7 @@ class Consumer:
         for tp in partitions:
             om, _ = answer[(tp.topic, tp.partition)]
             out.append(TopicPartition(tp.topic, tp.partition, om.offset if om else OFFSET_INVALID,
-                                      om.metadata if om else None))
+                                      om.metadata if om else None, om.leader_epoch if om else None))
         return out
 
     def list_topics(self, topic: str | None = None, timeout: float = -1):
