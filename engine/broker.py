@@ -38,10 +38,11 @@ import pyarrow.compute as pc
 from txlake.catalog.catalog import Catalog
 from txlake.catalog.errors import (CatalogError, CatalogGapError, InvalidConfigError, InvalidTopicError, UnknownTopicError,
                                    WriterFencedError, WriterLeaseHeldError)
-from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK, REMOVE_SEGMENT,
-                                  CatalogState, TopicState)
+from txlake.catalog.state import (ADD_PARTITIONS, CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK,
+                                  REMOVE_SEGMENT, TOPIC_CONFIG, CatalogState, TopicState)
 from txlake.catalog.storage import InvalidObjectKeyError, ObjectStore
-from txlake.catalog.topic_config import LONG_MAX, cleanup_policies, effective_config, validate_topic_config
+from txlake.catalog.topic_config import (LONG_MAX, alter_topic_config, cleanup_policies, effective_config,
+                                         validate_topic_config)
 from txlake.catalog.topic_names import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, is_internal,
                                          unify_collision_chars, validate_topic_name)
 from txlake.catalog.writer_lease import WriterLease
@@ -334,6 +335,101 @@ class Broker:
                 with self._append_lock:
                     gone = {a["topic"] for a in actions}
                     self._partitions = {k: v for k, v in self._partitions.items() if k[0] not in gone}
+        return results
+
+    def create_partitions(self, specs: list[tuple[str, int]], validate_only: bool = False) -> list[tuple[Errors, str | None]]:
+        """CreatePartitions: grow each topic of ``specs`` ``(name, new total partition count)``
+        (Kafka's ``ReplicationControlManager.createPartitions``).
+
+        Returns one ``(error, message)`` per spec: NO_ERROR; UNKNOWN_TOPIC_OR_PART (message
+        None, as Kafka); INVALID_PARTITIONS "Topic already has N partition(s)." or "The topic T
+        currently has N partition(s); C would not be an increase."; INVALID_REQUEST for an
+        internal topic (its coordinator reads a fixed partition count; Kafka's broker would
+        grow it). All growths commit in one catalog commit (``add_partitions`` actions); the new
+        partitions are empty (log start offset = high watermark = 0) and writable at once.
+        Records keep their partitions: keys hash to other partitions from then on, as in Kafka.
+
+        Raises:
+            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
+        """
+        results: list[tuple[Errors, str | None]] = []
+        with self._commit_lock:
+            if not validate_only:
+                self.ensure_writer()
+            state = self.catalog.state
+            actions = []
+            for name, count in specs:
+                topic = state.topics.get(name)
+                if topic is None:
+                    results.append((Errors.UNKNOWN_TOPIC_OR_PART, None))
+                    continue
+                if is_internal(name):
+                    results.append((Errors.INVALID_REQUEST, f"Cannot add partitions to internal topic {name}: its "
+                                    f"coordinator reads a fixed partition count ({len(topic.partitions)})."))
+                    continue
+                current = len(topic.partitions)
+                if count == current:
+                    results.append((Errors.INVALID_PARTITIONS, f"Topic already has {current} partition(s)."))
+                    continue
+                if count < current:
+                    results.append((Errors.INVALID_PARTITIONS, f"The topic {name} currently has {current} partition(s); "
+                                    f"{count} would not be an increase."))
+                    continue
+                actions.append({"action": ADD_PARTITIONS, "topic": name, "topic_id": topic.topic_id,
+                                "num_partitions": count})
+                results.append((Errors.NO_ERROR, None))
+            if actions and not validate_only:
+                self._commit(actions)
+                # the writer state of the new partitions: a Produce to one answers UNKNOWN_TOPIC_OR_PART
+                # (retriable) until it exists, never appends before the catalog has the partition
+                with self._append_lock:
+                    for a in actions:
+                        for p in range(a["num_partitions"]):
+                            if (a["topic"], p) not in self._partitions:
+                                self._partitions[(a["topic"], p)] = _WriterPartition(0, ProducerStateManager(a["topic"], p))
+        return results
+
+    def alter_topic_configs(self, changes: list[tuple[str, list[tuple[str, int, str | None]]]],
+                            validate_only: bool = False) -> list[tuple[Errors, str | None]]:
+        """IncrementalAlterConfigs of topics: apply each ``(topic, ops)`` (see
+        :func:`txlake.catalog.topic_config.alter_topic_config`) to the topic's overrides (Kafka's
+        ``ConfigurationControlManager.incrementalAlterConfigs``).
+
+        Returns one ``(error, message)`` per change: NO_ERROR; INVALID_TOPIC_EXCEPTION (a name
+        Kafka refuses); INVALID_CONFIG (an unknown name, an invalid value, APPEND/SUBTRACT on a
+        non-LIST config: Kafka's messages); UNKNOWN_TOPIC_OR_PART "The topic 'T' does not exist."
+        (checked after the configs, as Kafka). The changed topics commit in one catalog commit
+        (``topic_config`` actions holding the whole new override set); the engine reads a topic's
+        config at each use, so a change holds from the next append, fetch or compaction round.
+
+        Raises:
+            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
+        """
+        results: list[tuple[Errors, str | None]] = []
+        with self._commit_lock:
+            if not validate_only:
+                self.ensure_writer()
+            state = self.catalog.state
+            actions = []
+            for name, ops in changes:
+                topic = state.topics.get(name)
+                try:
+                    validate_topic_name(name)
+                    new = alter_topic_config(topic.config if topic is not None else {}, ops)
+                except InvalidTopicError as exc:
+                    results.append((Errors.INVALID_TOPIC_EXCEPTION, str(exc)))
+                    continue
+                except InvalidConfigError as exc:
+                    results.append((Errors.INVALID_CONFIG, str(exc)))
+                    continue
+                if topic is None:
+                    results.append((Errors.UNKNOWN_TOPIC_OR_PART, f"The topic '{name}' does not exist."))
+                    continue
+                if new != topic.config:
+                    actions.append({"action": TOPIC_CONFIG, "topic": name, "topic_id": topic.topic_id, "config": new})
+                results.append((Errors.NO_ERROR, None))
+            if actions and not validate_only:
+                self._commit(actions)
         return results
 
     def _commit(self, actions: list[dict]) -> int:
