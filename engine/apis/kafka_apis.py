@@ -15,10 +15,10 @@ the group coordinator or the transaction coordinator. The network server
 in it knows what a request means, and nothing here knows sockets.
 
 The handlers live by area: :mod:`.cluster` (ApiVersions, Metadata, DescribeCluster),
-:mod:`.log_apis` (Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
-InitProducerId), :mod:`.topic_apis` (CreateTopics, DeleteTopics, CreatePartitions,
-DescribeConfigs, IncrementalAlterConfigs), :mod:`.group_apis` (FindCoordinator and the
-consumer-group APIs).
+:mod:`.log_apis` (Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, InitProducerId),
+:mod:`.topic_apis` (CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs,
+IncrementalAlterConfigs, DeleteRecords, DescribeProducers), :mod:`.group_apis`
+(FindCoordinator and the consumer-group APIs).
 """
 
 from __future__ import annotations
