@@ -419,12 +419,14 @@ _TXLAKE_PREFIXES = ("_catalog", "data", "producer-state")
 
 
 def wipe_root(store) -> int:
-    """Delete every object of a txlake storage root; returns how many.
+    """Delete every object of a txlake storage root, and the temporary files (local backend,
+    :data:`~txlake.catalog.storage.TEMP_PREFIX`) that a writer killed mid-write left; returns
+    how many.
 
     Raises:
         ValueError: the root holds objects txlake did not write (it is not wiped).
     """
-    objects = store.list("")
+    objects = store.list("", include_temporary=True)
     foreign = [o.key for o in objects if o.key.split("/", 1)[0] not in _TXLAKE_PREFIXES]
     if foreign:
         exc = ValueError(f"refusing to wipe {store.url}: it holds objects txlake did not write "
@@ -946,7 +948,7 @@ def clean_demo_data(explicit_url: str | None, options: dict | None = None) -> li
         names = sorted(os.path.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "directory")
         roots = [ObjectStore(f"{base.url}/{n}", dict(options or {})) for n in names if _DEMO_FOLDER.fullmatch(n)]
     for store in roots:
-        size = sum(o.size for o in store.list(""))
+        size = sum(o.size for o in store.list("", include_temporary=True))
         n = wipe_root(store)
         if store.protocol == "file":
             for folder, _, _ in sorted(os.walk(store.root), key=lambda w: -len(w[0])):
