@@ -294,7 +294,7 @@ def test_demo_from_a_directory_holding_a_txlake_folder(tmp_path):
     assert f"the log holds {killed} more: aborted records, invisible to read_committed (the killed transaction held {killed})" in out
     assert f"Log file: {log}" in out and log.is_file()
     # step 8: txlake serve started the same way (its log in the log file), real clients, DuckDB beside it
-    m = re.search(r"^   txlake serve \(pid (\d+)\) listening on 127\.0\.0\.1:\d+ after [\d.]+ s \(its log: the log file\)$",
+    m = re.search(r"^   txlake serve \(pid (\d+)\) listening on 127\.0\.0\.1:\d+ after [\d.]+ s \(its log goes to the log file\)$",
                   out, re.M)
     assert m, out
     pid = m[1]
@@ -359,6 +359,38 @@ def test_a_failing_step_is_named_and_nothing_is_claimed_for_it(tmp_path):
     text = log.read_text()
     assert "---- step 6 (the exactly-once copier) failed ----" in text and "WorkerProcessError" in text
     assert "RuntimeError: the copier was made to fail by the test" in text
+
+
+def test_a_server_that_does_not_start_fails_step_8_by_name(tmp_path, monkeypatch):
+    """``txlake serve`` exits at its start (made to, from outside: a sitecustomize on the
+    PYTHONPATH it inherits exits the process running ``txlake.cli serve`` with status 3): step 8
+    is named with the server's exit code and last stderr line, nothing is claimed for it, its
+    stderr is in the log file, and the engine still takes the lease at the end."""
+    from rich.console import Console
+
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if 'txlake.cli' in sys.orig_argv and 'serve' in sys.orig_argv:\n"
+        "    sys.stderr.write('RuntimeError: the server was made to fail by the test\\n')\n"
+        "    os._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    log = tmp_path / "demo.log"
+    console = Console(record=True, width=400, file=open(os.devnull, "w"))
+    result = run_demo(f"file://{tmp_path}/root", console, rows=1000, partitions=2, copier=False, log_path=str(log))
+    assert not result.ok and result.failed_step == 8
+    m = re.fullmatch(r"txlake serve process \(pid (\d+)\) exited with code 3 before it listened: RuntimeError: the "
+                     r"server was made to fail by the test", result.failure)
+    assert m, result.failure
+    out = console.export_text()
+    assert f"✗ step 8 (txlake serve) failed: {result.failure}\n" in out
+    assert "✗ demo FAILED at step 8 (txlake serve) after" in out
+    assert "listening on" not in out and "acknowledged" not in out and "SIGTERM" not in out
+    text = log.read_text()
+    assert f"---- txlake serve (pid {m[1]}, exit status 3): stderr ----\nRuntimeError: the server was made" in text
+    assert "---- step 8 (txlake serve) failed ----" in text and "WorkerProcessError" in text
+    assert result.serve.records_sent == 1000 and result.serve.acknowledged == 0
 
 
 def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):

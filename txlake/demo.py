@@ -1582,6 +1582,7 @@ class _Server:
         from .child_conf import module_command
 
         self._log = log
+        self._stdout_ended = False
         self._stderr = tempfile.TemporaryFile(mode="w+b")
         env = {**os.environ, "TXLAKE_STORAGE": url, "TXLAKE_STORAGE_OPTIONS": json.dumps(options),
                "PYTHONUNBUFFERED": "1"}
@@ -1597,7 +1598,18 @@ class _Server:
         line = self._first_line(SERVE_START_TIMEOUT_S)
         prefix = "txlake serve: listening on "
         if not line.startswith(prefix):
-            self.kill()
+            if self._stdout_ended and self.proc.poll() is None:
+                try:                         # its stdout closed: it is exiting; let it end, for its exit code
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.proc.poll() is None:    # still running: silent for too long, or saying something else
+                self.kill()
+                self.close()
+                what = (f"its first line was {line!r}" if line else "its stdout ended" if self._stdout_ended
+                        else f"it said nothing within {SERVE_START_TIMEOUT_S:.0f} s")
+                raise DemoStepError(f"txlake serve (pid {self.pid}) did not say it was listening ({what}); it was "
+                                    "killed (its log is in the log file)")
             self._fail(f"before it listened (its first line: {line!r})" if line else "before it listened")
         self.start_seconds = time.perf_counter() - t
         self.address = line[len(prefix):]
@@ -1615,6 +1627,7 @@ class _Server:
                     break
                 chunk = os.read(self.proc.stdout.fileno(), 1)
                 if not chunk:
+                    self._stdout_ended = True
                     break
                 data += chunk
         finally:
@@ -1628,6 +1641,7 @@ class _Server:
         self._stderr.flush()
         self._stderr.seek(0)
         tail = "\n".join(self._stderr.read().decode("utf-8", errors="replace").splitlines()[-20:])
+        self.close()   # its stderr goes to the log file too
         raise WorkerProcessError(self.name, self.pid, code, tail, when)
 
     def stop(self) -> int:
@@ -1719,12 +1733,12 @@ def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table
                   f"process (this one gave up the writer lease first); confluent-kafka produces the "
                   f"{res.records_sent:,} flights of January 2013 to '{WIRE_TOPIC}' ({partitions} partitions, created "
                   "in-process before the server started), kafka-python reads them back, DuckDB reads the root beside "
-                  "the server", soft_wrap=True)
+                  "the server")
     server = _Server(url, options, run_dir, log)
     try:
         res.pid, res.address, res.start_seconds = server.pid, server.address, server.start_seconds
         console.print(f"   txlake serve (pid {server.pid}) listening on {escape(server.address)} after "
-                      f"{server.start_seconds:.1f} s (its log: the log file)")
+                      f"{server.start_seconds:.1f} s (its log goes to the log file)")
         client_log = logging_.getLogger("txlake.demo.kafka-clients")
         acked = _produce_over_the_wire(res, server.address, sent, client_log)
         lib = confluent_kafka.libversion()[0]
@@ -1736,7 +1750,7 @@ def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table
                       f"acks=all, partitioner murmur2_random): {res.acknowledged:,} of {res.records_sent:,} records "
                       f"acknowledged, {res.delivery_errors} delivery errors, {res.bytes_sent / 1e6:.2f} MB of keys "
                       f"and values in {res.produce_seconds:.2f} s = {res.produce_mb_per_s:.1f} MB/s "
-                      f"({res.records_sent / res.produce_seconds:,.0f} records/s)", soft_wrap=True)
+                      f"({res.records_sent / res.produce_seconds:,.0f} records/s)")
         console.print(f"   acknowledged offsets: {offsets}" + ("" if res.acked_contiguous else
                                                                 " [bold red](NOT contiguous from 0)[/]"),
                       soft_wrap=True)
@@ -1744,7 +1758,7 @@ def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table
         console.print(f"   kafka-python {kafka.__version__} (assign + seek_to_beginning, read_committed, no group): "
                       f"{res.consumed:,} records read in {res.consume_seconds:.2f} s, offsets "
                       f"{'in order without gap from 0' if res.consumed_contiguous else '[bold red]NOT contiguous[/]'} "
-                      "to the end offsets", soft_wrap=True)
+                      "to the end offsets")
         con = txduck.connect(url, options, topics=[WIRE_TOPIC])
         try:
             rows = con.sql(f'SELECT partition, "offset", key, value, epoch_ms("timestamp") '
@@ -1760,10 +1774,10 @@ def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table
         console.print(_verdict(res.same_rows and res.acknowledged == res.consumed == res.duckdb_count == res.records_sent,
                                f"the same {res.records_sent:,} records (partition, offset, key, value, timestamp) "
                                f"in confluent-kafka's acknowledgements, kafka-python's reads and DuckDB's view: "
-                               f"SHA-256 {' / '.join(sorted(digests))}…"), soft_wrap=True)
+                               f"SHA-256 {' / '.join(sorted(digests))}…"))
         console.print(_verdict(res.murmur2_partitions and res.acked_contiguous,
                                "every record in the partition Kafka's default partitioner (murmur2 of the carrier) "
-                               "picks, as the in-process load of step 1, at offsets contiguous from 0"), soft_wrap=True)
+                               "picks, as the in-process load of step 1, at offsets contiguous from 0"))
         res.exit_status = server.stop()
     finally:
         server.close()
