@@ -386,7 +386,15 @@ class GroupCommitter:
         """Take the queued batches, with the producer-state snapshot and first unstable offsets
         that match them exactly (caller holds :attr:`lock`)."""
         pending, self._pending = self._pending, []
-        self._interval_tat = max(self._interval_tat, time.monotonic()) + self.config.flush_interval_ms / 1000
+        if self._pending_bytes < INTERVAL_EXEMPT_BYTES:
+            # a flush the interval governs takes a token of the bucket; one of at least
+            # INTERVAL_EXEMPT_BYTES does not (its PUTs are worth their bytes), so a fast stream's
+            # big flushes never make its small tail wait: the bucket is never more than
+            # FLUSH_BURST intervals ahead of now (a fast stream of 20 big flushes used to push it
+            # 10 s ahead, and the stream's last, small flush waited those 10 s)
+            now = time.monotonic()
+            interval = self.config.flush_interval_ms / 1000
+            self._interval_tat = min(max(self._interval_tat, now) + interval, now + FLUSH_BURST * interval)
         self._taken[id(pending)] = pending
         taken_bytes, self._pending_bytes = self._pending_bytes, 0
         self._flush_requested = False

@@ -303,3 +303,24 @@ def test_flush_interval_setting():
     assert parse_config({"storage.flush.interval.ms": 0}, "producer").broker_config().flush_interval_ms == 0
     with pytest.raises(KafkaException, match="storage.flush.interval.ms"):
         parse_config({"storage.flush.interval.ms": -1}, "producer")
+
+
+@FILE_ONLY
+def test_big_flushes_take_no_interval_token_so_a_fast_streams_small_tail_does_not_wait(storage):
+    """A 2 s flush interval: thirty flushes of 1 MiB each (exempt from the interval) in a row,
+    then a one-record batch: it commits after its linger -- the bucket still holds its burst.
+    Before, every big flush pushed the bucket 2 s further ahead and the small tail waited
+    about a minute (in txlake serve: a producer's stream stalled 10 s at its end)."""
+    broker = Broker(storage.object_store(), BrokerConfig(flush_linger_ms=1, flush_interval_ms=2_000, lease_ms=60_000))
+    try:
+        broker.create_topics([("t", 1, {})])
+        half = INTERVAL_EXEMPT_BYTES // 2
+        offset = 0
+        for _ in range(30):
+            big = [ProduceBatch("t", 0, payload(1, offset + i, size=half + 1024)) for i in range(2)]
+            assert [r.error for r in broker.produce(big, timeout_ms=20_000)] == [Errors.NO_ERROR] * 2
+            offset += 2
+        (small,) = broker.produce_async([ProduceBatch("t", 0, payload(1, offset))])
+        assert small.result(timeout=1.5).base_offset == offset   # not 2 s x 30 later
+    finally:
+        broker.close()
