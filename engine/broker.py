@@ -595,7 +595,8 @@ class Broker:
             if self._txn_coordinator is None:
                 if self._txn_closing.is_set():
                     raise ApiError(Errors._STATE, f"the engine of {self.store.url} is closed")
-                coordinator = TransactionCoordinator(self, self.lease.epoch, self._transaction_config())
+                coordinator = TransactionCoordinator(self, self.lease.epoch, self._transaction_config(),
+                                                     group_partition_for=self.group_offsets().partition_for)
                 self._txn_starting = coordinator
                 if self._txn_closing.is_set():  # close() may have looked for it just before
                     coordinator.cancel()
@@ -640,7 +641,8 @@ class Broker:
 
     def group_offsets(self) -> GroupOffsets:
         """Consumer-group offsets in ``__consumer_offsets`` (commits take the writer lease; fetches read)."""
-        return GroupOffsets(self, self._group_config.offsets_topic_num_partitions)
+        return GroupOffsets(self, self._group_config.offsets_topic_num_partitions,
+                            group_coordinator=self.group_coordinator)
 
     def group_coordinator(self) -> GroupCoordinator:
         """The group coordinator of this storage root (started on first use, in the writer).
