@@ -65,26 +65,32 @@ def payloads(n: int, value_bytes: int) -> tuple[list[bytes], list[bytes]]:
     return keys, values
 
 
+def produce_all(producer, keys, values, partitions: int, **kwargs) -> float:
+    """Produce every record round-robin over the partitions (waiting when the queue is full),
+    then flush: the wall time (s) until the last delivery report."""
+    start = time.perf_counter()
+    for i, (k, v) in enumerate(zip(keys, values)):
+        while True:
+            try:
+                producer.produce(TOPIC, value=v, key=k, partition=i % partitions, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(300) == 0
+    return time.perf_counter() - start
+
+
 def bench_produce_wire(bootstrap: str, keys, values, partitions: int) -> float:
     from confluent_kafka import Producer as KafkaProducer
 
     p = KafkaProducer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
                        "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 2_000_000,
                        "batch.size": 1_000_000})
-    failed = []
-    start = time.perf_counter()
-    for i, (k, v) in enumerate(zip(keys, values)):
-        while True:
-            try:
-                p.produce(TOPIC, value=v, key=k, partition=i % partitions,
+    failed: list = []
+    elapsed = produce_all(p, keys, values, partitions,
                           on_delivery=lambda err, msg: failed.append(err) if err else None)
-                break
-            except BufferError:
-                p.poll(0.01)
-        if i % 1000 == 0:
-            p.poll(0)
-    assert p.flush(300) == 0
-    elapsed = time.perf_counter() - start
     assert not failed, failed[:3]
     return elapsed
 
@@ -92,18 +98,7 @@ def bench_produce_wire(bootstrap: str, keys, values, partitions: int) -> float:
 def bench_produce_inprocess(url: str, keys, values, partitions: int) -> float:
     p = Producer({"storage.url": url, "enable.idempotence": True, "linger.ms": 5,
                   "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 2_000_000})
-    start = time.perf_counter()
-    for i, (k, v) in enumerate(zip(keys, values)):
-        while True:
-            try:
-                p.produce(TOPIC, value=v, key=k, partition=i % partitions)
-                break
-            except BufferError:
-                p.poll(0.01)
-        if i % 1000 == 0:
-            p.poll(0)
-    assert p.flush(300) == 0
-    elapsed = time.perf_counter() - start
+    elapsed = produce_all(p, keys, values, partitions)
     close_all()
     return elapsed
 

@@ -28,6 +28,10 @@ from .errors import CatalogError
 # Action kinds.
 CREATE_TOPIC = "create_topic"
 DELETE_TOPIC = "delete_topic"
+#: a topic's config overrides replaced by ``config`` (IncrementalAlterConfigs; Kafka's ``ConfigRecord``)
+TOPIC_CONFIG = "topic_config"
+#: a topic grows to ``num_partitions`` partitions, the new ones empty (CreatePartitions; Kafka's ``PartitionRecord``)
+ADD_PARTITIONS = "add_partitions"
 ADD_SEGMENT = "add_segment"
 REMOVE_SEGMENT = "remove_segment"
 LOG_START_OFFSET = "log_start_offset"
@@ -238,6 +242,19 @@ class CatalogState:
             for p in gone.partitions if gone is not None else ():
                 for s in p.segments:
                     self._unreference(s.path, action.get("timestamp_ms"))
+        elif kind in (TOPIC_CONFIG, ADD_PARTITIONS):
+            t = self.topics.get(action["topic"])
+            if t is None or t.topic_id != action["topic_id"]:
+                raise CatalogError(f"{kind} names topic {action['topic']} with id {action['topic_id']}, which does not exist")
+            # a new TopicState: one a reader holds (Broker.topics()) stays whole
+            if kind == TOPIC_CONFIG:
+                self.topics[t.name] = TopicState(t.name, t.topic_id, dict(action.get("config") or {}), t.partitions)
+            else:
+                n = action["num_partitions"]
+                if n < len(t.partitions):
+                    raise CatalogError(f"{kind} would shrink {t.name} from {len(t.partitions)} to {n} partitions")
+                self.topics[t.name] = TopicState(t.name, t.topic_id, t.config, t.partitions + [
+                    PartitionState(t.name, i) for i in range(len(t.partitions), n)])
         elif kind == ADD_SEGMENT:
             p = self.partition(action["topic"], action["partition"])
             seg = SegmentInfo(

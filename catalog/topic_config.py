@@ -129,6 +129,50 @@ def validate_topic_config(config: Mapping[str, object] | None) -> dict[str, str]
     return out
 
 
+#: IncrementalAlterConfigs operations (Kafka's ``AlterConfigOp.OpType`` ids)
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+OP_NAMES = {OP_SET: "SET", OP_DELETE: "DELETE", OP_APPEND: "APPEND", OP_SUBTRACT: "SUBTRACT"}
+
+
+def alter_topic_config(overrides: Mapping[str, str], ops: list[tuple[str, int, str | None]]) -> dict[str, str]:
+    """A topic's overrides after IncrementalAlterConfigs ``ops``, validated (Kafka's
+    ``ConfigurationControlManager.incrementalAlterConfigResource``).
+
+    Args:
+        overrides: the topic's current overrides.
+        ops: ``(config name, operation, value)`` with the operations of :data:`OP_NAMES`: SET
+            the value, DELETE the override (back to the default), APPEND / SUBTRACT the
+            comma-separated items of ``value`` to / from a LIST config (starting from its
+            default when it has no override; APPEND skips items already there, SUBTRACT
+            removes the first occurrence of each). One op per name.
+
+    Returns:
+        The new overrides (every value a string).
+
+    Raises:
+        InvalidConfigError: APPEND/SUBTRACT on a config that is not a LIST ("Can't APPEND to
+            key K because its type is not LIST."), or the result fails :func:`validate_topic_config`.
+    """
+    new = dict(overrides)
+    for name, op, value in ops:
+        if op == OP_SET:
+            new[name] = value  # type: ignore[assignment]
+        elif op == OP_DELETE:
+            new.pop(name, None)
+        else:
+            definition = TOPIC_CONFIGS.get(name)
+            if definition is None or definition.type != "LIST":
+                raise InvalidConfigError(f"Can't {OP_NAMES[op]} to key {name} because its type is not LIST.")
+            items = [v for v in new.get(name, definition.default).split(",") if v]
+            for item in (value or "").split(","):
+                if op == OP_APPEND and item not in items:
+                    items.append(item)
+                elif op == OP_SUBTRACT and item in items:
+                    items.remove(item)
+            new[name] = ",".join(items)
+    return validate_topic_config(new)
+
+
 def effective_config(overrides: Mapping[str, str]) -> dict[str, str]:
     """All topic configs: Kafka's defaults with ``overrides`` applied."""
     return {**{k: d.default for k, d in TOPIC_CONFIGS.items()}, **overrides}

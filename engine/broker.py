@@ -38,10 +38,11 @@ import pyarrow.compute as pc
 from txlake.catalog.catalog import Catalog
 from txlake.catalog.errors import (CatalogError, CatalogGapError, InvalidConfigError, InvalidTopicError, UnknownTopicError,
                                    WriterFencedError, WriterLeaseHeldError)
-from txlake.catalog.state import (CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK, REMOVE_SEGMENT,
-                                  CatalogState, TopicState)
+from txlake.catalog.state import (ADD_PARTITIONS, CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK,
+                                  REMOVE_SEGMENT, TOPIC_CONFIG, CatalogState, TopicState)
 from txlake.catalog.storage import InvalidObjectKeyError, ObjectStore
-from txlake.catalog.topic_config import cleanup_policies, effective_config, validate_topic_config
+from txlake.catalog.topic_config import (LONG_MAX, alter_topic_config, cleanup_policies, effective_config,
+                                         validate_topic_config)
 from txlake.catalog.topic_names import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, is_internal,
                                          unify_collision_chars, validate_topic_name)
 from txlake.catalog.writer_lease import WriterLease
@@ -336,6 +337,101 @@ class Broker:
                     self._partitions = {k: v for k, v in self._partitions.items() if k[0] not in gone}
         return results
 
+    def create_partitions(self, specs: list[tuple[str, int]], validate_only: bool = False) -> list[tuple[Errors, str | None]]:
+        """CreatePartitions: grow each topic of ``specs`` ``(name, new total partition count)``
+        (Kafka's ``ReplicationControlManager.createPartitions``).
+
+        Returns one ``(error, message)`` per spec: NO_ERROR; UNKNOWN_TOPIC_OR_PART (message
+        None, as Kafka); INVALID_PARTITIONS "Topic already has N partition(s)." or "The topic T
+        currently has N partition(s); C would not be an increase."; INVALID_REQUEST for an
+        internal topic (its coordinator reads a fixed partition count; Kafka's broker would
+        grow it). All growths commit in one catalog commit (``add_partitions`` actions); the new
+        partitions are empty (log start offset = high watermark = 0) and writable at once.
+        Records keep their partitions: keys hash to other partitions from then on, as in Kafka.
+
+        Raises:
+            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
+        """
+        results: list[tuple[Errors, str | None]] = []
+        with self._commit_lock:
+            if not validate_only:
+                self.ensure_writer()
+            state = self.catalog.state
+            actions = []
+            for name, count in specs:
+                topic = state.topics.get(name)
+                if topic is None:
+                    results.append((Errors.UNKNOWN_TOPIC_OR_PART, None))
+                    continue
+                if is_internal(name):
+                    results.append((Errors.INVALID_REQUEST, f"Cannot add partitions to internal topic {name}: its "
+                                    f"coordinator reads a fixed partition count ({len(topic.partitions)})."))
+                    continue
+                current = len(topic.partitions)
+                if count == current:
+                    results.append((Errors.INVALID_PARTITIONS, f"Topic already has {current} partition(s)."))
+                    continue
+                if count < current:
+                    results.append((Errors.INVALID_PARTITIONS, f"The topic {name} currently has {current} partition(s); "
+                                    f"{count} would not be an increase."))
+                    continue
+                actions.append({"action": ADD_PARTITIONS, "topic": name, "topic_id": topic.topic_id,
+                                "num_partitions": count})
+                results.append((Errors.NO_ERROR, None))
+            if actions and not validate_only:
+                self._commit(actions)
+                # the writer state of the new partitions: a Produce to one answers UNKNOWN_TOPIC_OR_PART
+                # (retriable) until it exists, never appends before the catalog has the partition
+                with self._append_lock:
+                    for a in actions:
+                        for p in range(a["num_partitions"]):
+                            if (a["topic"], p) not in self._partitions:
+                                self._partitions[(a["topic"], p)] = _WriterPartition(0, ProducerStateManager(a["topic"], p))
+        return results
+
+    def alter_topic_configs(self, changes: list[tuple[str, list[tuple[str, int, str | None]]]],
+                            validate_only: bool = False) -> list[tuple[Errors, str | None]]:
+        """IncrementalAlterConfigs of topics: apply each ``(topic, ops)`` (see
+        :func:`txlake.catalog.topic_config.alter_topic_config`) to the topic's overrides (Kafka's
+        ``ConfigurationControlManager.incrementalAlterConfigs``).
+
+        Returns one ``(error, message)`` per change: NO_ERROR; INVALID_TOPIC_EXCEPTION (a name
+        Kafka refuses); INVALID_CONFIG (an unknown name, an invalid value, APPEND/SUBTRACT on a
+        non-LIST config: Kafka's messages); UNKNOWN_TOPIC_OR_PART "The topic 'T' does not exist."
+        (checked after the configs, as Kafka). The changed topics commit in one catalog commit
+        (``topic_config`` actions holding the whole new override set); the engine reads a topic's
+        config at each use, so a change holds from the next append, fetch or compaction round.
+
+        Raises:
+            ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
+        """
+        results: list[tuple[Errors, str | None]] = []
+        with self._commit_lock:
+            if not validate_only:
+                self.ensure_writer()
+            state = self.catalog.state
+            actions = []
+            for name, ops in changes:
+                topic = state.topics.get(name)
+                try:
+                    validate_topic_name(name)
+                    new = alter_topic_config(topic.config if topic is not None else {}, ops)
+                except InvalidTopicError as exc:
+                    results.append((Errors.INVALID_TOPIC_EXCEPTION, str(exc)))
+                    continue
+                except InvalidConfigError as exc:
+                    results.append((Errors.INVALID_CONFIG, str(exc)))
+                    continue
+                if topic is None:
+                    results.append((Errors.UNKNOWN_TOPIC_OR_PART, f"The topic '{name}' does not exist."))
+                    continue
+                if new != topic.config:
+                    actions.append({"action": TOPIC_CONFIG, "topic": name, "topic_id": topic.topic_id, "config": new})
+                results.append((Errors.NO_ERROR, None))
+            if actions and not validate_only:
+                self._commit(actions)
+        return results
+
     def _commit(self, actions: list[dict]) -> int:
         try:
             return self.catalog.commit(actions, self.lease.epoch if self.lease else None)
@@ -428,7 +524,7 @@ class Broker:
         n = batch.records.num_rows
         assert n > 0, "a batch holds at least one record"
         config = effective_config(topic.config)
-        size = batch.records.nbytes
+        size = batch.records.nbytes if batch.size_in_bytes is None else batch.size_in_bytes
         max_bytes = int(config["max.message.bytes"])
         if size > max_bytes:
             return _done(ProduceResult(Errors.MESSAGE_TOO_LARGE,
@@ -438,6 +534,9 @@ class Broker:
             # Kafka's LogValidator: a compacted topic keeps the latest record per key, so every record needs one
             return _done(ProduceResult(Errors.INVALID_RECORD, message=(
                 f"Compacted topic cannot accept message without key in topic partition {batch.topic}-{batch.partition}.")))
+        timestamp_error = _timestamp_error(batch, config)
+        if timestamp_error is not None:
+            return _done(ProduceResult(Errors.INVALID_TIMESTAMP, message=timestamp_error))
         if batch.producer_id >= 0:
             last_seq = increment_sequence(batch.base_sequence, n - 1)
             try:
@@ -464,7 +563,7 @@ class Broker:
             wp.producers.update(batch.producer_id, batch.producer_epoch, batch.base_sequence, last_seq, base,
                                 base + n - 1, max_ts, batch.is_transactional)
         fut: Future = Future()
-        self._committer.enqueue(PendingBatch(batch, base, ts_type, now, fut), size)
+        self._committer.enqueue(PendingBatch(batch, base, ts_type, now, fut), batch.records.nbytes)
         return fut
 
     def flush(self, timeout_ms: int = 60_000) -> None:
@@ -855,6 +954,31 @@ class Broker:
         with self._append_lock:
             wp = self._partitions.get((topic, partition)) if self.is_writer else None
             return None if wp is None else wp.producers.snapshot_rows()
+
+
+def _timestamp_error(batch: ProduceBatch, config: dict) -> str | None:
+    """Kafka's ``LogValidator.validateTimestamp`` (KIP-937): on a CreateTime topic, a record
+    timestamp more than ``message.timestamp.before.max.ms`` before now or more than
+    ``message.timestamp.after.max.ms`` after it makes the batch INVALID_TIMESTAMP (-1, "no
+    timestamp", is never checked). Returns the message, or None when the batch is valid."""
+    if config["message.timestamp.type"] != "CreateTime" or batch.is_control:
+        return None
+    before, after = int(config["message.timestamp.before.max.ms"]), int(config["message.timestamp.after.max.ms"])
+    if before >= LONG_MAX and after >= LONG_MAX:
+        return None
+    ts = batch.records.column("timestamp")
+    ts = pc.filter(ts, pc.not_equal(ts, -1))
+    if len(ts) == 0:
+        return None
+    now = now_ms()
+    low, high = pc.min(ts).as_py(), pc.max(ts).as_py()
+    if now - low > before:
+        return (f"Timestamp {low} of a message in {batch.topic}-{batch.partition} is out of range: it is more than "
+                f"message.timestamp.before.max.ms={before} before the broker's time {now}")
+    if high - now > after:
+        return (f"Timestamp {high} of a message in {batch.topic}-{batch.partition} is out of range: it is more than "
+                f"message.timestamp.after.max.ms={after} after the broker's time {now}")
+    return None
 
 
 def _done(result: ProduceResult) -> Future:

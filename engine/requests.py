@@ -107,6 +107,10 @@ class ProduceBatch:
     #: someone waits for this batch now (a flush(), a coordinator write, a marker): the
     #: group commit starts at once instead of waiting ``flush_linger_ms`` for more batches
     urgent: bool = False
+    #: the batch's size as Kafka measures it against ``max.message.bytes``: the bytes of the
+    #: record batch as the client sent it (compressed); None for in-process batches, which are
+    #: measured by their Arrow bytes
+    size_in_bytes: int | None = None
 
 
 @dataclass

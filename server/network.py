@@ -125,6 +125,10 @@ class KafkaServer:
                                 "correlation id %s): %s", peer_name, exc.api_key, exc.api_version,
                                 exc.correlation_id, exc)
                     break
+                except Exception as exc:  # a codec bug, not the client's fault: say so, keep serving others
+                    log.error("closing the connection from %s: cannot parse a request of %d bytes: %s",
+                              peer_name, size, exc, exc_info=exc)
+                    break
                 context = RequestContext(request.api_key, request.api_version, request.correlation_id,
                                          request.client_id or "", peer[0] if isinstance(peer, tuple) else "")
                 self._in_flight += 1

@@ -247,3 +247,64 @@ def test_sigkill_mid_stream_then_restart_keeps_every_acknowledged_record_exactly
     values = [v for *_, v, _, _ in got]
     assert sorted(values) == sorted(b"r%05d" % i for i in range(sent))   # each exactly once
     assert {(p, o) for p, o, _ in acked} == {(p, o) for _, p, o, *_ in got}  # at the acknowledged offsets
+
+
+def test_max_message_bytes_measures_the_compressed_batch_as_kafka_does(serve_root):
+    """A zstd batch of 4 MB of compressible values is well under 1 MB on the wire: Kafka checks
+    max.message.bytes against the batch as sent, so it is accepted; a batch over the limit on
+    the wire is MESSAGE_TOO_LARGE naming the sizes."""
+    served = serve_root
+    create_topic(served.storage, "big", 1, **{"max.message.bytes": "1000000"})
+    served.start()
+    reports = produce_confluent(served.bootstrap, [("big", 0, None, b"a" * 400_000, None, TS + i) for i in range(10)],
+                                **{"compression.type": "zstd", "linger.ms": 50, "message.max.bytes": 10_000_000,
+                                   "batch.size": 10_000_000})
+    assert [(err, o) for err, _, _, o, _ in reports] == [(None, i) for i in range(10)]
+    random_value = __import__("os").urandom(1_200_000)
+    failed = produce_confluent(served.bootstrap, [("big", 0, None, random_value, None, TS)],
+                               **{"compression.type": "none", "message.max.bytes": 10_000_000})
+    assert [err.code() if err else None for err, *_ in failed] == [10]  # MESSAGE_TOO_LARGE
+
+
+def test_zstd_in_produce_below_v7_is_unsupported_compression_type(serve_root):
+    """KIP-110: a zstd batch in a Produce request older than v7 answers UNSUPPORTED_COMPRESSION_TYPE (76)."""
+    import pyarrow as pa
+
+    from txlake.formats.record_batch import encode_batches
+    from txlake.formats.records import RECORD_SCHEMA
+
+    served = serve_root
+    create_topic(served.storage, "z", 1)
+    served.start()
+    row = {"topic": "z", "partition": 0, "offset": 0, "timestamp": TS, "timestamp_type": 0, "key": b"k",
+           "value": b"v", "headers": None, "producer_id": -1, "producer_epoch": -1, "base_sequence": -1,
+           "base_offset": 0, "last_offset_delta": 0, "is_transactional": False, "is_control": False,
+           "control_type": None, "coordinator_epoch": None}
+    records = encode_batches(pa.Table.from_pylist([row], RECORD_SCHEMA), compression="zstd")
+
+    def produce(version: int) -> int:
+        request = ProduceRequest[version](transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[
+            ProduceRequest.TopicProduceData(name="z", partition_data=[
+                ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)])])
+        frame = _raw(served.port, request, version)
+        body = frame[5:] if version >= 9 else frame[4:]
+        return ProduceResponse.decode(body, version=version).responses[0].partition_responses[0].error_code
+
+    assert produce(6) == 76
+    assert produce(7) == 0
+
+
+def test_timestamps_outside_the_topics_window_are_invalid_timestamp(serve_root):
+    """KIP-937: message.timestamp.before.max.ms / after.max.ms bound CreateTime timestamps
+    (INVALID_TIMESTAMP, 32); the engine checks them for every writer, the wire included."""
+    served = serve_root
+    create_topic(served.storage, "w", 1, **{"message.timestamp.before.max.ms": "3600000",
+                                             "message.timestamp.after.max.ms": "60000"})
+    served.start()
+    now = int(time.time() * 1000)
+    codes = []
+    for value, ts in ((b"ok", now), (b"old", now - 2 * 3_600_000), (b"future", now + 600_000)):
+        (report,) = produce_confluent(served.bootstrap, [("w", 0, None, value, None, ts)])
+        codes.append(report[0].code() if report[0] else None)
+    assert codes == [None, 32, 32]   # a batch with any such record is refused whole, as Kafka does
+    assert consume_confluent(served.bootstrap, [("w", 0, 0)], 1)[0][4] == b"ok"

@@ -16,11 +16,11 @@ in it knows what a request means, and nothing here knows sockets.
 
 The shapes a handler module needs (:class:`RequestContext`, :class:`ApiSpec`, the
 :class:`~.api_spec.ApiNode` it is handed) are in :mod:`.api_spec`, so the handler modules
-never import this one (which lists them). The handlers live by area: :mod:`.cluster` (ApiVersions, Metadata, DescribeCluster),
-:mod:`.log_apis` (Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, DeleteRecords,
-InitProducerId), :mod:`.topic_apis` (CreateTopics, DeleteTopics, CreatePartitions,
-DescribeConfigs, IncrementalAlterConfigs), :mod:`.group_apis` (FindCoordinator and the
-consumer-group APIs).
+never import this one (which lists them). The handlers live by area: :mod:`.cluster`
+(ApiVersions, Metadata, DescribeCluster), :mod:`.log_apis` (Produce, Fetch, ListOffsets,
+OffsetForLeaderEpoch, InitProducerId), :mod:`.topic_apis` (CreateTopics, DeleteTopics,
+CreatePartitions, DescribeConfigs, IncrementalAlterConfigs, DeleteRecords,
+DescribeProducers), :mod:`.group_apis` (FindCoordinator and the consumer-group APIs).
 """
 
 from __future__ import annotations

@@ -102,10 +102,16 @@ def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
                 answers.append((*where, ProduceResult(Errors[exc.error_name], message=str(exc))))
                 continue
             (wire,) = decoded  # decode_batches with client checks yields exactly one batch
+            if wire.compression == "zstd" and context.api_version < 7:
+                # KIP-110: zstd needs Produce v7+ (an older client cannot have negotiated it)
+                answers.append((*where, ProduceResult(Errors.UNSUPPORTED_COMPRESSION_TYPE, message=(
+                    f"zstd-compressed records need Produce v7 or later, the request is v{context.api_version}"))))
+                continue
             slots.append(len(answers))
             answers.append((*where, ProduceResult(Errors.NO_ERROR)))
             batches.append(ProduceBatch(name, part.index, wire.records, wire.producer_id, wire.producer_epoch,
-                                        wire.base_sequence, wire.is_transactional))
+                                        wire.base_sequence, wire.is_transactional,
+                                        size_in_bytes=wire.size_in_bytes))
     futures = broker.produce_async(batches, internal_topics_allowed=context.client_id == ADMIN_CLIENT_ID) if batches else []
     for slot, fut in zip(slots, futures):
         answers[slot] = (*answers[slot][:3], fut)
