@@ -29,14 +29,10 @@ from txlake.catalog.storage import ObjectStore
 
 from .errors import Errors
 from .log_reader import LogReader
+from .partition_log import TxnVerifier
 from .requests import BrokerConfig, FetchResult, ProduceBatch, ProduceResult, TxnMarker
 
 __all__ = ["PartitionWriter", "TxnVerifier"]
-
-#: KIP-890 partition verification: ``(producer_id, producer_epoch, topic, partition) -> Errors``
-#: (NO_ERROR when the transaction coordinator has the partition in the producer's transaction)
-TxnVerifier = Callable[[int, int, str, int], Errors]
-
 
 @runtime_checkable
 class PartitionWriter(Protocol):
