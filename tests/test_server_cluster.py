@@ -125,3 +125,24 @@ def test_docs_server_page_lists_exactly_the_versions_advertised():
                   for name, key, low, high in re.findall(r"^\| (\w+) \| (\d+) \| (\d+)-(\d+) \|$", table, re.M)}
     advertised = {(ApiKey(s.key).name, int(s.key), s.min_version, s.max_version) for s in default_specs()}
     assert documented == advertised
+
+
+def test_a_version_above_the_advertised_one_answers_unsupported_version(served):
+    """Fetch v13 is in Kafka's schema but above the v12 advertised: the answer is
+    UNSUPPORTED_VERSION (35) in the response's top-level error, and the connection stays usable."""
+    import uuid
+
+    from kafka.protocol.consumer import FetchRequest, FetchResponse
+
+    request = FetchRequest[13](
+        replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0,
+        session_epoch=-1, topics=[FetchRequest.FetchTopic(topic_id=uuid.uuid4(), partitions=[
+            FetchRequest.FetchTopic.FetchPartition(partition=0, current_leader_epoch=-1, fetch_offset=0,
+                                                   last_fetched_epoch=-1, log_start_offset=-1,
+                                                   partition_max_bytes=1 << 20)])],
+        forgotten_topics_data=[], rack_id="")
+    frame = _roundtrip(served.port, request, 13)
+    answer = FetchResponse.decode(frame[5:], version=13)
+    assert answer.error_code == 35
+    md = AdminClient({"bootstrap.servers": served.bootstrap}).list_topics(timeout=10)
+    assert md.cluster_id

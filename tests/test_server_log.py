@@ -308,3 +308,32 @@ def test_timestamps_outside_the_topics_window_are_invalid_timestamp(serve_root):
         codes.append(report[0].code() if report[0] else None)
     assert codes == [None, 32, 32]   # a batch with any such record is refused whole, as Kafka does
     assert consume_confluent(served.bootstrap, [("w", 0, 0)], 1)[0][4] == b"ok"
+
+
+def test_the_in_process_consumer_and_the_cli_read_beside_the_server(serve_root):
+    """A storage.url Consumer (assign, no commits) and `txlake consume` read the root while the
+    server holds its lease, and see exactly what a read_committed client of the server sees."""
+    import subprocess
+    import sys
+
+    served = serve_root
+    create_topic(served.storage, "side", 2)
+    served.start()
+    produce_confluent(served.bootstrap, [("side", i % 2, b"k%d" % i, b"v%d" % i, None, TS + i) for i in range(10)])
+    wire = consume_confluent(served.bootstrap, [("side", 0, 0), ("side", 1, 0)], 10)
+    consumer = txlake.Consumer({**served.storage.conf(), "group.id": "side-reader", "enable.auto.commit": False})
+    consumer.assign([txlake.TopicPartition("side", p, 0) for p in (0, 1)])
+    local = []
+    deadline = time.monotonic() + 30
+    while len(local) < 10 and time.monotonic() < deadline:
+        for m in consumer.consume(100, 1.0):
+            assert m.error() is None, m.error()
+            local.append((m.topic(), m.partition(), m.offset(), m.key(), m.value()))
+    consumer.close()
+    assert sorted(local) == [(t, p, o, k, v) for t, p, o, k, v, _, _ in wire]
+    if served.storage.backend == "file":
+        out = subprocess.run([sys.executable, "-m", "txlake.cli", "consume", "side", "--storage", served.storage.url,
+                              "--from-beginning", "--max-messages", "10", "--value-only"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert sorted(line for line in out.stdout.splitlines() if line.startswith("v")) == sorted(
+            "v%d" % i for i in range(10))
