@@ -48,6 +48,7 @@ from itertools import accumulate
 import cramjam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from crc32c import crc32c as _crc32c
 
 from .errors import RecordBatchError
@@ -605,13 +606,100 @@ def _compress(codec: int, data: bytes, level: int | None) -> bytes:
     return bytes(cramjam.zstd.compress(data, level=_DEFAULT_LEVELS[4] if level is None else level))
 
 
-def _zigzag_array(values: np.ndarray) -> list[int]:
+#: the 61-byte v2 batch header as a numpy record (big-endian, unaligned): every batch's
+#: header of a Fetch is built at once
+_HEADER_DTYPE = np.dtype([("base_offset", ">i8"), ("batch_length", ">i4"), ("partition_leader_epoch", ">i4"),
+                          ("magic", "i1"), ("crc", ">u4"), ("attributes", ">i2"), ("last_offset_delta", ">i4"),
+                          ("base_timestamp", ">i8"), ("max_timestamp", ">i8"), ("producer_id", ">i8"),
+                          ("producer_epoch", ">i2"), ("base_sequence", ">i4"), ("record_count", ">i4")])
+assert _HEADER_DTYPE.itemsize == RECORD_BATCH_OVERHEAD
+_CRC = struct.Struct(">I")
+_CRC_OFFSET = 17
+#: a zig-zagged value needs one LEB128 byte more at each of these thresholds (2**7, 2**14, ...)
+_VARINT_THRESHOLDS = tuple(np.uint64(1 << (7 * i)) for i in range(1, 10))
+_SEVEN = np.uint64(7)
+
+
+def _zigzag(values: np.ndarray) -> np.ndarray:
+    """Zig-zag of int64 values, as uint64 (Kafka's ``ByteUtils.writeVarlong``)."""
     values = values.astype(np.int64, copy=False)
-    return ((values << 1) ^ (values >> 63)).view(np.uint64).tolist()
+    return ((values << 1) ^ (values >> 63)).view(np.uint64)
+
+
+def _varint_sizes(z: np.ndarray, max_bytes: int) -> np.ndarray:
+    """Bytes of each zig-zagged value's LEB128 (1 .. ``max_bytes``: 5 for an int32, 10 for an int64)."""
+    sizes = np.ones(len(z), dtype=np.int64)
+    for threshold in _VARINT_THRESHOLDS[:max_bytes - 1]:
+        sizes += z >= threshold
+    return sizes
+
+
+def _put_varints(out: np.ndarray, positions: np.ndarray, z: np.ndarray, sizes: np.ndarray) -> None:
+    """Write the LEB128 of each ``z`` (``sizes`` bytes, from :func:`_varint_sizes`) at ``out[positions]``:
+    one vectorized pass per byte of the longest."""
+    while len(positions):
+        more = sizes > 1
+        out[positions] = (z & np.uint64(0x7F)).astype(np.uint8) | (more.astype(np.uint8) << 7)
+        if not more.any():
+            return
+        positions, z, sizes = positions[more] + 1, z[more] >> _SEVEN, sizes[more] - 1
+
+
+def _varint_column(z: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, data)`` of a binary column holding each value's LEB128."""
+    offsets = np.zeros(len(z) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    data = np.empty(int(offsets[-1]), dtype=np.uint8)
+    _put_varints(data, offsets[:-1], z, sizes)
+    return offsets, data
+
+
+def _binary_column(offsets: np.ndarray, data: np.ndarray, large: bool) -> pa.Array:
+    kind, width = (pa.large_binary(), np.int64) if large else (pa.binary(), np.int32)
+    return pa.Array.from_buffers(kind, len(offsets) - 1, [None, pa.py_buffer(offsets.astype(width, copy=False)),
+                                                           pa.py_buffer(data)])
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _lengths(column: pa.Array) -> np.ndarray:
+    """Byte length of each item, -1 where null (the record's keyLength / valueLength)."""
+    return pc.fill_null(pc.binary_length(column), -1).to_numpy().astype(np.int64, copy=False)
+
+
+def _control_records(rows: pa.Table, keys: pa.Array, values: pa.Array, control: np.ndarray, starts: np.ndarray,
+                     counts: np.ndarray, offsets: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """Keys and values with each null key / value of a control batch's rows replaced by the
+    ``ControlRecordType`` key (version 0, the batch's control_type) / ``EndTransactionMarker``
+    value (version 0, its coordinator_epoch; stays null without one)."""
+    batch_of_row = np.repeat(np.arange(len(starts)), counts)
+    in_control = control[batch_of_row]
+    need_key = in_control & ~keys.is_valid().to_numpy(zero_copy_only=False)
+    need_value = in_control & ~values.is_valid().to_numpy(zero_copy_only=False)
+    if need_key.any():
+        control_types = rows.column("control_type").take(pa.array(starts)).to_pylist()
+        replacements = []
+        for k in np.flatnonzero(need_key).tolist():
+            control_type = control_types[batch_of_row[k]]
+            if control_type is None:
+                raise ValueError(f"control row at offset {offsets[k]} has neither a key nor a control_type")
+            replacements.append(_CONTROL_KEY.pack(0, control_type))
+        keys = pc.replace_with_mask(keys, pa.array(need_key), pa.array(replacements, pa.binary()))
+    if need_value.any():
+        epochs = rows.column("coordinator_epoch").take(pa.array(starts)).to_pylist()
+        replaced = [k for k in np.flatnonzero(need_value).tolist() if epochs[batch_of_row[k]] is not None]
+        if replaced:
+            mask = np.zeros(len(need_value), dtype=bool)
+            mask[replaced] = True
+            values = pc.replace_with_mask(values, pa.array(mask), pa.array(
+                [_CONTROL_VALUE.pack(0, epochs[batch_of_row[k]]) for k in replaced], pa.binary()))
+    return keys, values
 
 
 def encode_batches(rows: pa.Table, *, compression: str = "none", compression_level: int | None = None,
-                   partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH) -> bytes:
+                   partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH) -> memoryview:
     """Encode one partition's log rows as the ``records`` of a Fetch response.
 
     Args:
@@ -631,21 +719,31 @@ def encode_batches(rows: pa.Table, *, compression: str = "none", compression_lev
         partition_leader_epoch: the epoch written in every batch header (-1: none).
 
     Returns:
-        One v2 batch per run of rows sharing ``base_offset``, back to back: baseOffset and
-        lastOffsetDelta from the columns, each record's offset delta = its offset minus
-        baseOffset (so a client sees the exact offsets, gaps included, although a partial
-        batch holds fewer records than ``lastOffsetDelta + 1``), producer id, epoch and
-        base sequence of the batch (a record's sequence stays baseSequence + its offset
-        delta), the attribute bits from the flag columns, baseTimestamp = the first row's
-        timestamp, maxTimestamp = the largest, CRC-32C over attributes .. end. A control
-        row's record is its key and value as stored, or, where they are null, the
-        ``ControlRecordType`` key (version 0, control_type) and ``EndTransactionMarker``
-        value (version 0, coordinator_epoch). Empty input gives ``b""``.
+        A memoryview of the bytes (one buffer, no copy of it is made here: pass it on as it
+        is; ``bytes()`` copies it): one v2 batch per run of rows sharing ``base_offset``,
+        back to back: baseOffset and lastOffsetDelta from the columns, each record's offset
+        delta = its offset minus baseOffset (so a client sees the exact offsets, gaps
+        included, although a partial batch holds fewer records than ``lastOffsetDelta +
+        1``), producer id, epoch and base sequence of the batch (a record's sequence stays
+        baseSequence + its offset delta), the attribute bits from the flag columns,
+        baseTimestamp = the first row's timestamp, maxTimestamp = the largest, CRC-32C over
+        attributes .. end. A control row's record is its key and value as stored, or, where
+        they are null, the ``ControlRecordType`` key (version 0, control_type) and
+        ``EndTransactionMarker`` value (version 0, coordinator_epoch). Empty input gives
+        an empty view.
 
     Raises:
         ValueError: an unknown ``compression``; offsets not increasing; a row whose offset
             is below its base_offset, more than 2**31 - 1 above it, or beyond its batch's
             last offset; a control row with neither a key nor a control_type.
+
+    The records are built column-wise, with no Python object per record: each record's
+    varints (length, timestamp delta, offset delta, key and value lengths) are computed as
+    arrays and written into one buffer of record prefixes (the batch header in front of a
+    batch's first record), and Arrow's ``binary_join_element_wise`` then concatenates
+    prefix, key, value-length varint, value and headers of every record into one buffer
+    (one copy of the keys and values); each batch's CRC-32C is then written in place.
+    Only rows with headers are encoded one by one (their header section).
     """
     codec = _COMPRESSION_IDS.get(compression)
     if codec is None:
@@ -653,7 +751,7 @@ def encode_batches(rows: pa.Table, *, compression: str = "none", compression_lev
                          f"{', '.join(COMPRESSION_TYPES)}")
     total = rows.num_rows
     if total == 0:
-        return b""
+        return memoryview(b"")
 
     def numpy(name: str) -> np.ndarray:
         return rows.column(name).to_numpy()
@@ -671,74 +769,108 @@ def encode_batches(rows: pa.Table, *, compression: str = "none", compression_lev
         raise ValueError(f"offset {offsets[bad]} lies outside its batch [{base_offsets[bad]}, "
                          f"{base_offsets[bad] + last_deltas[bad]}]")
     starts = np.concatenate(([0], np.flatnonzero(base_offsets[1:] != base_offsets[:-1]) + 1))
-    ends = np.append(starts[1:], total)
+    counts = np.diff(np.append(starts, total))
     timestamps = numpy("timestamp").astype(np.int64, copy=False)
     first_ts = timestamps[starts]
-    max_ts = np.maximum.reduceat(timestamps, starts)
-    ts_z = _zigzag_array(timestamps - np.repeat(first_ts, ends - starts))
-    off_z = _zigzag_array(offset_deltas)
+    take = pa.array(starts)
 
-    keys = rows.column("key").to_pylist()
-    values = rows.column("value").to_pylist()
+    def per_batch(name: str) -> np.ndarray:
+        return rows.column(name).take(take).to_numpy(zero_copy_only=False)
+
+    control = per_batch("is_control").astype(bool, copy=False)
+    keys, values = _one_chunk(rows.column("key")), _one_chunk(rows.column("value"))
+    if control.any():
+        keys, values = _control_records(rows, keys, values, control, starts, counts, offsets)
+    key_lengths, value_lengths = _lengths(keys), _lengths(values)
     header_column = rows.column("headers")
-    headers = header_column.to_pylist() if header_column.null_count < total else None
+    if header_column.null_count < total:  # the header sections, one by one (Python objects)
+        suffix = pa.array([_ZERO if h is None else _encode_headers(h) for h in header_column.to_pylist()],
+                          pa.binary())
+        suffix_lengths = pc.binary_length(suffix).to_numpy().astype(np.int64)
+    else:  # headerCount 0 for every record
+        suffix = None
+        suffix_lengths = np.ones(total, dtype=np.int64)
 
-    def per_batch(name: str) -> list:
-        return rows.column(name).take(pa.array(starts)).to_pylist()
+    # the varints of every record, and so its size
+    ts_z = _zigzag(timestamps - np.repeat(first_ts, counts))
+    offset_z = _zigzag(offset_deltas)
+    key_z, value_z = _zigzag(key_lengths), _zigzag(value_lengths)
+    ts_n, offset_n = _varint_sizes(ts_z, 10), _varint_sizes(offset_z, 5)
+    key_n, value_n = _varint_sizes(key_z, 5), _varint_sizes(value_z, 5)
+    key_bytes, value_bytes = np.maximum(key_lengths, 0), np.maximum(value_lengths, 0)
+    size = 1 + ts_n + offset_n + key_n + key_bytes + value_n + value_bytes + suffix_lengths
+    size_z = (size << 1).view(np.uint64)
+    size_n = _varint_sizes(size_z, 5)
 
-    ts_types, producer_ids = per_batch("timestamp_type"), per_batch("producer_id")
-    producer_epochs, base_sequences = per_batch("producer_epoch"), per_batch("base_sequence")
-    transactional, control = per_batch("is_transactional"), per_batch("is_control")
-    control_types, coordinator_epochs = per_batch("control_type"), per_batch("coordinator_epoch")
+    # the batch headers (CRC 0 until the records are in place)
+    head = np.zeros(len(starts), dtype=_HEADER_DTYPE)
+    head["base_offset"] = base_offsets[starts]
+    head["batch_length"] = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + np.add.reduceat(size_n + size, starts)
+    head["partition_leader_epoch"] = partition_leader_epoch
+    head["magic"] = MAGIC_V2
+    head["attributes"] = (np.where(per_batch("timestamp_type") == TIMESTAMP_LOG_APPEND_TIME, _TIMESTAMP_TYPE_BIT, 0)
+                          | np.where(per_batch("is_transactional"), _TRANSACTIONAL_BIT, 0)
+                          | np.where(control, _CONTROL_BIT, 0))
+    head["last_offset_delta"] = last_deltas[starts]
+    head["base_timestamp"] = first_ts
+    head["max_timestamp"] = np.maximum.reduceat(timestamps, starts)
+    head["producer_id"] = per_batch("producer_id")
+    head["producer_epoch"] = per_batch("producer_epoch")
+    head["base_sequence"] = per_batch("base_sequence")
+    head["record_count"] = counts
 
-    table = _VARINT_TABLE
-    varint = _varint
-    out: list = []
-    for b, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
-        parts: list = []
-        add = parts.extend
-        is_control = bool(control[b])
-        for k in range(s, e):
-            key = keys[k]
-            value = values[k]
-            if is_control:
-                if key is None:
-                    if control_types[b] is None:
-                        raise ValueError(f"control row at offset {offsets[k]} has neither a key nor a control_type")
-                    key = _CONTROL_KEY.pack(0, control_types[b])
-                if value is None and coordinator_epochs[b] is not None:
-                    value = _CONTROL_VALUE.pack(0, coordinator_epochs[b])
-            z = ts_z[k]
-            tsv = table[z] if z < 16384 else varint(z)
-            z = off_z[k]
-            ov = table[z] if z < 16384 else varint(z)
-            if key is None:
-                kv, key, kn = _NULL, b"", 0
-            else:
-                kn = len(key)
-                z = kn << 1
-                kv = table[z] if z < 16384 else varint(z)
-            if value is None:
-                vv, value, vn = _NULL, b"", 0
-            else:
-                vn = len(value)
-                z = vn << 1
-                vv = table[z] if z < 16384 else varint(z)
-            hv = _ZERO if headers is None or headers[k] is None else _encode_headers(headers[k])
-            size = 1 + len(tsv) + len(ov) + len(kv) + kn + len(vv) + vn + len(hv)
-            z = size << 1
-            add((table[z] if z < 16384 else varint(z), _ZERO, tsv, ov, kv, key, vv, value, hv))
-        body = b"".join(parts)
-        batch_codec = 0 if is_control else codec
-        if batch_codec:
-            body = _compress(batch_codec, body, compression_level)
-        attributes = (batch_codec | (_TIMESTAMP_TYPE_BIT if ts_types[b] == TIMESTAMP_LOG_APPEND_TIME else 0)
-                      | (_TRANSACTIONAL_BIT if transactional[b] else 0) | (_CONTROL_BIT if is_control else 0))
-        after_crc = _AFTER_CRC.pack(attributes, int(last_deltas[s]), int(first_ts[b]), int(max_ts[b]),
-                                    producer_ids[b], producer_epochs[b], base_sequences[b], e - s)
-        crc = _crc32c(body, _crc32c(after_crc))
-        out.append(_PREFIX.pack(int(base_offsets[s]), RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(body),
-                                partition_leader_epoch, MAGIC_V2, crc))
-        out.append(after_crc)
-        out.append(body)
-    return b"".join(out)
+    # each record's prefix: [batch header] length | attributes (0) | timestampDelta | offsetDelta | keyLength
+    first = np.zeros(total, dtype=np.int64)
+    first[starts] = RECORD_BATCH_OVERHEAD
+    prefix_offsets = np.zeros(total + 1, dtype=np.int64)
+    np.cumsum(first + size_n + 1 + ts_n + offset_n + key_n, out=prefix_offsets[1:])
+    prefix = np.zeros(int(prefix_offsets[-1]), dtype=np.uint8)
+    prefix[(prefix_offsets[starts][:, None] + np.arange(RECORD_BATCH_OVERHEAD)).ravel()] = head.view(np.uint8)
+    at = prefix_offsets[:-1] + first
+    _put_varints(prefix, at, size_z, size_n)
+    at = at + size_n + 1
+    _put_varints(prefix, at, ts_z, ts_n)
+    at += ts_n
+    _put_varints(prefix, at, offset_z, offset_n)
+    at += offset_n
+    _put_varints(prefix, at, key_z, key_n)
+    middle_offsets, middle = _varint_column(value_z, value_n)  # valueLength
+
+    out_size = int(prefix_offsets[-1] + key_bytes.sum() + middle_offsets[-1] + value_bytes.sum() + suffix_lengths.sum())
+    large = out_size > _INT32_MAX  # beyond an Arrow binary column's int32 offsets
+    kind = pa.large_binary() if large else pa.binary()
+    if suffix is None:
+        suffix = _binary_column(np.arange(total + 1, dtype=np.int64), np.zeros(total, dtype=np.uint8), large)
+    parts = [_binary_column(prefix_offsets, prefix, large), keys, _binary_column(middle_offsets, middle, large),
+             values, suffix]
+    joined = pc.binary_join_element_wise(*[p.cast(kind) if p.type != kind else p for p in parts],
+                                         pa.scalar(b"", kind), null_handling="replace", null_replacement="")
+    _, offsets_buffer, data = joined.buffers()
+    record_offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if large else np.int32)[
+        joined.offset:joined.offset + total + 1]
+    begin, end = int(record_offsets[0]), int(record_offsets[-1])
+    assert end - begin == out_size, (end - begin, out_size)
+    out = memoryview(data)[begin:end]
+    if out.readonly:  # Arrow allocates a kernel's output mutable; should that change, copy once
+        out = memoryview(bytearray(out))
+    positions = (record_offsets[starts] - begin).tolist()
+    limits = positions[1:] + [out_size]
+    pack_crc = _CRC.pack_into
+    for pos, limit in zip(positions, limits):
+        pack_crc(out, pos + _CRC_OFFSET, _crc32c(out[pos + _ATTRIBUTES_OFFSET:limit]))
+    if not codec:
+        return out
+
+    pieces: list = []
+    for b, (pos, limit) in enumerate(zip(positions, limits)):
+        if control[b]:  # markers are never compressed
+            pieces.append(out[pos:limit])
+            continue
+        body = _compress(codec, bytes(out[pos + RECORD_BATCH_OVERHEAD:limit]), compression_level)
+        header = bytearray(out[pos:pos + RECORD_BATCH_OVERHEAD])
+        _INT32.pack_into(header, LOG_OVERHEAD - 4, RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(body))
+        header[_ATTRIBUTES_OFFSET + 1] |= codec
+        pack_crc(header, _CRC_OFFSET, _crc32c(body, _crc32c(header[_ATTRIBUTES_OFFSET:])))
+        pieces.append(header)
+        pieces.append(body)
+    return memoryview(b"".join(pieces))

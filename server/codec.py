@@ -27,9 +27,14 @@ import kafka.protocol.consumer  # noqa: F401
 import kafka.protocol.metadata  # noqa: F401
 import kafka.protocol.producer  # noqa: F401
 from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.schemas.fields.codecs import EncodeBuffer
 
 #: ApiKey.ApiVersions
 API_VERSIONS_KEY = 18
+#: ApiKey.Fetch
+FETCH_KEY = 1
+#: a response's buffer besides a Fetch response's record batches (it grows if a response needs more)
+_BUFFER_BYTES = 64 * 1024
 
 _HEAD = struct.Struct(">hhi")
 _INT16 = struct.Struct(">h")
@@ -162,11 +167,30 @@ def _skip_tagged_fields(view: memoryview, pos: int) -> int:
     return pos
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, response: Any) -> bytes:
+def encode_response(api_key: int, api_version: int, correlation_id: int, response: Any) -> memoryview:
     """A framed response: int32 length, response header (v1 for a flexible version, else v0;
-    always v0 for ApiVersions), then ``response`` encoded at ``api_version``."""
+    always v0 for ApiVersions), then ``response`` encoded at ``api_version``.
+
+    The frame is written into one buffer sized for it and returned as a view of it: a Fetch
+    response's record batches (tens of MB) are copied once, into it, instead of through
+    kafka-python's pooled buffer, a slice of it and a concatenation (four copies); and a
+    view's tail is sliced without a copy when a socket takes only part of it (asyncio's
+    transport slices what ``send`` left over).
+    """
     cls = RESPONSE_CLASSES[api_key]
-    body = response.encode(version=api_version)
-    flexible = cls.flexible_version_q(api_version) and api_key != API_VERSIONS_KEY
-    header = _INT32.pack(correlation_id) + (b"\x00" if flexible else b"")
-    return _INT32.pack(len(header) + len(body)) + header + bytes(body)
+    flexible = cls.flexible_version_q(api_version)
+    header = _INT32.pack(correlation_id) + (b"\x00" if flexible and api_key != API_VERSIONS_KEY else b"")
+    out = EncodeBuffer(_BUFFER_BYTES + (_records_bytes(response) if api_key == FETCH_KEY else 0))
+    start = 4 + len(header)
+    out.buf[4:start] = header
+    out.pos = start
+    # what ApiMessage.encode does, into our buffer rather than its thread's pooled one
+    response.API_VERSION = api_version
+    response._struct.compiled_encode_into(api_version, compact=flexible, tagged=flexible)(response, out)
+    _INT32.pack_into(out.buf, 0, out.pos - 4)
+    return memoryview(out.buf)[:out.pos]
+
+
+def _records_bytes(response: Any) -> int:
+    """Bytes of the record batches a Fetch response carries."""
+    return sum(len(p.records) for t in response.responses or () for p in t.partitions or () if p.records is not None)

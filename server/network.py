@@ -39,6 +39,8 @@ DEFAULT_MAX_REQUEST_BYTES = 104_857_600
 #: have ``max.in.flight.requests.per.connection`` outstanding; librdkafka's default is 1 000 000)
 MAX_IN_FLIGHT_PER_CONNECTION = 64
 _SIZE = struct.Struct(">i")
+#: responses are written in slices of this many bytes (see _send_one)
+WRITE_SLICE_BYTES = 1024 * 1024
 #: at shutdown, how long (s) requests already read may take to be answered
 STOP_GRACE_S = 5.0
 
@@ -195,8 +197,13 @@ class KafkaServer:
         if data is None:
             return
         try:
-            writer.write(data)
-            await writer.drain()
+            # a large response goes out in slices, each drained before the next: asyncio's transport
+            # copies whatever the socket does not take at once into its own buffer, which for a
+            # 40 MB Fetch response would be a second copy of it
+            view = memoryview(data)
+            for start in range(0, len(view), WRITE_SLICE_BYTES):
+                writer.write(view[start:start + WRITE_SLICE_BYTES])
+                await writer.drain()
         except ConnectionError as exc:
             raise _Broken from exc
 

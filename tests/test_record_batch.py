@@ -22,6 +22,7 @@ from kafka.record import default_records
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
+from txlake.formats import record_batch
 from txlake.formats.errors import RecordBatchError
 from txlake.formats.record_batch import (COMPRESSION_TYPES, CORRUPT_MESSAGE, INVALID_RECORD, decode_batches,
                                          encode_batches)
@@ -525,3 +526,111 @@ def test_a_compression_bomb_is_refused_as_message_too_large_without_allocating_i
         decode_batches(data, topic="t", partition=0)
     assert failed.value.error_name == "MESSAGE_TOO_LARGE"
     assert "decompress to more than 65536 bytes" in str(failed.value)
+
+
+# ------------------------------------------------------------------ vectorized encode == the per-record loop
+
+
+def _encode_batches_per_record(rows: pa.Table, compression: str = "none", partition_leader_epoch: int = -1) -> bytes:
+    """The oracle: encode_batches as it was before it was vectorized (a Python loop over the
+    records, one varint at a time), kept here to pin the exact bytes."""
+    codec = COMPRESSION_TYPES.index(compression)
+
+    def varint(n: int) -> bytes:
+        z = (n << 1) ^ (n >> 63)
+        out = bytearray()
+        while z >= 0x80:
+            out.append((z & 0x7F) | 0x80)
+            z >>= 7
+        out.append(z)
+        return bytes(out)
+
+    columns = {name: rows.column(name).to_pylist() for name in rows.column_names}
+    out = []
+    start = 0
+    while start < rows.num_rows:
+        end = start
+        while end < rows.num_rows and columns["base_offset"][end] == columns["base_offset"][start]:
+            end += 1
+        b = {name: values[start] for name, values in columns.items()}
+        is_control = b["is_control"]
+        first_ts = b["timestamp"]
+        records = []
+        for k in range(start, end):
+            key, value = columns["key"][k], columns["value"][k]
+            if is_control:
+                if key is None:
+                    key = struct.pack(">hh", 0, b["control_type"])
+                if value is None and b["coordinator_epoch"] is not None:
+                    value = struct.pack(">hi", 0, b["coordinator_epoch"])
+            headers = columns["headers"][k] or []
+            body = b"\x00" + varint(columns["timestamp"][k] - first_ts) + varint(columns["offset"][k] - b["base_offset"])
+            body += varint(-1) if key is None else varint(len(key)) + key
+            body += varint(-1) if value is None else varint(len(value)) + value
+            body += varint(len(headers))
+            for h in headers:
+                name = h["key"].encode("utf-8")
+                body += varint(len(name)) + name
+                body += varint(-1) if h["value"] is None else varint(len(h["value"])) + h["value"]
+            records.append(varint(len(body)) + body)
+        data = b"".join(records)
+        batch_codec = 0 if is_control else codec
+        if batch_codec:
+            data = record_batch._compress(batch_codec, data, None)
+        attributes = (batch_codec | (0x08 if b["timestamp_type"] == 1 else 0) | (0x10 if b["is_transactional"] else 0)
+                      | (0x20 if is_control else 0))
+        after_crc = struct.pack(">hiqqqhii", attributes, b["last_offset_delta"], first_ts,
+                                max(columns["timestamp"][start:end]), b["producer_id"], b["producer_epoch"],
+                                b["base_sequence"], end - start) + data
+        out.append(struct.pack(">qiibI", b["base_offset"], 49 + len(data), partition_leader_epoch, 2,
+                               crc32c(after_crc)) + after_crc)
+        start = end
+    return b"".join(out)
+
+
+_VALUE = st.one_of(st.none(), st.binary(max_size=40),
+                   st.integers(8000, 70_000).map(lambda n: bytes([n % 251]) * n))  # 2- and 3-byte lengths
+
+
+@st.composite
+def _fetched_rows(draw) -> pa.Table:
+    """Rows as a Fetch reads them: several batches, the first possibly cut (a fetch from its
+    middle), gaps inside and between batches (compaction), null / empty / large keys and
+    values, headers, control batches, timestamps far apart; in one or several chunks."""
+    batches = []
+    base = draw(st.integers(0, 1 << 40))
+    for _ in range(draw(st.integers(1, 5))):
+        is_control = draw(st.booleans()) and draw(st.booleans())
+        last = 0 if is_control else draw(st.one_of(st.integers(0, 30), st.integers(0, 200_000)))
+        deltas = sorted(draw(st.sets(st.integers(0, last), min_size=1, max_size=6)))
+        first_ts = draw(st.integers(-(1 << 40), 1 << 42))
+        records = []
+        for delta in deltas:
+            ts = first_ts + draw(st.one_of(st.integers(-200, 200), st.integers(-(1 << 62), 1 << 62)))
+            if is_control:
+                key = draw(st.sampled_from([None, struct.pack(">hh", 0, CONTROL_COMMIT)]))
+                value = draw(st.sampled_from([None, struct.pack(">hi", 0, 3)]))
+                headers = []
+            else:
+                key, value = draw(_VALUE), draw(_VALUE)
+                headers = draw(st.lists(_header, max_size=2)) if draw(st.integers(0, 3)) == 0 else []
+            records.append((base + delta, ts, key, value, headers))
+        batches.append({"base_offset": base, "last_offset_delta": last, "records": records,
+                        "producer_id": draw(st.sampled_from([-1, 0, 1 << 50])), "producer_epoch": draw(st.integers(-1, 5)),
+                        "base_sequence": draw(st.sampled_from([-1, 0, 1 << 30])),
+                        "is_transactional": is_control or draw(st.booleans()), "timestamp_type": draw(st.integers(0, 1)),
+                        "is_control": is_control, "control_type": CONTROL_ABORT if is_control else None,
+                        "coordinator_epoch": draw(st.sampled_from([None, 0, 7])) if is_control else None})
+        base += last + 1 + draw(st.sampled_from([0, 0, 1, 1000]))
+    table = _log_rows(batches)
+    cuts = sorted(draw(st.sets(st.integers(1, max(table.num_rows - 1, 1)), max_size=3)) & set(range(1, table.num_rows)))
+    bounds = [0, *cuts, table.num_rows]
+    table = pa.concat_tables([table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])])
+    return table
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(rows=_fetched_rows(), codec=st.sampled_from(CODECS), epoch=st.sampled_from([-1, 0, 5]))
+def test_vectorized_encode_gives_the_bytes_of_the_per_record_loop(rows, codec, epoch):
+    data = encode_batches(rows, compression=codec, partition_leader_epoch=epoch)
+    assert bytes(data) == _encode_batches_per_record(rows, codec, epoch)

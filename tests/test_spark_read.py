@@ -96,7 +96,9 @@ def test_committed_read_equals_the_consumer(storage):
     Kafka source's columns; read_uncommitted equals the read_uncommitted Consumer."""
     create(storage, orders=3)
     conf = {**storage.conf(), **TXN_CONF}
-    ta, tb, tc = (Producer({**conf, "transactional.id": i}) for i in ("ta", "tb", "tc"))
+    # tc's transaction stays open through every read: a timeout far above the test's length (on a
+    # loaded machine the default 60 s could pass, the coordinator would abort it, and the LSO move)
+    ta, tb, tc = (Producer({**conf, "transactional.id": i, "transaction.timeout.ms": 900_000}) for i in ("ta", "tb", "tc"))
     plain = Producer(conf)
     for p in (ta, tb, tc):
         p.init_transactions(30)

