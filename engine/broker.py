@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import struct
 import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from txlake.catalog.catalog import Catalog
@@ -41,25 +38,23 @@ from txlake.catalog.errors import (CatalogError, CatalogGapError, InvalidConfigE
 from txlake.catalog.state import (ADD_PARTITIONS, CREATE_TOPIC, DELETE_TOPIC, LOG_START_OFFSET, PRODUCER_ID_BLOCK,
                                   REMOVE_SEGMENT, TOPIC_CONFIG, CatalogState, TopicState)
 from txlake.catalog.storage import InvalidObjectKeyError, ObjectStore
-from txlake.catalog.topic_config import (LONG_MAX, alter_topic_config, cleanup_policies, effective_config,
-                                         validate_topic_config)
+from txlake.catalog.topic_config import alter_topic_config, cleanup_policies, effective_config, validate_topic_config
 from txlake.catalog.topic_names import (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, is_internal,
                                          unify_collision_chars, validate_topic_name)
 from txlake.catalog.writer_lease import WriterLease
 from txlake.formats.errors import FormatError
-from txlake.formats.records import (CONTROL_ABORT, CONTROL_COMMIT, HEADER_TYPE, PAYLOAD_SCHEMA, RECORD_SCHEMA,
-                                    TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME)
+from txlake.formats.records import RECORD_SCHEMA
 
 from . import log_loader
 from .compaction import CompactionThread
 from .errors import ApiError, Errors
 from .group_coordinator import GroupConfig, GroupCoordinator
 from .group_offsets import GroupOffsets
-from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX, GroupCommitter, PendingBatch, now_ms
+from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX, GroupCommitter, now_ms
 from .handoff import HandoffServer
 from .log_reader import LogReader
 from .orphans import delete_orphans
-from .producer_state import ProducerStateManager, increment_sequence
+from .partition_log import PartitionLog, TxnVerifier
 from .requests import BrokerConfig, FetchResult, ProduceBatch, ProduceResult, TxnMarker
 from .transaction_coordinator import TransactionCoordinator
 from .transaction_state_manager import TransactionConfig
@@ -75,14 +70,6 @@ PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdManager block size
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
-
-
-@dataclass
-class _WriterPartition:
-    """The writer's view of a partition: its log end offset (queued batches included) and producer state."""
-
-    log_end_offset: int
-    producers: ProducerStateManager
 
 
 class Broker:
@@ -105,7 +92,7 @@ class Broker:
         #: KIP-890 partition verification: ``(producer_id, epoch, topic, partition) -> Errors``; the
         #: transaction coordinator installs it. A transactional batch that opens a transaction on a
         #: partition is refused unless the coordinator has added the partition to the transaction.
-        self.txn_verifier: Callable[[int, int, str, int], Errors] | None = None
+        self.txn_verifier: TxnVerifier | None = None
         self._txn_coordinator: TransactionCoordinator | None = None
         self._txn_starting: TransactionCoordinator | None = None  # a start-up in progress (close cancels it)
         self._txn_election: threading.Thread | None = None  # starts the coordinator when the lease is taken
@@ -116,7 +103,7 @@ class Broker:
         self._group_coordinator_lock = threading.Lock()
         self._append_lock = self._committer.lock   # offsets, producer state and the queue change together
         self._commit_lock = self._committer.commit_lock  # one catalog writer at a time
-        self._partitions: dict[tuple[str, int], _WriterPartition] = {}
+        self._partitions: dict[tuple[str, int], PartitionLog] = {}  # the writer's partition logs
         self._fatal: Exception | None = None
         self._closed = False
         self._flusher_started = False
@@ -197,23 +184,23 @@ class Broker:
         managers = log_loader.load_producer_states(self.store, state, self.reader)
         for topic in state.topics.values():
             for p in topic.partitions:
-                self._partitions[(topic.name, p.partition)] = _WriterPartition(
-                    p.high_watermark, managers[(topic.name, p.partition)])
+                self._partitions[(topic.name, p.partition)] = PartitionLog(
+                    topic.name, p.partition, p.high_watermark, managers[(topic.name, p.partition)])
 
     def _first_unstable_offset(self, topic: str, partition: int) -> int | None:
-        wp = self._partitions.get((topic, partition))
-        return wp.producers.first_unstable_offset() if wp is not None else None
+        log_ = self._partitions.get((topic, partition))
+        return log_.first_unstable_offset() if log_ is not None else None
 
     def _snapshot_producer_state(self) -> tuple[list, dict]:
         """Rows and per-partition end offsets of all producer state (called under the append lock)."""
         rows: list = []
         ends: dict = {}
         state = self.catalog.state
-        for (topic, partition), wp in self._partitions.items():
-            rows.extend(wp.producers.snapshot_rows())
+        for (topic, partition), log_ in self._partitions.items():
+            rows.extend(log_.snapshot_rows())
             t = state.topics[topic]
             entry = ends.setdefault(topic, {"topic_id": t.topic_id, "end_offsets": [0] * len(t.partitions)})
-            entry["end_offsets"][partition] = wp.log_end_offset
+            entry["end_offsets"][partition] = log_.log_end_offset
         return rows, ends
 
     # ---------------------------------------------------------------- metadata / admin
@@ -298,7 +285,7 @@ class Broker:
                 with self._append_lock:
                     for a in actions:
                         for p in range(a["num_partitions"]):
-                            self._partitions[(a["topic"], p)] = _WriterPartition(0, ProducerStateManager(a["topic"], p))
+                            self._partitions[(a["topic"], p)] = PartitionLog(a["topic"], p)
         return results
 
     def delete_topics(self, names: list[str]) -> list[tuple[Errors, str]]:
@@ -386,7 +373,7 @@ class Broker:
                     for a in actions:
                         for p in range(a["num_partitions"]):
                             if (a["topic"], p) not in self._partitions:
-                                self._partitions[(a["topic"], p)] = _WriterPartition(0, ProducerStateManager(a["topic"], p))
+                                self._partitions[(a["topic"], p)] = PartitionLog(a["topic"], p)
         return results
 
     def alter_topic_configs(self, changes: list[tuple[str, list[tuple[str, int, str | None]]]],
@@ -511,60 +498,25 @@ class Broker:
             return [self._append(batch, internal_topics_allowed) for batch in batches]
 
     def _append(self, batch: ProduceBatch, internal_topics_allowed: bool) -> Future:
+        """Route one batch to its partition log (Kafka's ``ReplicaManager.appendRecords``; the
+        caller holds the append lock): the partition must exist and, unless
+        ``internal_topics_allowed``, not be internal; :meth:`PartitionLog.append` validates and
+        assigns offsets; the accepted batch joins the commit queue."""
         if self._fatal is not None:
             return _done(ProduceResult(Errors._FENCED, message=str(self._fatal)))
-        wp = self._partitions.get((batch.topic, batch.partition))
+        log_ = self._partitions.get((batch.topic, batch.partition))
         topic = self.catalog.state.topics.get(batch.topic)
-        if wp is None or topic is None:
+        if log_ is None or topic is None:
             return _done(ProduceResult(Errors.UNKNOWN_TOPIC_OR_PART,
                                        message=f"Unknown topic or partition: {batch.topic} [{batch.partition}]"))
         if not internal_topics_allowed and is_internal(batch.topic):
             return _done(ProduceResult(Errors.INVALID_TOPIC_EXCEPTION,
                                        message=f"Cannot append to internal topic {batch.topic}"))
-        n = batch.records.num_rows
-        assert n > 0, "a batch holds at least one record"
-        config = effective_config(topic.config)
-        size = batch.records.nbytes if batch.size_in_bytes is None else batch.size_in_bytes
-        max_bytes = int(config["max.message.bytes"])
-        if size > max_bytes:
-            return _done(ProduceResult(Errors.MESSAGE_TOO_LARGE,
-                                       message=f"The batch of {n} records for {batch.topic} [{batch.partition}] is {size} bytes, "
-                                               f"larger than max.message.bytes={max_bytes} of the topic"))
-        if "compact" in cleanup_policies(config) and batch.records.column("key").null_count:
-            # Kafka's LogValidator: a compacted topic keeps the latest record per key, so every record needs one
-            return _done(ProduceResult(Errors.INVALID_RECORD, message=(
-                f"Compacted topic cannot accept message without key in topic partition {batch.topic}-{batch.partition}.")))
-        timestamp_error = _timestamp_error(batch, config)
-        if timestamp_error is not None:
-            return _done(ProduceResult(Errors.INVALID_TIMESTAMP, message=timestamp_error))
-        if batch.producer_id >= 0:
-            last_seq = increment_sequence(batch.base_sequence, n - 1)
-            try:
-                dup = wp.producers.check_append(batch.producer_id, batch.producer_epoch, batch.base_sequence,
-                                                last_seq, batch.is_transactional)
-            except ApiError as exc:
-                return _done(ProduceResult(exc.error, message=exc.message))
-            if dup is not None:
-                return _done(ProduceResult(Errors.NO_ERROR, dup.first_offset, -1, duplicate=True))
-            if batch.is_transactional and self.txn_verifier is not None:
-                entry = wp.producers.last_entry(batch.producer_id)
-                if entry is None or entry.current_txn_first_offset is None:
-                    verdict = self.txn_verifier(batch.producer_id, batch.producer_epoch, batch.topic, batch.partition)
-                    if verdict != Errors.NO_ERROR:
-                        return _done(ProduceResult(verdict, message=(
-                            f"{batch.topic} [{batch.partition}] is not part of producer {batch.producer_id}'s "
-                            "transaction at the coordinator (KIP-890 verification)")))
-        now = now_ms()
-        ts_type = TIMESTAMP_LOG_APPEND_TIME if config["message.timestamp.type"] == "LogAppendTime" else TIMESTAMP_CREATE_TIME
-        base = wp.log_end_offset
-        wp.log_end_offset += n
-        if batch.producer_id >= 0:
-            max_ts = now if ts_type == TIMESTAMP_LOG_APPEND_TIME else pc.max(batch.records.column("timestamp")).as_py()
-            wp.producers.update(batch.producer_id, batch.producer_epoch, batch.base_sequence, last_seq, base,
-                                base + n - 1, max_ts, batch.is_transactional)
-        fut: Future = Future()
-        self._committer.enqueue(PendingBatch(batch, base, ts_type, now, fut), batch.records.nbytes)
-        return fut
+        appended = log_.append(batch, effective_config(topic.config), self.txn_verifier)
+        if isinstance(appended, ProduceResult):
+            return _done(appended)
+        self._committer.enqueue(appended, batch.records.nbytes)
+        return appended.future
 
     def flush(self, timeout_ms: int = 60_000) -> None:
         """Wait until every batch queued so far is committed (or failed)."""
@@ -589,8 +541,8 @@ class Broker:
         now = now_ms() if now is None else now
         expired: dict[tuple[str, int], list[int]] = {}
         with self._append_lock:
-            for tp, wp in self._partitions.items():
-                gone = wp.producers.remove_expired_producers(now, self.config.producer_id_expiration_ms)
+            for tp, log_ in self._partitions.items():
+                gone = log_.remove_expired_producers(now, self.config.producer_id_expiration_ms)
                 if gone:
                     expired[tp] = gone
         return expired
@@ -694,7 +646,8 @@ class Broker:
             if self._txn_coordinator is None:
                 if self._txn_closing.is_set():
                     raise ApiError(Errors._STATE, f"the engine of {self.store.url} is closed")
-                coordinator = TransactionCoordinator(self, self.lease.epoch, self._transaction_config())
+                coordinator = TransactionCoordinator(self, self.lease.epoch, self._transaction_config(),
+                                                     group_partition_for=self.group_offsets().partition_for)
                 self._txn_starting = coordinator
                 if self._txn_closing.is_set():  # close() may have looked for it just before
                     coordinator.cancel()
@@ -739,7 +692,8 @@ class Broker:
 
     def group_offsets(self) -> GroupOffsets:
         """Consumer-group offsets in ``__consumer_offsets`` (commits take the writer lease; fetches read)."""
-        return GroupOffsets(self, self._group_config.offsets_topic_num_partitions)
+        return GroupOffsets(self, self._group_config.offsets_topic_num_partitions,
+                            group_coordinator=self.group_coordinator)
 
     def group_coordinator(self) -> GroupCoordinator:
         """The group coordinator of this storage root (started on first use, in the writer).
@@ -818,29 +772,14 @@ class Broker:
     def _append_marker(self, marker: TxnMarker, tp: tuple[str, int], urgent: bool) -> Errors | Future:
         if self._fatal is not None:
             return Errors._FENCED
-        wp = self._partitions.get(tp)
-        if wp is None:
+        log_ = self._partitions.get(tp)
+        if log_ is None:
             return Errors.UNKNOWN_TOPIC_OR_PART
-        try:
-            wp.producers.check_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch)
-        except ApiError as exc:
-            return exc.error
-        now = now_ms()
-        control_type = CONTROL_COMMIT if marker.committed else CONTROL_ABORT
-        records = pa.Table.from_arrays(
-            [pa.array([now], pa.int64()), pa.array([struct.pack(">hh", 0, control_type)], pa.binary()),
-             pa.array([struct.pack(">hi", 0, marker.coordinator_epoch)], pa.binary()), pa.nulls(1, HEADER_TYPE)],
-            schema=PAYLOAD_SCHEMA)
-        batch = ProduceBatch(tp[0], tp[1], records, marker.producer_id, marker.producer_epoch, -1,
-                             is_transactional=True, is_control=True, control_type=control_type,
-                             coordinator_epoch=marker.coordinator_epoch, urgent=urgent)
-        base = wp.log_end_offset
-        wp.log_end_offset += 1
-        first = wp.producers.complete_txn(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, now)
-        fut: Future = Future()
-        self._committer.enqueue(PendingBatch(batch, base, TIMESTAMP_CREATE_TIME, now, fut,
-                                             first if not marker.committed else None), records.nbytes)
-        return fut
+        appended = log_.append_marker(marker, urgent)
+        if isinstance(appended, Errors):
+            return appended
+        self._committer.enqueue(appended, appended.batch.records.nbytes)
+        return appended.future
 
     def _set_fatal(self, exc: Exception) -> None:
         if self._fatal is None:
@@ -950,33 +889,8 @@ class Broker:
         one snapshot row per producer id (:meth:`ProducerStateManager.snapshot_rows`), copied under
         the append lock. None when this process is not the writer or has no such partition."""
         with self._append_lock:
-            wp = self._partitions.get((topic, partition)) if self.is_writer else None
-            return None if wp is None else wp.producers.snapshot_rows()
-
-
-def _timestamp_error(batch: ProduceBatch, config: dict) -> str | None:
-    """Kafka's ``LogValidator.validateTimestamp`` (KIP-937): on a CreateTime topic, a record
-    timestamp more than ``message.timestamp.before.max.ms`` before now or more than
-    ``message.timestamp.after.max.ms`` after it makes the batch INVALID_TIMESTAMP (-1, "no
-    timestamp", is never checked). Returns the message, or None when the batch is valid."""
-    if config["message.timestamp.type"] != "CreateTime" or batch.is_control:
-        return None
-    before, after = int(config["message.timestamp.before.max.ms"]), int(config["message.timestamp.after.max.ms"])
-    if before >= LONG_MAX and after >= LONG_MAX:
-        return None
-    ts = batch.records.column("timestamp")
-    ts = pc.filter(ts, pc.not_equal(ts, -1))
-    if len(ts) == 0:
-        return None
-    now = now_ms()
-    low, high = pc.min(ts).as_py(), pc.max(ts).as_py()
-    if now - low > before:
-        return (f"Timestamp {low} of a message in {batch.topic}-{batch.partition} is out of range: it is more than "
-                f"message.timestamp.before.max.ms={before} before the broker's time {now}")
-    if high - now > after:
-        return (f"Timestamp {high} of a message in {batch.topic}-{batch.partition} is out of range: it is more than "
-                f"message.timestamp.after.max.ms={after} after the broker's time {now}")
-    return None
+            log_ = self._partitions.get((topic, partition)) if self.is_writer else None
+            return None if log_ is None else log_.snapshot_rows()
 
 
 def _done(result: ProduceResult) -> Future:

@@ -33,7 +33,7 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
@@ -47,11 +47,10 @@ from .log_cleaner import row_filter as make_row_filter
 from .log_reader import LogReader, SegmentCache
 from .log_retention import retention_targets
 from .object_cleaner import ObjectCleanup, clean_objects
+from .partition_writer import PartitionWriter
 from .segment_merge import (MERGE_THREADS, READ_THREADS, MergeRun, RowFilter, SegmentRewrite, in_batches, plan_merges,
                             replace_segments)
 
-if TYPE_CHECKING:  # the broker imports this module
-    from .broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ __all__ = ["CompactionSummary", "CompactionThread", "ProgressCallback", "apply_r
 #: "merge" (bytes of input segments) or "cleaning" (steps); called as work completes.
 ProgressCallback = Callable[[str, int, int], None]
 
-#: one compaction at a time per broker (the background thread and an on-demand call)
+#: one compaction at a time per writer (the background thread and an on-demand call)
 _round_locks: "weakref.WeakKeyDictionary[Any, threading.Lock]" = weakref.WeakKeyDictionary()
 _round_locks_guard = threading.Lock()
 
@@ -117,13 +116,13 @@ class CompactionSummary:
         return self.records_before - self.records_after
 
 
-def round_lock(broker: "Broker") -> threading.Lock:
-    """The lock that lets one compaction round at a time run on ``broker`` (the background
+def round_lock(writer: PartitionWriter) -> threading.Lock:
+    """The lock that lets one compaction round at a time run on ``writer`` (the background
     thread, ``txlake compact`` and the Spark job's driver)."""
     with _round_locks_guard:
-        lock = _round_locks.get(broker)
+        lock = _round_locks.get(writer)
         if lock is None:
-            lock = _round_locks[broker] = threading.Lock()
+            lock = _round_locks[writer] = threading.Lock()
         return lock
 
 
@@ -156,34 +155,34 @@ def _footprint(segments: dict[tuple[str, int], list[SegmentInfo]], sizes: dict[s
     return len(objects), sum(sizes.get(k, v) for k, v in objects.items()), n_segments, records
 
 
-def measure_before(broker: "Broker", topics: Iterable[str] | None,
+def measure_before(writer: PartitionWriter, topics: Iterable[str] | None,
                    summary: "CompactionSummary") -> tuple[list[str], dict[str, int]]:
     """Start a round: fill ``summary``'s before-columns (objects, bytes, segments, records).
 
     Returns:
         ``(names, sizes)``: the selected topics and every data object's size (bytes) as listed now.
     """
-    with broker.catalog.lock:
-        names = selected_topics(broker.catalog.state, topics)
-        before = _segments(broker.catalog.state, names)
-    sizes = {o.key: o.size for o in broker.store.list(DATA_PREFIX)}
+    with writer.catalog.lock:
+        names = selected_topics(writer.catalog.state, topics)
+        before = _segments(writer.catalog.state, names)
+    sizes = {o.key: o.size for o in writer.store.list(DATA_PREFIX)}
     (summary.objects_before, summary.bytes_before, summary.segments_before,
      summary.records_before) = _footprint(before, sizes)
     return names, sizes
 
 
-def measure_after(broker: "Broker", names: list[str], sizes: dict[str, int], summary: "CompactionSummary",
+def measure_after(writer: PartitionWriter, names: list[str], sizes: dict[str, int], summary: "CompactionSummary",
                   planned: dict[tuple[str, int], list[SegmentInfo]] | None = None) -> None:
     """End a round: fill ``summary``'s after-columns from the catalog (or from ``planned``, a dry
     run's estimate); ``sizes`` holds the sizes of the objects the round wrote."""
     if planned is None:
-        with broker.catalog.lock:
-            planned = _segments(broker.catalog.state, names)
+        with writer.catalog.lock:
+            planned = _segments(writer.catalog.state, names)
     (summary.objects_after, summary.bytes_after, summary.segments_after,
      summary.records_after) = _footprint(planned, sizes)
 
 
-def key_compaction(broker: "Broker", names: list[str], now_ms: int,
+def key_compaction(writer: PartitionWriter, names: list[str], now_ms: int,
                    progress: ProgressCallback | None, cancel: threading.Event | None) -> tuple[int, int]:
     """Key compaction of every partition of ``names`` whose ``cleanup.policy`` includes
     ``compact``, with the rules of :func:`txlake.engine.log_cleaner.row_filter`
@@ -206,9 +205,9 @@ def key_compaction(broker: "Broker", names: list[str], now_ms: int,
         ``(partitions rewritten, groups skipped because their segments changed meanwhile)``.
     """
     offered: list[tuple[PartitionState, dict[str, str]]] = []
-    with broker.catalog.lock:  # snapshots only: the factory may read, and must not hold up commits
+    with writer.catalog.lock:  # snapshots only: the factory may read, and must not hold up commits
         for name in names:
-            t = broker.catalog.state.topics[name]
+            t = writer.catalog.state.topics[name]
             config = effective_config(t.config)
             if "compact" not in cleanup_policies(config):
                 continue
@@ -225,10 +224,10 @@ def key_compaction(broker: "Broker", names: list[str], now_ms: int,
     partitions: set[tuple[str, int]] = set()
     # batches of partitions: each batch's segments are prefetched once (a flush object shared by
     # its partitions is read once) and serve both the offset maps and the rewrites
-    batch_reader = LogReader(broker.catalog, SegmentCache(None))
+    batch_reader = LogReader(writer.catalog, SegmentCache(None))
     with ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-clean") as pool:
         for batch in in_batches(offered, lambda item: sum(s.size_bytes for s in item[0].segments),
-                                broker.config.compaction_batch_bytes):
+                                writer.config.compaction_batch_bytes):
             if cancel is not None and cancel.is_set():
                 break
             batch_reader.prefetch([s for snapshot, _ in batch for s in snapshot.segments], READ_THREADS)
@@ -239,7 +238,7 @@ def key_compaction(broker: "Broker", names: list[str], now_ms: int,
                     done += sum(s.size_bytes for s in snapshot.segments)
                     continue
                 work += [(row_filter, run) for run in _size_groups(snapshot, int(config["segment.bytes"]))]
-            futures = [pool.submit(_merge_run, broker, batch_reader, run, now_ms, cancel, row_filter)
+            futures = [pool.submit(_merge_run, writer, batch_reader, run, now_ms, cancel, row_filter)
                        for row_filter, run in work]
             for (_, run), future in zip(work, futures):
                 outcome = future.result()
@@ -272,17 +271,17 @@ def _size_groups(snapshot: PartitionState, target: int) -> list[MergeRun]:
     return runs
 
 
-def apply_retention(broker: "Broker", names: list[str], now_ms: int, dry_run: bool,
+def apply_retention(writer: PartitionWriter, names: list[str], now_ms: int, dry_run: bool,
                progress: ProgressCallback | None) -> list[tuple[str, int, int]]:
     """Retention's ``(topic, partition, new log start offset)`` targets for ``names``, applied with
     ``Broker.delete_records`` unless ``dry_run``."""
-    with broker.catalog.lock:
-        found = retention_targets(broker.catalog.state, now_ms)
+    with writer.catalog.lock:
+        found = retention_targets(writer.catalog.state, now_ms)
     wanted = set(names)
     targets = [(t.topic, t.partition, t.log_start_offset) for t in found if t.topic in wanted]
     if targets and not dry_run:
         # the log's own retention, not a client's DeleteRecords: internal topics are no exception
-        answers = broker.delete_records(targets, internal_topics_allowed=True)
+        answers = writer.delete_records(targets, internal_topics_allowed=True)
         for (topic, partition, _), (error, _, message) in zip(targets, answers):
             if error:
                 log.warning("retention of %s [%d] failed: %s %s", topic, partition, error.name, message or "")
@@ -291,13 +290,14 @@ def apply_retention(broker: "Broker", names: list[str], now_ms: int, dry_run: bo
     return targets
 
 
-def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: bool = False,
+def compact(writer: PartitionWriter, topics: Iterable[str] | None = None, *, dry_run: bool = False,
             progress: ProgressCallback | None = None, now_ms: int | None = None,
             cancel: threading.Event | None = None) -> CompactionSummary:
-    """Run one compaction round on ``broker``'s storage root (see the module docstring).
+    """Run one compaction round on ``writer``'s storage root (see the module docstring).
 
     Args:
-        broker: the embedded broker; it becomes the writer (takes the lease) unless ``dry_run``.
+        writer: the storage root's partition writer (the embedded broker); it takes the writer
+            lease unless ``dry_run``.
         topics: topics to retain, key-compact and merge (all when None). Object cleaning
             always covers the whole root.
         dry_run: plan only: nothing is written, committed or deleted; the summary's "after"
@@ -320,25 +320,25 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if dry_run:
-        if not broker.is_writer:
-            broker.refresh()
+        if not writer.is_writer:
+            writer.refresh()
     else:
-        broker.ensure_writer()
+        writer.ensure_writer()
     summary = CompactionSummary(dry_run=dry_run)
-    with round_lock(broker):
-        store = broker.store
-        names, sizes = measure_before(broker, topics, summary)
+    with round_lock(writer):
+        store = writer.store
+        names, sizes = measure_before(writer, topics, summary)
 
         # 1. retention
-        targets = apply_retention(broker, names, now, dry_run, progress)
+        targets = apply_retention(writer, names, now, dry_run, progress)
         summary.retention_partitions = len(targets)
         # 2. key compaction
         if not dry_run:
-            summary.key_compacted_partitions, skipped = key_compaction(broker, names, now, progress, cancel)
+            summary.key_compacted_partitions, skipped = key_compaction(writer, names, now, progress, cancel)
             summary.skipped += skipped
         # 3. merge
-        with broker.catalog.lock:
-            state = broker.catalog.state
+        with writer.catalog.lock:
+            state = writer.catalog.state
             runs = plan_merges(state, names, sizes)
             planned = _segments(state, names)
         total = sum(r.size_bytes for r in runs if not r.drop)
@@ -351,13 +351,13 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
             if progress is not None and runs:
                 progress("merge", total, total)
         else:
-            batch_reader = LogReader(broker.catalog, SegmentCache(None))  # pins one batch's segments
+            batch_reader = LogReader(writer.catalog, SegmentCache(None))  # pins one batch's segments
             with ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-merge") as pool:
-                for batch in in_batches(runs, lambda run: run.size_bytes, broker.config.compaction_batch_bytes):
+                for batch in in_batches(runs, lambda run: run.size_bytes, writer.config.compaction_batch_bytes):
                     if cancel is not None and cancel.is_set():
                         break
                     batch_reader.prefetch([s for run in batch if not run.drop for s in run.segments], READ_THREADS)
-                    futures = [pool.submit(_merge_run, broker, batch_reader, run, now, cancel) for run in batch]
+                    futures = [pool.submit(_merge_run, writer, batch_reader, run, now, cancel) for run in batch]
                     for run, future in zip(batch, futures):
                         outcome = future.result()
                         if outcome is False:  # cancelled before it started
@@ -380,18 +380,18 @@ def compact(broker: "Broker", topics: Iterable[str] | None = None, *, dry_run: b
         # 4. object cleaning (not when the writer is closing)
         if cancel is None or not cancel.is_set():
             cleanup: ObjectCleanup = clean_objects(
-                store, broker.catalog, broker.commit_under_lock, delete_delay_ms=broker.config.file_delete_delay_ms,
-                orphan_grace_ms=broker.config.orphan_grace_ms, orphan_prefixes=[DATA_PREFIX, SNAPSHOT_PREFIX],
+                store, writer.catalog, writer.commit_under_lock, delete_delay_ms=writer.config.file_delete_delay_ms,
+                orphan_grace_ms=writer.config.orphan_grace_ms, orphan_prefixes=[DATA_PREFIX, SNAPSHOT_PREFIX],
                 now_ms=now, dry_run=dry_run)
             summary.deleted_objects = len(cleanup.deleted)
             summary.orphans_deleted = len(cleanup.orphans)
             summary.pending_deletion = len(cleanup.pending)
-            log_cleanup = clean_catalog_log(broker.catalog, broker.config.catalog_retention_ms, now, dry_run, cancel)
+            log_cleanup = clean_catalog_log(writer.catalog, writer.config.catalog_retention_ms, now, dry_run, cancel)
             summary.catalog_commits_deleted = len(log_cleanup.commits)
             summary.catalog_checkpoints_deleted = len(log_cleanup.checkpoints)
         if progress is not None:
             progress("cleaning", 1, 1)
-        measure_after(broker, names, sizes, summary, planned if dry_run else None)
+        measure_after(writer, names, sizes, summary, planned if dry_run else None)
     return summary
 
 
@@ -420,7 +420,7 @@ def _find_malloc_trim():
 _malloc_trim = _find_malloc_trim()
 
 
-def _merge_run(broker: "Broker", reader: LogReader, run: MergeRun, now_ms: int,
+def _merge_run(writer: PartitionWriter, reader: LogReader, run: MergeRun, now_ms: int,
                cancel: threading.Event | None, row_filter: RowFilter | None = None) -> SegmentRewrite | None | bool:
     """Rewrite one run through ``row_filter`` (:func:`~txlake.engine.segment_merge.replace_segments`)
     and unpin its segments from ``reader``'s batch cache. Returns the committed rewrite, None
@@ -428,9 +428,9 @@ def _merge_run(broker: "Broker", reader: LogReader, run: MergeRun, now_ms: int,
     if cancel is not None and cancel.is_set():
         return False
     try:
-        return replace_segments(reader, broker.commit_under_lock, run.segments, target_bytes=run.target_bytes,
-                                row_filter=row_filter, compression=broker.config.compression,
-                                max_row_group_rows=broker.config.row_group_rows, now_ms=now_ms, drop=run.drop)
+        return replace_segments(reader, writer.commit_under_lock, run.segments, target_bytes=run.target_bytes,
+                                row_filter=row_filter, compression=writer.config.compression,
+                                max_row_group_rows=writer.config.row_group_rows, now_ms=now_ms, drop=run.drop)
     finally:
         for s in run.segments:  # memory: a batch's records go as its runs are written
             reader.cache.discard((s.path, s.row_group_start))
@@ -462,13 +462,13 @@ class CompactionThread:
     close; it ends by itself when the process stops being the writer.
 
     Args:
-        broker: the writer.
+        writer: the partition writer of the storage root (the broker that holds the lease).
         interval_ms: time between rounds (ms), from the end of one to the start of the next.
     """
 
-    def __init__(self, broker: "Broker", interval_ms: int):
+    def __init__(self, writer: PartitionWriter, interval_ms: int):
         assert interval_ms > 0
-        self.broker = broker
+        self.writer = writer
         self.interval_ms = interval_ms
         self.stopped = threading.Event()
         self.rounds = 0
@@ -487,14 +487,14 @@ class CompactionThread:
 
     def _loop(self) -> None:
         while not self.stopped.wait(self.interval_ms / 1000):
-            if not self.broker.is_writer:
+            if not self.writer.is_writer:
                 return
             try:
-                summary = compact(self.broker, cancel=self.stopped)
+                summary = compact(self.writer, cancel=self.stopped)
                 self.rounds += 1
                 if summary.merges or summary.deleted_objects or summary.retention_partitions:
                     log.info("compaction of %s: %d merges, objects %d -> %d, %d retired objects deleted",
-                             self.broker.store.url, summary.merges, summary.objects_before, summary.objects_after,
+                             self.writer.store.url, summary.merges, summary.objects_before, summary.objects_after,
                              summary.deleted_objects)
             except Exception as exc:  # one bad round must not end the job
-                log.warning("compaction of %s failed: %s", self.broker.store.url, exc)
+                log.warning("compaction of %s failed: %s", self.writer.store.url, exc)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import Callable, ContextManager, Iterable, Iterator, Protocol
 
 import pyarrow as pa
 
@@ -35,11 +35,9 @@ from txlake.formats.errors import CorruptObjectError
 from txlake.formats.records import CONTROL_COMMIT, HEADER_TYPE, PAYLOAD_SCHEMA
 
 from .errors import ApiError, Errors
+from .partition_writer import PartitionWriter
 from .requests import ProduceBatch
 from .transaction_state_manager import java_string_hash_code, kafka_abs
-
-if TYPE_CHECKING:
-    from .broker import Broker
 
 OFFSETS_TOPIC_NUM_PARTITIONS = 50
 RECORD_VERSION = 1
@@ -148,17 +146,35 @@ def _decode(key: bytes, value: bytes | None, location: str) -> tuple[str, tuple[
     return k["group"], (k["topic"], k["partition"]), om
 
 
+class OffsetCommitValidator(Protocol):
+    """What an OffsetCommit asks of the group coordinator
+    (:class:`~.group_coordinator.GroupCoordinator` implements it)."""
+
+    def offset_commit_guard(self, group_id: str) -> ContextManager[None]:
+        """Held around an OffsetCommit's check and write (no offset expiration meanwhile)."""
+
+    def validate_offset_commit(self, group_id: str, generation_id: int, member_id: str,
+                               group_instance_id: str | None = None) -> Errors:
+        """Kafka's ``validateOffsetCommit``: may this member store offsets now?"""
+
+
 class GroupOffsets:
     """Offset commits and fetches of consumer groups over ``__consumer_offsets``.
 
     Args:
-        broker: the process's broker (commits take the writer lease; fetches only read).
+        writer: the partition writer of the storage root (commits take the writer lease;
+            fetches only read).
         num_partitions: ``offsets.topic.num.partitions``.
+        group_coordinator: returns the group coordinator (started on first use, in the writer;
+            raises ApiError when this process cannot be the writer): a commit checks the
+            membership with it.
     """
 
-    def __init__(self, broker: "Broker", num_partitions: int = OFFSETS_TOPIC_NUM_PARTITIONS):
-        self.broker = broker
+    def __init__(self, writer: PartitionWriter, num_partitions: int = OFFSETS_TOPIC_NUM_PARTITIONS, *,
+                 group_coordinator: Callable[[], OffsetCommitValidator]):
+        self.writer = writer
         self.num_partitions = num_partitions
+        self._group_coordinator = group_coordinator
 
     def partition_for(self, group_id: str) -> int:
         """The group's ``__consumer_offsets`` partition under ``offsets.topic.num.partitions``."""
@@ -166,9 +182,9 @@ class GroupOffsets:
 
     def ensure_topic(self) -> None:
         """Create ``__consumer_offsets`` (compacted) if missing."""
-        if CONSUMER_OFFSETS_TOPIC in self.broker.topics():
+        if CONSUMER_OFFSETS_TOPIC in self.writer.topics():
             return
-        ((error, message),) = self.broker.create_topics(
+        ((error, message),) = self.writer.create_topics(
             [(CONSUMER_OFFSETS_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))], internal_topics_allowed=True)
         if error not in (Errors.NO_ERROR, Errors.TOPIC_ALREADY_EXISTS):
             raise ApiError(error, f"cannot create {CONSUMER_OFFSETS_TOPIC}: {message}")
@@ -201,10 +217,10 @@ class GroupOffsets:
         if not group_id:
             return {tp: Errors.INVALID_GROUP_ID for tp in offsets}
         try:
-            coordinator = self.broker.group_coordinator()
+            coordinator = self._group_coordinator()
         except ApiError as exc:
             return {tp: exc.error for tp in offsets}
-        topics = self.broker.topics()
+        topics = self.writer.topics()
         unknown = {tp: Errors.UNKNOWN_TOPIC_OR_PART for tp in offsets
                    if tp[0] not in topics or not 0 <= tp[1] < len(topics[tp[0]].partitions)}
         if len(unknown) == len(offsets):
@@ -220,7 +236,7 @@ class GroupOffsets:
             expire = None if retention_time_ms == DEFAULT_RETENTION_TIME else now + retention_time_ms
             stored = {tp: replace(om, expire_timestamp=expire) for tp, om in offsets.items() if tp not in answers}
             if stored:
-                (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
+                (result,) = self.writer.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
                                                               offset_records(group_id, stored, now), urgent=True)],
                                                 internal_topics_allowed=True)
                 answers.update(dict.fromkeys(stored, result.error))
@@ -242,7 +258,7 @@ class GroupOffsets:
             keys.extend(offset_key(group_id, topic, p) for topic, p in sorted(tps))
         if not keys:
             return Errors.NO_ERROR
-        (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, partition,
+        (result,) = self.writer.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, partition,
                                                       _payload(keys, [None] * len(keys), _wall_ms()), urgent=True)],
                                         internal_topics_allowed=True)
         return result.error
@@ -253,7 +269,7 @@ class GroupOffsets:
             self.ensure_topic()
         except ApiError as exc:
             return exc.error
-        (result,) = self.broker.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
+        (result,) = self.writer.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
                                                       _payload([key], [value], _wall_ms()), urgent=True)],
                                         internal_topics_allowed=True)
         return result.error
@@ -268,13 +284,13 @@ class GroupOffsets:
 
     def _tables(self, partition: int) -> Iterator[pa.Table]:
         """The record tables of one partition from its log start, in offset order (read_uncommitted)."""
-        self.broker.refresh()
-        topic = self.broker.topics().get(CONSUMER_OFFSETS_TOPIC)
+        self.writer.refresh()
+        topic = self.writer.topics().get(CONSUMER_OFFSETS_TOPIC)
         if topic is None:
             return
         offset = topic.partitions[partition].log_start_offset
         while True:
-            result = self.broker.fetch(CONSUMER_OFFSETS_TOPIC, partition, offset, 10_000, "read_uncommitted")
+            result = self.writer.fetch(CONSUMER_OFFSETS_TOPIC, partition, offset, 10_000, "read_uncommitted")
             if result.error != Errors.NO_ERROR:
                 raise ApiError(result.error, f"cannot read {CONSUMER_OFFSETS_TOPIC}-{partition}: {result.message}")
             table = result.records

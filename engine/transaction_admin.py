@@ -8,7 +8,7 @@ In Kafka the first two are answered by the transaction coordinator (its
 ABORT marker to the partition leader. Here one embedded broker (id 0) is all of them, and
 where the answers come from depends on the process:
 
-* **the writer** (``broker.is_writer``): the live transaction coordinator's state and the
+* **the writer** (``is_writer``): the live transaction coordinator's state and the
   live producer state of every partition -- exactly what Kafka's coordinator and leader
   answer, including what is queued but not committed yet;
 * **any other process** (e.g. ``txlake transactions list`` while another process holds
@@ -27,23 +27,21 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol
 
 from txlake.catalog.state import CatalogState
 from txlake.catalog.topic_names import TRANSACTION_STATE_TOPIC, is_internal
 
 from . import log_loader
 from .errors import ApiError, Errors
+from .partition_writer import PartitionWriter
 from .producer_state import ProducerStateManager
 from .requests import TxnMarker
+from .transaction_coordinator import TransactionCoordinator
 from .transaction_metadata import TransactionState
 from .transaction_state_manager import (InMemoryTransactionLog, ListTransactionsResult, TransactionConfig,
                                         TransactionStateManager)
 from .transaction_topic import TransactionTopicLog
-
-if TYPE_CHECKING:
-    from .broker import Broker
-    from .transaction_coordinator import TransactionCoordinator
 
 __all__ = ["COORDINATOR_ID", "ActiveProducer", "DescribedTransaction", "OpenTransaction", "PartitionProducers",
            "TransactionAdmin", "hanging_transactions"]
@@ -149,37 +147,46 @@ def hanging_transactions(candidates: Iterable[OpenTransaction], transactional_id
     return out
 
 
+class TransactionAdminHost(PartitionWriter, Protocol):
+    """What the KIP-664 handlers use: the partition writer and, in the writer, the live
+    transaction coordinator (:class:`~.broker.Broker` is one)."""
+
+    def transaction_coordinator(self) -> TransactionCoordinator:
+        """The live transaction coordinator (started on first use; raises ApiError in a reader)."""
+
+
 class TransactionAdmin:
-    """KIP-664 request handlers over one broker (thread-safe; cheap to create).
+    """KIP-664 request handlers over one storage root (thread-safe; cheap to create).
 
     Args:
-        broker: the storage root's broker (a writer or a reader, see the module doc).
+        host: the storage root's broker, as :class:`TransactionAdminHost` (a writer or a
+            reader, see the module doc).
     """
 
-    def __init__(self, broker: "Broker"):
-        self.broker = broker
+    def __init__(self, host: TransactionAdminHost):
+        self.host = host
 
     # ------------------------------------------------------------------ coordinator state
-    def _coordinator_state(self) -> tuple[TransactionStateManager, "TransactionCoordinator | None"]:
+    def _coordinator_state(self) -> tuple[TransactionStateManager, TransactionCoordinator | None]:
         """The live coordinator's state manager (writer), else a passive one loaded from the log."""
-        if self.broker.is_writer:
-            coordinator = self.broker.transaction_coordinator()
+        if self.host.is_writer:
+            coordinator = self.host.transaction_coordinator()
             return coordinator.state, coordinator
         return self._load_committed_transaction_state(), None
 
     def _load_committed_transaction_state(self) -> TransactionStateManager:
         """Replay every ``__transaction_state`` partition into a private manager that never writes."""
-        broker = self.broker
-        broker.refresh()
-        config = TransactionConfig.from_properties(broker.config.transaction)
-        topic = broker.topics().get(TRANSACTION_STATE_TOPIC)
+        host = self.host
+        host.refresh()
+        config = TransactionConfig.from_properties(host.config.transaction)
+        topic = host.topics().get(TRANSACTION_STATE_TOPIC)
         if topic is None:  # no transactional producer ever ran: every id is unknown
             txn_log = InMemoryTransactionLog(config.transaction_log_num_partitions)
         else:  # the topic's partition count is what the ids were placed by, whatever this process's config says
             config = dataclasses.replace(config, transaction_log_num_partitions=len(topic.partitions))
-            txn_log = TransactionTopicLog(broker, len(topic.partitions))
+            txn_log = TransactionTopicLog(host, len(topic.partitions))
         state = TransactionStateManager(txn_log, config)
-        lease = broker.catalog.state.lease
+        lease = host.catalog.state.lease
         epoch = lease.epoch if lease is not None else 0
         for partition in range(config.transaction_log_num_partitions):
             state.load_transactions_for_partition(partition, epoch)
@@ -230,8 +237,8 @@ class TransactionAdmin:
         producers with state on each partition, in order. Unknown topic or partition:
         UNKNOWN_TOPIC_OR_PART."""
         wanted = [(str(t), int(p)) for t, p in partitions]
-        if self.broker.is_writer:
-            rows_of = {tp: self.broker.producer_state_rows(*tp) for tp in dict.fromkeys(wanted)}
+        if self.host.is_writer:
+            rows_of = {tp: self.host.producer_state_rows(*tp) for tp in dict.fromkeys(wanted)}
         else:
             managers = self._load_committed_producer_states({tp for tp in wanted})
             rows_of = {tp: managers[tp].snapshot_rows() if tp in managers else None for tp in dict.fromkeys(wanted)}
@@ -250,13 +257,13 @@ class TransactionAdmin:
         """Producer state of the partitions of ``wanted``'s topics as committed: the latest snapshot
         plus a replay of the log after it (Kafka's ``LogLoader``), on a copy of the catalog state.
         A writer loading the same state would keep every entry (expiry counts from the load)."""
-        broker = self.broker
-        broker.refresh()
-        with broker.catalog.lock:
-            state = broker.catalog.state
+        host = self.host
+        host.refresh()
+        with host.catalog.lock:
+            state = host.catalog.state
             topics = {name: copy.deepcopy(state.topics[name]) for name in {t for t, _ in wanted} if name in state.topics}
             view = CatalogState(version=state.version, topics=topics, producer_snapshot=state.producer_snapshot)
-        return log_loader.load_producer_states(broker.store, view, broker.reader)
+        return log_loader.load_producer_states(host.store, view, host.reader)
 
     # ------------------------------------------------------------------ WriteTxnMarkers
     def handle_write_txn_markers(self, markers: list[TxnMarker],
@@ -272,10 +279,10 @@ class TransactionAdmin:
         message names it); REQUEST_TIMED_OUT.
         """
         try:
-            self.broker.ensure_writer()
+            self.host.ensure_writer()
         except ApiError as exc:
             return [{tp: (exc.error, exc.message) for tp in m.partitions} for m in markers]
-        answers = self.broker.write_txn_markers(markers, timeout_ms)
+        answers = self.host.write_txn_markers(markers, timeout_ms)
         return [{tp: (error, self._marker_message(marker, tp, error)) for tp, error in answer.items()}
                 for marker, answer in zip(markers, answers)]
 
@@ -283,7 +290,7 @@ class TransactionAdmin:
         if error == Errors.NO_ERROR:
             return ""
         where = f"{tp[0]}-{tp[1]}"
-        rows = self.broker.producer_state_rows(*tp) or []
+        rows = self.host.producer_state_rows(*tp) or []
         entry = next((r for r in rows if r["producer_id"] == marker.producer_id), None)
         if error == Errors.INVALID_PRODUCER_EPOCH and entry is not None:
             return (f"the marker's producer epoch {marker.producer_epoch} is older than producer "
@@ -316,11 +323,11 @@ class TransactionAdmin:
                 (anything but TRANSACTIONAL_ID_NOT_FOUND).
         """
         if max_transaction_timeout_ms is None:
-            max_transaction_timeout_ms = TransactionConfig.from_properties(self.broker.config.transaction
+            max_transaction_timeout_ms = TransactionConfig.from_properties(self.host.config.transaction
                                                                            ).transaction_max_timeout_ms
         if partitions is None:
-            self.broker.refresh()
-            partitions = [(name, p.partition) for name, t in sorted(self.broker.topics().items())
+            self.host.refresh()
+            partitions = [(name, p.partition) for name, t in sorted(self.host.topics().items())
                           if not is_internal(name) for p in t.partitions]
         now = _now_ms() if now_ms is None else now_ms
         candidates = []
@@ -353,7 +360,7 @@ class TransactionAdmin:
         return hanging_transactions(candidates, transactional_ids, descriptions)
 
 
-def _describe(state: TransactionStateManager, coordinator: "TransactionCoordinator | None",
+def _describe(state: TransactionStateManager, coordinator: TransactionCoordinator | None,
               transactional_id: str) -> DescribedTransaction:
     """One DescribeTransactions answer from ``state`` (the live coordinator's first settles an
     answered AddPartitionsToTxn of the id, so the answer holds every partition added so far)."""

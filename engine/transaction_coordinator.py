@@ -5,7 +5,7 @@ AddOffsetsToTxn, EndTxn -- answering with Kafka's error codes in every state. Ev
 state change is first written to ``__transaction_state`` (through the
 :class:`~.transaction_state_manager.TransactionStateManager`), then applied. Ending a
 transaction writes PrepareCommit/PrepareAbort, then the COMMIT/ABORT markers to every
-partition of the transaction (``Broker.write_txn_markers``), then CompleteCommit/
+partition of the transaction (the partition writer's ``append_txn_markers``), then CompleteCommit/
 CompleteAbort; a coordinator that restarts in between replays the log and finishes
 the job (markers are idempotent per producer epoch).
 
@@ -24,19 +24,18 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable
 
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, is_internal
 
 from .errors import ApiError, Errors
+from .group_offsets import partition_for as offsets_partition_for
+from .partition_writer import PartitionWriter
 from .requests import TxnMarker
 from .transaction_metadata import (IllegalStateError, ProducerIdAndEpoch, TransactionMetadata, TransactionResult,
                                    TransactionState, TxnTransitMetadata)
 from .transaction_state_manager import TransactionConfig, TransactionStateManager, TxnLogAppend
 from .transaction_topic import TransactionTopicLog
-
-if TYPE_CHECKING:
-    from .broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +75,26 @@ class TransactionCoordinator:
     """Kafka's transaction coordinator for one storage root (runs inside the writer).
 
     Args:
-        broker: the writer's broker (markers, producer ids, the ``__transaction_state`` topic).
+        writer: the partition writer of the storage root (markers, producer ids, the
+            ``__transaction_state`` topic): the broker holding the lease.
         coordinator_epoch: this coordinator's epoch (the writer-lease epoch).
         config: Kafka's transaction configs (``transaction.max.timeout.ms`` 900000, ...).
-        allocate_producer_id: hands out a new producer id (the broker's ProducerIdManager).
+        allocate_producer_id: hands out a new producer id (the broker's ProducerIdManager);
+            default ``writer.init_producer_id``.
+        group_partition_for: a consumer group's ``__consumer_offsets`` partition (AddOffsetsToTxn);
+            default the partition under the default ``offsets.topic.num.partitions`` (50).
     """
 
-    def __init__(self, broker: "Broker", coordinator_epoch: int, config: TransactionConfig | None = None,
-                 allocate_producer_id: Callable[[], int] | None = None):
-        self.broker = broker
+    def __init__(self, writer: PartitionWriter, coordinator_epoch: int, config: TransactionConfig | None = None,
+                 allocate_producer_id: Callable[[], int] | None = None,
+                 group_partition_for: Callable[[str], int] = offsets_partition_for):
+        self.writer = writer
         self.coordinator_epoch = coordinator_epoch
         self.config = config or TransactionConfig()
-        self.txn_log = TransactionTopicLog(broker, self.config.transaction_log_num_partitions)
+        self.txn_log = TransactionTopicLog(writer, self.config.transaction_log_num_partitions)
         self.state = TransactionStateManager(self.txn_log, self.config)
-        self._allocate = allocate_producer_id or (lambda: broker.init_producer_id()[1])
+        self._allocate = allocate_producer_id or (lambda: writer.init_producer_id()[1])
+        self._group_partition_for = group_partition_for
         self._stop = threading.Event()
         self._scheduler: threading.Thread | None = None
         # KIP-890 verification index: producer id -> (epoch, partitions of its Ongoing transaction).
@@ -176,7 +181,7 @@ class TransactionCoordinator:
     def _schedule(self) -> None:
         interval = self.config.abort_timed_out_transactions_interval_ms / 1000
         while not self._stop.wait(interval):
-            if not self.broker.is_writer:  # fenced (another process took the lease over) or closed: for good
+            if not self.writer.is_writer:  # fenced (another process took the lease over) or closed: for good
                 log.info("the transaction coordinator at epoch %d stops aborting timed-out transactions: "
                          "this process is no longer the writer", self.coordinator_epoch)
                 return
@@ -276,7 +281,7 @@ class TransactionCoordinator:
         if not group_id:
             return Errors.INVALID_GROUP_ID
         return self._add_partitions(transactional_id, producer_id, producer_epoch,
-                                    frozenset({(CONSUMER_OFFSETS_TOPIC, self.broker.group_offsets().partition_for(group_id))}))
+                                    frozenset({(CONSUMER_OFFSETS_TOPIC, self._group_partition_for(group_id))}))
 
     def _find(self, transactional_id: str):
         """``(NO_ERROR, cached state)`` of an id, or ``(error, None)``: INVALID_REQUEST for an
@@ -355,7 +360,7 @@ class TransactionCoordinator:
             settled = self._in_flight.get(transactional_id)
         if settled is not None:
             if not settled.done():  # its record waits for the writer's linger: nobody else is waiting for it
-                self.broker.request_flush()
+                self.writer.request_flush()
             try:
                 settled.result(timeout=SETTLE_TIMEOUT_S)
             except FutureTimeoutError:
@@ -485,13 +490,13 @@ class TransactionCoordinator:
         and writes the other markers, with retries)."""
         if _refused_at_once(decided):
             return {}, None
-        (answer,) = self.broker.append_txn_markers([TxnMarker(
+        (answer,) = self.writer.append_txn_markers([TxnMarker(
             prepared.producer_id, prepared.producer_epoch, coordinator_epoch, committed,
             tuple(sorted(prepared.topic_partitions)))], urgent=False)
         markers = {tp: value for tp, value in answer.items()
                    if isinstance(value, Future) and not (value.done() and value.result().error != Errors.NO_ERROR)}
         if len(markers) != len(answer):
-            self.broker.request_flush()  # no urgent Complete record follows: the caller waits for these
+            self.writer.request_flush()  # no urgent Complete record follows: the caller waits for these
             return markers, None
         return markers, self.state.queue_transaction_to_log(transactional_id, coordinator_epoch, complete)
 
@@ -514,7 +519,7 @@ class TransactionCoordinator:
         for attempt in range(MARKER_RETRIES):
             if not remaining:
                 break
-            (answer,) = self.broker.append_txn_markers(
+            (answer,) = self.writer.append_txn_markers(
                 [TxnMarker(metadata.producer_id, metadata.producer_epoch, coordinator_epoch, committed, remaining)])
             retry = []
             for tp, value in answer.items():

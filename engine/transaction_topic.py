@@ -3,7 +3,7 @@
 The coordinator's log is a topic stored like any other (DESIGN.md "Internal logs are
 topics"): 50 partitions by default (``transaction.state.log.num.partitions``),
 ``cleanup.policy=compact``. This adapter gives the TransactionStateManager the two
-operations it needs -- a durable append (acks=all) through the broker's Produce handler,
+operations it needs -- a durable append (acks=all) through the partition writer (:mod:`.partition_writer`),
 and a full read of one partition for replay (record by record, or in column chunks for
 the fast replay) from its committed segments.
 """
@@ -27,12 +27,11 @@ from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA, read_segment
 
 from .errors import ApiError, Errors
 from .group_commit import now_ms
+from .partition_writer import PartitionWriter
 from .requests import ProduceBatch
 
 if TYPE_CHECKING:
     from txlake.catalog.state import SegmentInfo
-
-    from .broker import Broker
 
 #: seconds an append waits for its commit (the broker's produce timeout)
 APPEND_TIMEOUT_S = 30.0
@@ -47,12 +46,12 @@ class TransactionTopicLog:
     """The TransactionStateManager's ``TransactionLog`` over the ``__transaction_state`` topic.
 
     Args:
-        broker: the writer's broker.
+        writer: the partition writer of the storage root (the broker holding the lease).
         num_partitions: partitions of the topic (created on first use with this count).
     """
 
-    def __init__(self, broker: "Broker", num_partitions: int):
-        self.broker = broker
+    def __init__(self, writer: PartitionWriter, num_partitions: int):
+        self.writer = writer
         self.num_partitions = num_partitions
         # read-ahead of a replay sweep (see read_chunks): (object, first row group) -> (partition, records)
         self._ahead: dict[tuple[str, int], tuple[int, pa.Table]] = {}
@@ -68,7 +67,7 @@ class TransactionTopicLog:
         Raises:
             ApiError: INVALID_PARTITIONS when it exists with another partition count.
         """
-        existing = self.broker.topics().get(TRANSACTION_STATE_TOPIC)
+        existing = self.writer.topics().get(TRANSACTION_STATE_TOPIC)
         if existing is not None and len(existing.partitions) != self.num_partitions:
             raise ApiError(Errors.INVALID_PARTITIONS,
                            f"{TRANSACTION_STATE_TOPIC} has {len(existing.partitions)} partitions but "
@@ -84,7 +83,7 @@ class TransactionTopicLog:
         """
         if self.exists():
             return
-        ((error, message),) = self.broker.create_topics(
+        ((error, message),) = self.writer.create_topics(
             [(TRANSACTION_STATE_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))], internal_topics_allowed=True)
         if error not in (Errors.NO_ERROR, Errors.TOPIC_ALREADY_EXISTS):
             raise ApiError(error, f"cannot create {TRANSACTION_STATE_TOPIC}: {message}")
@@ -114,7 +113,7 @@ class TransactionTopicLog:
         records = pa.Table.from_arrays(
             [pa.array([now_ms()], pa.int64()), pa.array([key], pa.binary()), pa.array([value], pa.binary()),
              pa.nulls(1, HEADER_TYPE)], schema=PAYLOAD_SCHEMA)
-        (queued,) = self.broker.produce_async([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records, urgent=urgent)],
+        (queued,) = self.writer.produce_async([ProduceBatch(TRANSACTION_STATE_TOPIC, partition, records, urgent=urgent)],
                                               internal_topics_allowed=True)  # the coordinator's own append
         offset: Future = Future()
 
@@ -152,7 +151,7 @@ class TransactionTopicLog:
         Raises:
             ApiError: CORRUPT_MESSAGE when an object cannot be read (the message names it).
         """
-        catalog = self.broker.catalog
+        catalog = self.writer.catalog
         with catalog.lock:
             topic = catalog.state.topics.get(TRANSACTION_STATE_TOPIC)
             if topic is None:  # no transactional producer ever ran here: nothing to replay
@@ -190,7 +189,7 @@ class TransactionTopicLog:
     def _read_object(self, seg: "SegmentInfo") -> pa.Table:
         """``seg``'s records, reading with them the segments of later partitions in its object
         (kept for their partition's read while the read-ahead budget lasts)."""
-        store = self.broker.store
+        store = self.writer.store
         location = store.uri(seg.path)
         with self._ahead_lock:
             budget = READ_AHEAD_BYTES - self._ahead_bytes

@@ -18,14 +18,14 @@ from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
 from txlake.catalog.topic_names import is_internal
 
 from ..errors import Errors
-from .kafka_apis import ApiSpec, KafkaApis, RequestContext
+from .api_spec import ApiNode, ApiSpec, RequestContext
 
 #: Kafka's "authorized operations not requested" (``Integer.MIN_VALUE``)
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
 _ZERO_UUID = uuid.UUID(int=0)
 
 
-def handle_api_versions(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_api_versions(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """ApiVersions: the versions of every API implemented. A request version this broker does
     not know is answered at version 0 with UNSUPPORTED_VERSION and the same list, so the client
     can retry with one it finds there (KIP-511); the server encodes that answer at v0."""
@@ -40,7 +40,7 @@ def _topic_uuid(topic_id: str) -> uuid.UUID:
     return uuid.UUID(topic_id)
 
 
-def handle_metadata(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_metadata(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """Metadata: the broker, the cluster id and the requested topics (all of them for a null
     list, or an empty one before v1). A topic that does not exist answers
     UNKNOWN_TOPIC_OR_PARTITION (topics are not created by Metadata: ``auto.create.topics.enable``
@@ -85,7 +85,7 @@ def handle_metadata(apis: KafkaApis, context: RequestContext, request: Any) -> A
         cluster_id=apis.cluster_id, controller_id=apis.node_id, topics=topics)
 
 
-def handle_describe_cluster(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_describe_cluster(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """DescribeCluster (KIP-700): this one broker, which is also the controller."""
     return DescribeClusterResponse(
         throttle_time_ms=0, error_code=0, error_message=None, cluster_id=apis.cluster_id,

@@ -53,7 +53,7 @@ from ..errors import ApiError, Errors
 from ..group_coordinator import GroupCoordinator, MemberIdentity, append_error_to_response_error
 from ..group_metadata import CONSUMER_PROTOCOL_TYPE, GroupState, JoinGroupResult, SyncGroupResult
 from ..group_offsets import GroupOffsetsState, OffsetAndMetadata, TopicPartitionKey
-from .kafka_apis import ApiSpec, KafkaApis, RequestContext
+from .api_spec import ApiNode, ApiSpec, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class _CoordinatorError(Exception):
         self.error = error
 
 
-def _coordinator(apis: KafkaApis) -> GroupCoordinator:
+def _coordinator(apis: ApiNode) -> GroupCoordinator:
     """The engine's group coordinator (started on first use), or :class:`_CoordinatorError`
     with Kafka's answer for a coordinator that is not here (NOT_COORDINATOR when this server
     lost the writer lease)."""
@@ -121,7 +121,7 @@ def _mapped(future: Future, convert: Callable[[Any], Any]) -> Future:
     return out
 
 
-def _topic_ids(apis: KafkaApis) -> tuple[dict[uuid.UUID, str], dict[str, uuid.UUID]]:
+def _topic_ids(apis: ApiNode) -> tuple[dict[uuid.UUID, str], dict[str, uuid.UUID]]:
     """``(topic id -> name, name -> topic id)`` of the catalog's topics (OffsetCommit/OffsetFetch v10)."""
     by_id, by_name = {}, {}
     for topic in apis.broker.topics().values():
@@ -131,13 +131,13 @@ def _topic_ids(apis: KafkaApis) -> tuple[dict[uuid.UUID, str], dict[str, uuid.UU
     return by_id, by_name
 
 
-def _offsets_state(apis: KafkaApis, group_id: str) -> GroupOffsetsState | None:
+def _offsets_state(apis: ApiNode, group_id: str) -> GroupOffsetsState | None:
     """The group's committed and pending offsets, or None when it has neither."""
     offsets = apis.broker.group_offsets()
     return offsets.replay(offsets.partition_for(group_id), group_id).get(group_id)
 
 
-def _is_simple_group(coordinator: GroupCoordinator, apis: KafkaApis, group_id: str) -> bool:
+def _is_simple_group(coordinator: GroupCoordinator, apis: ApiNode, group_id: str) -> bool:
     """Whether ``group_id`` is one of Kafka's simple groups here: unknown to the coordinator,
     with committed or pending offsets (module docstring)."""
     group = coordinator.get_group(group_id)
@@ -147,7 +147,7 @@ def _is_simple_group(coordinator: GroupCoordinator, apis: KafkaApis, group_id: s
     return state is not None and bool(state.committed or state.pending)
 
 
-def _delete_all_offsets(coordinator: GroupCoordinator, apis: KafkaApis, group_id: str) -> Errors:
+def _delete_all_offsets(coordinator: GroupCoordinator, apis: ApiNode, group_id: str) -> Errors:
     """Tombstone every committed and pending offset of the group (Kafka's ``deleteAllOffsets``)."""
     offsets = apis.broker.group_offsets()
     partition = offsets.partition_for(group_id)
@@ -165,7 +165,7 @@ def _guarded(handler: Callable, error_response: Callable) -> Callable:
     errors: a lost writer lease is NOT_COORDINATOR)."""
 
     @functools.wraps(handler)
-    def run(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+    def run(apis: ApiNode, context: RequestContext, request: Any) -> Any:
         try:
             return handler(apis, context, request)
         except _CoordinatorError as exc:
@@ -194,7 +194,7 @@ def _find_coordinator_error(request: Any, version: int, error: Errors) -> Any:
                                    node_id=node_id, host=host, port=port)
 
 
-def handle_find_coordinator(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_find_coordinator(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """FindCoordinator: this node for every GROUP and TRANSACTION key (batched v4+, KIP-699).
 
     A SHARE key (KIP-932) answers INVALID_REQUEST below v6 and COORDINATOR_NOT_AVAILABLE at v6
@@ -241,7 +241,7 @@ def _join_group_error(request: Any, version: int, error: Errors) -> Any:
     return _join_response(JoinGroupResult(error, ""), version)
 
 
-def handle_join_group(apis: KafkaApis, context: RequestContext, request: Any) -> Future:
+def handle_join_group(apis: ApiNode, context: RequestContext, request: Any) -> Future:
     """JoinGroup: a Future of the response, completed when the rebalance's join phase decides
     (:meth:`GroupCoordinator.handle_join_group`). v4+ requires a known member id (KIP-394:
     MEMBER_ID_REQUIRED first); v5+ static members (KIP-345); v9+ ``skip_assignment`` for a
@@ -270,7 +270,7 @@ def _sync_group_error(request: Any, version: int, error: Errors) -> Any:
     return _sync_response(SyncGroupResult(error))
 
 
-def handle_sync_group(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_sync_group(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """SyncGroup: a Future of the member's assignment (:meth:`GroupCoordinator.handle_sync_group`;
     the leader's request carries everyone's). From v5 the protocol type and name are mandatory:
     a request without them answers INCONSISTENT_GROUP_PROTOCOL (Kafka's
@@ -292,7 +292,7 @@ def _heartbeat_error(request: Any, version: int, error: Errors) -> Any:
     return HeartbeatResponse(throttle_time_ms=0, error_code=int(error))
 
 
-def handle_heartbeat(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_heartbeat(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """Heartbeat (:meth:`GroupCoordinator.handle_heartbeat`): REBALANCE_IN_PROGRESS tells the
     member to rejoin; UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID as Kafka."""
     error = _coordinator(apis).handle_heartbeat(
@@ -305,7 +305,7 @@ def _leave_group_error(request: Any, version: int, error: Errors) -> Any:
     return LeaveGroupResponse(throttle_time_ms=0, error_code=int(error), members=[])
 
 
-def handle_leave_group(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_leave_group(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """LeaveGroup (:meth:`GroupCoordinator.handle_leave_group`): one member before v3, a batch
     of members by member id or group instance id from v3 (KIP-345), with a reason from v5.
     Before v3 the response has one error: the top-level one, else the member's (Kafka's
@@ -343,7 +343,7 @@ def _offset_commit_error(request: Any, version: int, error: Errors) -> Any:
                                    version)
 
 
-def handle_offset_commit(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_offset_commit(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """OffsetCommit (:meth:`GroupOffsets.commit`, which checks the membership with
     :meth:`GroupCoordinator.validate_offset_commit` under the partition's commit guard).
 
@@ -402,7 +402,7 @@ def _requested_groups(request: Any, version: int) -> list[tuple[str, list | None
     return [(request.group_id, topics_of(request.topics))]
 
 
-def _fetch_group_offsets(apis: KafkaApis, group_id: str, topics: list | None, require_stable: bool,
+def _fetch_group_offsets(apis: ApiNode, group_id: str, topics: list | None, require_stable: bool,
                          version: int) -> _GroupOffsets:
     """OffsetFetch of one group (:meth:`GroupOffsets.fetch`); an unknown group has no offsets."""
     if not group_id:
@@ -480,7 +480,7 @@ def _offset_fetch_error(request: Any, version: int, error: Errors) -> Any:
                                    in _requested_groups(request, version)], version)
 
 
-def handle_offset_fetch(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_offset_fetch(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """OffsetFetch: each group's committed offset, leader epoch and metadata per partition
     (offset -1, epoch -1, metadata "" when none); a null topic list (v2+) asks for every
     partition the group has an offset for; v8+ asks for several groups. With
@@ -499,7 +499,7 @@ def _list_groups_error(request: Any, version: int, error: Errors) -> Any:
     return ListGroupsResponse(throttle_time_ms=0, error_code=int(error), groups=[])
 
 
-def handle_list_groups(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_list_groups(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """ListGroups (:meth:`GroupCoordinator.handle_list_groups`) plus the simple groups (module
     docstring), filtered by state (v4+, KIP-518, case-insensitive) and type (v5+: every
     group here is "classic"). COORDINATOR_LOAD_IN_PROGRESS comes with the groups loaded so far."""
@@ -522,7 +522,7 @@ def handle_list_groups(apis: KafkaApis, context: RequestContext, request: Any) -
         for group_id, (protocol_type, state) in sorted(listed.items())])
 
 
-def _offset_groups(apis: KafkaApis) -> set[str]:
+def _offset_groups(apis: ApiNode) -> set[str]:
     """Every group with committed or pending offsets (one replay of each ``__consumer_offsets`` partition)."""
     topic = apis.broker.topics().get(CONSUMER_OFFSETS_TOPIC)
     if topic is None:
@@ -544,7 +544,7 @@ def _describe_groups_error(request: Any, version: int, error: Errors) -> Any:
     return DescribeGroupsResponse(throttle_time_ms=0, groups=[_described(g, error) for g in request.groups])
 
 
-def handle_describe_groups(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_describe_groups(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """DescribeGroups (:meth:`GroupCoordinator.handle_describe_groups`): state, protocol type,
     the selected protocol and members (their metadata and assignments only when Stable).
 
@@ -592,7 +592,7 @@ def _delete_groups_error(request: Any, version: int, error: Errors) -> Any:
     return _delete_groups_response([(g, error) for g in dict.fromkeys(request.groups_names)])
 
 
-def handle_delete_groups(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_delete_groups(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """DeleteGroups: an Empty group is removed with its committed and pending offsets
     (:meth:`GroupCoordinator.handle_delete_groups`, then the offsets' tombstones: Kafka's
     ``deleteAllOffsets``); a simple group (module docstring) loses its offsets. Per group:
@@ -616,7 +616,7 @@ def _offset_delete_error(request: Any, version: int, error: Errors) -> Any:
     return OffsetDeleteResponse(error_code=int(error), throttle_time_ms=0, topics=[])
 
 
-def handle_offset_delete(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_offset_delete(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """OffsetDelete (KIP-496): delete the group's committed offsets of some partitions.
 
     Top-level: INVALID_GROUP_ID (empty id), GROUP_ID_NOT_FOUND (no such group, nor a simple

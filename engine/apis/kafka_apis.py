@@ -14,11 +14,13 @@ the group coordinator or the transaction coordinator. The network server
 (``txlake.server``) decodes frames into request values and encodes the answers; nothing
 in it knows what a request means, and nothing here knows sockets.
 
-The handlers live by area: :mod:`.cluster` (ApiVersions, Metadata, DescribeCluster),
-:mod:`.log_apis` (Produce, Fetch, ListOffsets, OffsetForLeaderEpoch, InitProducerId),
-:mod:`.topic_apis` (CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs,
-IncrementalAlterConfigs, DeleteRecords, DescribeProducers), :mod:`.group_apis`
-(FindCoordinator and the consumer-group APIs).
+The shapes a handler module needs (:class:`RequestContext`, :class:`ApiSpec`, the
+:class:`~.api_spec.ApiNode` it is handed) are in :mod:`.api_spec`, so the handler modules
+never import this one (which lists them). The handlers live by area: :mod:`.cluster`
+(ApiVersions, Metadata, DescribeCluster), :mod:`.log_apis` (Produce, Fetch, ListOffsets,
+OffsetForLeaderEpoch, InitProducerId), :mod:`.topic_apis` (CreateTopics, DeleteTopics,
+CreatePartitions, DescribeConfigs, IncrementalAlterConfigs, DeleteRecords,
+DescribeProducers), :mod:`.group_apis` (FindCoordinator and the consumer-group APIs).
 """
 
 from __future__ import annotations
@@ -27,67 +29,15 @@ import base64
 import logging
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
-
-from kafka.protocol.api_key import ApiKey
+from typing import Any, Iterable
 
 from ..broker import Broker
 from ..errors import Errors
+from .api_spec import ApiSpec, HandlerResult, RequestContext, UnsupportedRequest
 
 log = logging.getLogger(__name__)
 
-#: what a handler returns: the response, a Future of it, or None (no response is sent)
-HandlerResult = Any
-Handler = Callable[["KafkaApis", "RequestContext", Any], HandlerResult]
-#: builds the response that answers a request with one error everywhere (Kafka's ``getErrorResponse``)
-ErrorResponse = Callable[[Any, int, Errors], Any]
-
-
-@dataclass(frozen=True)
-class RequestContext:
-    """Who asked and how (Kafka's ``RequestContext``).
-
-    Attributes:
-        api_key / api_version: the request's ApiKey and version (what the response is encoded at).
-        correlation_id: the request header's correlation id.
-        client_id: the request header's client id ("" when null).
-        client_host: the peer's address ("" in-process).
-    """
-
-    api_key: int
-    api_version: int
-    correlation_id: int = 0
-    client_id: str = ""
-    client_host: str = ""
-
-
-@dataclass(frozen=True)
-class ApiSpec:
-    """One API the engine implements.
-
-    Attributes:
-        key: the ApiKey.
-        min_version / max_version: the versions answered (advertised by ApiVersions).
-        handler: ``handler(apis, context, request) -> response | Future | None``.
-        error_response: ``error_response(request, version, error) -> response`` answering
-            every part of the request with ``error`` (used for UNSUPPORTED_VERSION and for a
-            handler that fails unexpectedly: UNKNOWN_SERVER_ERROR).
-        any_version: the handler answers every version itself (ApiVersions: KIP-511), with
-            ``request`` None when the version is beyond Kafka's schema.
-    """
-
-    key: ApiKey
-    min_version: int
-    max_version: int
-    handler: Handler
-    error_response: ErrorResponse | None = None
-    any_version: bool = False
-
-
-class UnsupportedRequest(Exception):
-    """A request the engine cannot answer at all (unknown API or version without an error
-    response): the server closes the connection, as Kafka's ``SocketServer`` does."""
+__all__ = ["ApiSpec", "KafkaApis", "RequestContext", "UnsupportedRequest", "cluster_id_for", "default_specs"]
 
 
 def cluster_id_for(url: str) -> str:

@@ -33,7 +33,7 @@ from txlake.formats.record_batch import decode_batches, encode_batches
 
 from ..errors import Errors
 from ..requests import ProduceBatch, ProduceResult
-from .kafka_apis import ApiSpec, KafkaApis, RequestContext
+from .api_spec import ApiNode, ApiSpec, RequestContext
 
 #: Kafka's ``READ_COMMITTED`` isolation level in Fetch and ListOffsets
 READ_COMMITTED = 1
@@ -46,7 +46,7 @@ RECORD_OVERHEAD_BYTES = 20
 _ZERO_UUID = uuid.UUID(int=0)
 
 
-def _leader_epoch_error(apis: KafkaApis, current_leader_epoch: int) -> Errors | None:
+def _leader_epoch_error(apis: ApiNode, current_leader_epoch: int) -> Errors | None:
     """KIP-320: a client that names a current leader epoch must name ours."""
     if current_leader_epoch < 0:
         return None
@@ -58,7 +58,7 @@ def _leader_epoch_error(apis: KafkaApis, current_leader_epoch: int) -> Errors | 
     return None
 
 
-def _topic_name(apis: KafkaApis, name: str | None, topic_id: Any) -> str | None:
+def _topic_name(apis: ApiNode, name: str | None, topic_id: Any) -> str | None:
     """The topic a request part names: by name (up to v12), or by topic id (v13+)."""
     if topic_id is not None and topic_id != _ZERO_UUID and not name:
         for topic in apis.broker.topics().values():
@@ -69,7 +69,7 @@ def _topic_name(apis: KafkaApis, name: str | None, topic_id: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------------------- Produce
-def handle_produce(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """Produce: decode each partition's record batch, append it, answer after the catalog
     commit that makes it durable (acks=1 and acks=all alike: the leader's log *is* object
     storage), or at once with no response for acks=0.
@@ -167,7 +167,7 @@ def _when_all(answers: list[tuple], timeout_ms: int, build) -> Future:
     return out
 
 
-def _produce_response(apis: KafkaApis, answers: list[tuple]) -> Any:
+def _produce_response(apis: ApiNode, answers: list[tuple]) -> Any:
     topics: dict[tuple, list] = {}
     state = apis.broker.catalog.state
     for name, topic_id, index, result in answers:
@@ -228,7 +228,7 @@ class CommitSignal:
 _signals_lock = threading.Lock()
 
 
-def _commit_signal(apis: KafkaApis) -> CommitSignal:
+def _commit_signal(apis: ApiNode) -> CommitSignal:
     with _signals_lock:
         signal = getattr(apis, "_commit_signal", None)
         if signal is None:
@@ -237,7 +237,7 @@ def _commit_signal(apis: KafkaApis) -> CommitSignal:
         return signal
 
 
-def handle_fetch(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_fetch(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """Fetch: committed records from each partition's fetch offset, up to the high watermark
     (read_uncommitted) or the last stable offset (read_committed), with the aborted
     transactions of the fetched range under read_committed (the client drops their
@@ -262,7 +262,7 @@ def _has_error(topics: list) -> bool:
     return any(p.error_code for t in topics for p in t.partitions)
 
 
-def _read_fetch(apis: KafkaApis, context: RequestContext, request: Any) -> tuple[list, int]:
+def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[list, int]:
     broker = apis.broker
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
     isolation = "read_committed" if committed else "read_uncommitted"
@@ -339,7 +339,7 @@ def _fetch_error(request: Any, version: int, error: Errors) -> Any:
 
 
 # ---------------------------------------------------------------------------------- ListOffsets
-def handle_list_offsets(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_list_offsets(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """ListOffsets: per partition the offset for a timestamp (ms) or for -2 (earliest), -1
     (latest: the high watermark, or the LSO under read_committed), -3 (the record with the
     largest timestamp, KIP-734), -4 (earliest local: the log start offset, KIP-405)."""
@@ -372,7 +372,7 @@ def _list_offsets_error(request: Any, version: int, error: Errors) -> Any:
 
 
 # ---------------------------------------------------------------------------------- OffsetForLeaderEpoch
-def handle_offset_for_leader_epoch(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_offset_for_leader_epoch(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """OffsetForLeaderEpoch (KIP-101/KIP-320): the end offset of the requested epoch. The log
     never truncates acknowledged records, so every epoch up to the current one ends at the
     high watermark; a later epoch answers UNKNOWN_LEADER_EPOCH."""
@@ -409,7 +409,7 @@ def _offset_for_leader_epoch_error(request: Any, version: int, error: Errors) ->
 
 
 # ---------------------------------------------------------------------------------- InitProducerId
-def handle_init_producer_id(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_init_producer_id(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """InitProducerId: a new producer id (epoch 0) for an idempotent producer; for a
     transactional id, the transaction coordinator's answer (KIP-98, KIP-360 with the
     producer id and epoch of v3+)."""

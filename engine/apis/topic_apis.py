@@ -42,7 +42,7 @@ from txlake.catalog.topic_names import is_internal, validate_topic_name
 
 from ..errors import ApiError, Errors
 from ..transaction_admin import TransactionAdmin
-from .kafka_apis import ApiSpec, KafkaApis, RequestContext
+from .api_spec import ApiNode, ApiSpec, RequestContext
 
 _ZERO_UUID = uuid.UUID(int=0)
 
@@ -154,7 +154,7 @@ def _topic_configs(names_values: dict[str, str], overrides: dict[str, str]) -> l
         for name, value in sorted(names_values.items())]
 
 
-def _check_layout(apis: KafkaApis, topic: Any) -> tuple[Errors, str] | int:
+def _check_layout(apis: ApiNode, topic: Any) -> tuple[Errors, str] | int:
     """Kafka's ``ReplicationControlManager.createTopic`` checks of the partition count, replication
     factor and manual assignments: the error, or the partition count (-1 = ``num.partitions``)."""
     if topic.assignments:
@@ -188,7 +188,7 @@ def _check_layout(apis: KafkaApis, topic: Any) -> tuple[Errors, str] | int:
     return topic.num_partitions
 
 
-def _check_replicas(apis: KafkaApis, broker_ids: list[int]) -> str | None:
+def _check_replicas(apis: ApiNode, broker_ids: list[int]) -> str | None:
     """Kafka's ``validateManualPartitionAssignment`` with one registered broker and replication factor 1."""
     if not broker_ids:
         return "The manual partition assignment includes an empty replica list."
@@ -202,7 +202,7 @@ def _check_replicas(apis: KafkaApis, broker_ids: list[int]) -> str | None:
     return None
 
 
-def handle_create_topics(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_create_topics(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """CreateTopics (Kafka's ``ControllerApis.createTopics`` / ``ReplicationControlManager.createTopics``).
 
     Checks in Kafka's order: a name given twice (INVALID_REQUEST "Duplicate topic name.", one
@@ -300,7 +300,7 @@ def _create_topics_error(request: Any, version: int, error: Errors) -> Any:
 
 # ---------------------------------------------------------------------------- DeleteTopics
 
-def handle_delete_topics(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_delete_topics(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """DeleteTopics (Kafka's ``ControllerApis.deleteTopics``): by name (v0-5 ``topic_names``, v6
     ``topics[].name``) or by topic id (v6 ``topics[].topic_id``).
 
@@ -390,7 +390,7 @@ def _delete_topics_error(request: Any, version: int, error: Errors) -> Any:
 
 # ---------------------------------------------------------------------------- CreatePartitions
 
-def handle_create_partitions(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_create_partitions(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """CreatePartitions (Kafka's ``ControllerApis.createPartitions`` / ``ReplicationControlManager.createPartitions``):
     grow each topic to ``count`` partitions (the new ones empty and writable at once).
 
@@ -471,7 +471,7 @@ def _topic_entries(overrides: dict[str, str], keys: list[str] | None, synonyms: 
     return out
 
 
-def broker_configs(apis: KafkaApis) -> dict[str, tuple[str, int, str, str]]:
+def broker_configs(apis: ApiNode) -> dict[str, tuple[str, int, str, str]]:
     """This node's broker configs: name -> ``(value, source, type, documentation)``. None of them
     can change while the server runs (all read-only)."""
     config = apis.broker.config
@@ -505,7 +505,7 @@ def broker_configs(apis: KafkaApis) -> dict[str, tuple[str, int, str, str]]:
     return out
 
 
-def _broker_entries(apis: KafkaApis, keys: list[str] | None, synonyms: bool, docs: bool) -> list:
+def _broker_entries(apis: ApiNode, keys: list[str] | None, synonyms: bool, docs: bool) -> list:
     out = []
     for name, (value, source, kind, doc) in sorted(broker_configs(apis).items()):
         if keys and name not in keys:
@@ -524,7 +524,7 @@ def _broker_id(name: str, message: str) -> int:
         raise ApiError(Errors.INVALID_REQUEST, message) from None
 
 
-def handle_describe_configs(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_describe_configs(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """DescribeConfigs (Kafka's ``ConfigHelper.describeConfigs``).
 
     * TOPIC: every topic config (or the ``configuration_keys`` asked), with its value, source
@@ -587,7 +587,7 @@ def _describe_configs_error(request: Any, version: int, error: Errors) -> Any:
 
 # ---------------------------------------------------------------------------- IncrementalAlterConfigs
 
-def handle_incremental_alter_configs(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_incremental_alter_configs(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """IncrementalAlterConfigs (KIP-339; Kafka's ``ConfigAdminManager.preprocess`` on the broker,
     then ``ConfigurationControlManager.incrementalAlterConfigs`` on the controller).
 
@@ -658,7 +658,7 @@ def _incremental_alter_configs_error(request: Any, version: int, error: Errors) 
 
 # ---------------------------------------------------------------------------- DeleteRecords
 
-def handle_delete_records(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_delete_records(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """DeleteRecords (Kafka's ``ReplicaManager.deleteRecords``): move each partition's log start
     offset to ``offset`` (-1 = the high watermark) and answer the new low watermark, or -1 with
     UNKNOWN_TOPIC_OR_PARTITION, OFFSET_OUT_OF_RANGE (below -1 or past the high watermark),
@@ -697,7 +697,7 @@ def _delete_records_error(request: Any, version: int, error: Errors) -> Any:
 _PartitionResponse = DescribeProducersResponse.TopicResponse.PartitionResponse
 
 
-def handle_describe_producers(apis: KafkaApis, context: RequestContext, request: Any) -> Any:
+def handle_describe_producers(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """DescribeProducers (KIP-664; Kafka's ``ReplicaManager.activeProducerState``): the producers
     with state on each partition (live state: the server is the writer), sorted by producer id,
     with the first offset of their open transaction; UNKNOWN_TOPIC_OR_PARTITION (no message, as

@@ -122,7 +122,7 @@ def arm(point: str) -> None:
 
         def queue_transaction_to_log(manager, transactional_id, coordinator_epoch, transit, *args, **kwargs):
             if transit.txn_state in complete:
-                manager.txn_log.broker.flush()  # the queued markers commit; the Complete record never does
+                manager.txn_log.writer.flush()  # the queued markers commit; the Complete record never does
                 die(point, state=transit.txn_state.state_name)
             return original(manager, transactional_id, coordinator_epoch, transit, *args, **kwargs)
 
