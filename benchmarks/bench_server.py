@@ -37,8 +37,9 @@ TOPIC = "bench"
 
 
 def create(url: str, partitions: int) -> None:
+    """The benchmark topic; its max.message.bytes (16 MiB) admits the bigger requests' 4 MB batches."""
     with AdminClient({"storage.url": url}) as admin:
-        admin.create_topics([NewTopic(TOPIC, partitions)])[TOPIC].result()
+        admin.create_topics([NewTopic(TOPIC, partitions, config={"max.message.bytes": str(16 << 20)})])[TOPIC].result()
     close_all()
 
 
