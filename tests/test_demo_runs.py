@@ -1,0 +1,47 @@
+"""txlake demo on real data, every step (part of the flights, and all 336,776): the facts it
+claims hold. Apart from tests/test_demo.py so that the two longest demo runs share the test
+workers with the rest (pytest-xdist's --dist loadfile keeps a file on one worker)."""
+
+from __future__ import annotations
+
+from test_demo import _close_engines, check, check_serve  # noqa: F401 (_close_engines: the autouse fixture)
+from txlake.demo import run_demo
+
+
+def test_demo_on_part_of_the_flights(tmp_path):
+    url = f"file://{tmp_path}/demo"
+    result = run_demo(url, rows=30_000, partitions=5, log_path=str(tmp_path / "demo.log"))
+    check(result, 30_000, 5)
+    assert result.copier.ok and result.copier.output_committed == 30_000
+    group = result.group                       # step 7: a consumer group, an engine SIGKILL, a worker crash
+    assert (group.output_committed, group.missing, group.duplicates, group.out_of_order_partitions) == (30_000, 0, 0, 0)
+    assert group.committed_before_engine_kill > 0 and group.crashed_worker_open_records > 0
+    assert group.workers_seen == 3 and group.committed_offsets_at_end and group.ok
+    spark = result.spark                       # step 8: Spark, DuckDB and the Consumer agree at the LSO
+    assert (spark.consumer_committed, spark.duckdb_committed, spark.spark_committed) == (30_000, 30_000, 30_000)
+    assert spark.spark_uncommitted == 30_000 + spark.open_records + spark.aborted_records == 30_150
+    assert spark.carriers and sum(c["flights"] for c in spark.carriers) <= 30_000 and spark.ok
+    check_serve(result, 30_000, 5)             # step 8: txlake serve, confluent-kafka, kafka-python, DuckDB
+    assert result.url == url and result.local_path == f"{tmp_path}/demo"
+
+
+def test_demo_on_all_flights(tmp_path):
+    result = run_demo(f"file://{tmp_path}/demo", log_path=str(tmp_path / "demo.log"))
+    check(result, None, 8)
+    assert result.records_produced == 336_776
+    assert result.worst_routes[0]["origin"] == "EWR" and result.worst_routes[0]["dest"] == "CAE"
+    copier = result.copier                     # step 6: a real SIGKILL in the 4th transaction
+    batch = 336_776 // 12
+    assert (copier.killed_in_transaction, copier.committed_before_kill) == (4, 3 * batch)
+    assert (copier.transactions_before_kill, copier.killed_transaction_records, copier.first_exit_status) == (3, batch, -9)
+    assert copier.copied_after_restart == 336_776 - 3 * batch
+    assert (copier.output_committed, copier.missing, copier.duplicates) == (336_776, 0, 0)
+    assert copier.output_in_log == 336_776 + batch      # the killed transaction's records: aborted, in the log
+    assert copier.committed_offsets_at_end and copier.ok
+    group = result.group
+    assert (group.output_committed, group.missing, group.duplicates, group.out_of_order_partitions) == (336_776, 0, 0, 0)
+    assert group.ok
+    spark = result.spark
+    assert (spark.consumer_committed, spark.duckdb_committed, spark.spark_committed) == (336_776,) * 3
+    assert spark.spark_uncommitted == 336_776 + 150 and spark.ok
+    check_serve(result, None, 8)
