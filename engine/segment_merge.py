@@ -49,7 +49,7 @@ from .group_commit import DATA_PREFIX
 from .log_reader import LogReader
 from .object_cleaner import Committer
 
-__all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS", "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "MergeRun", "RowFilter",
+__all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS", "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeRun", "RowFilter",
            "SegmentRewrite", "StaleRewriteError", "discard_rewrite", "in_batches", "plan_merges", "replace_segments",
            "rewrite_segments", "swap_actions"]
 
@@ -68,6 +68,9 @@ DEAD_OBJECT_FRACTION = 0.5
 #: this many times bigger and a record is rewritten at most about log_MERGE_FACTOR(segment /
 #: flush) times (Cassandra's size-tiered ``min_threshold``, Lucene's ``mergeFactor``: 4 and 10)
 MERGE_FACTOR = 4
+#: a segment smaller than this (catalog bytes) is never left out by size tiering: rewriting it
+#: costs little, and flushes of one size merge at once (Lucene's ``floorSegmentMB``)
+TIER_FLOOR_BYTES = 1024 * 1024
 #: target in-memory (uncompressed Arrow) bytes of a row group: Parquet's and Spark's 128 MiB block
 ROW_GROUP_BYTES = 128 * 1024 * 1024
 #: catalog bytes of the runs one merge batch reads together: each object is read once per batch
@@ -152,9 +155,9 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
        ``groupSegmentsBySize``).
     3. Size tiering, by records (not bytes: a flush segment carries its own row group and
        column-chunk headers, so its catalog size is about twice its data, while a merged
-       segment's is not): a group's first segment is left out while it holds more than
-       ``1 / (MERGE_FACTOR - 1)`` of the records of the rest of the group together (then the
-       next one is looked at the same way). So a merged segment is rewritten only when at least
+       segment's is not): a group's first segment is left out while it is at least
+       ``TIER_FLOOR_BYTES`` and holds more than ``1 / (MERGE_FACTOR - 1)`` of the records of
+       the rest of the group together (then the next one is looked at the same way). So a merged segment is rewritten only when at least
        ``MERGE_FACTOR - 1`` times its records join it, and segments of one size pile up until
        ``MERGE_FACTOR`` of them merge into one of the next size: each record is rewritten about
        log_MERGE_FACTOR(segment / flush) times. A steady stream that brings R records a round
@@ -206,7 +209,8 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
                 group_bytes += s.size_bytes
             for group in groups:
                 first, rest = 0, sum(_weight(x) for x in group[1:])  # rest: records after group[first]
-                while len(group) - first >= 2 and (MERGE_FACTOR - 1) * _weight(group[first]) > rest:
+                while len(group) - first >= 2 and group[first].size_bytes >= TIER_FLOOR_BYTES and \
+                        (MERGE_FACTOR - 1) * _weight(group[first]) > rest:
                     first += 1
                     rest -= _weight(group[first])
                 group = group[first:]
