@@ -9,8 +9,8 @@ settings: ``linger.ms`` 5) producing ``--rate`` records a second of ``--record-b
 reports as it goes. Every ``--sample`` seconds it records the process's RSS, its peak RSS since
 the sample before (``VmHWM``, reset at each sample, so a compaction round's peak is never
 missed), the decoded-segment cache's charged bytes and the objects under the root by kind.
-Every PUT the engine makes is counted by kind (the ``ObjectStore`` of this process is wrapped). Then the producer flushes and
-one compaction round runs (``compact()``, as the writer's background thread does every
+Every PUT the engine makes is counted by kind (the ``ObjectStore`` of this process is
+wrapped). Then the producer flushes and one compaction round runs (``compact()``, as the writer's background thread does every
 ``storage.compaction.interval.ms``), and the root is measured again.
 
 Grace periods are shortened so deletes happen within the run (the defaults keep everything
@@ -23,8 +23,8 @@ Everything else is the default; ``--conf KEY=VALUE`` overrides any client settin
 
 Goals (issue 14): RSS flat (the highest RSS of the second half at most 10% above the highest
 of the first half; judged on the samples and on the peaks between them), stored bytes at most
-3x the payload after the compaction round. Also printed: PUTs per hour by kind against the documented formula, objects and bytes per MB of
-payload by kind, the delivery latency (produce() to its delivery report) median and p99.
+3x the payload after the compaction round. Also printed: PUTs per hour by kind against the
+documented formula, objects and bytes per MB of payload by kind, the delivery latency (produce() to its delivery report) median and p99.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ from .group_commit import DATA_PREFIX
 from .log_reader import LogReader
 from .object_cleaner import Committer
 
-__all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS", "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeRun", "RowFilter",
+__all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS", "READ_THREADS",
+           "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeRun", "RowFilter",
            "SegmentRewrite", "StaleRewriteError", "discard_rewrite", "in_batches", "plan_merges", "replace_segments",
            "rewrite_segments", "swap_actions"]
 
@@ -157,14 +158,14 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
        column-chunk headers, so its catalog size is about twice its data, while a merged
        segment's is not): a group's first segment is left out while it is at least
        ``TIER_FLOOR_BYTES`` and holds more than ``1 / (MERGE_FACTOR - 1)`` of the records of
-       the rest of the group together (then the next one is looked at the same way). So a merged segment is rewritten only when at least
-       ``MERGE_FACTOR - 1`` times its records join it, and segments of one size pile up until
-       ``MERGE_FACTOR`` of them merge into one of the next size: each record is rewritten about
-       log_MERGE_FACTOR(segment / flush) times. A steady stream that brings R records a round
-       has rounds that rewrite R, R, R, 4R, R, R, R, 4R, R, R, R, 4R, R, R, R, 16R, ...: the
-       k-th tier (R * MERGE_FACTOR**k) once every MERGE_FACTOR**k rounds, so a round's work
-       and memory do not follow the partition's history but the tier it completes (at most
-       ``segment.bytes``, the group's bound).
+       the rest of the group together; then the next one is looked at the same way. So a
+       merged segment is rewritten only once ``MERGE_FACTOR - 1`` times its records join it,
+       and segments of one size pile up until ``MERGE_FACTOR`` of them merge into one of the
+       next size: each record is rewritten about log_MERGE_FACTOR(segment / flush) times. A
+       steady stream that brings R records a round has rounds that rewrite R, R, R, 4R, R, R,
+       R, 4R, R, R, R, 4R, R, R, R, 16R, ...: the k-th tier (R * MERGE_FACTOR**k) once every
+       MERGE_FACTOR**k rounds, so a round's work and memory follow the tier it completes (at
+       most ``segment.bytes``, the group's bound), not the partition's history.
     4. Groups of two or more segments are merged.
     5. A segment not merged by 4 whose object is mostly dead -- the bytes still named in the
        object (after this round's merges) are below ``DEAD_OBJECT_FRACTION`` of its size --
