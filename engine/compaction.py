@@ -404,8 +404,8 @@ def release_unused_memory() -> None:
     one-hour trickle's RSS rose 129 -> 308 MB while Arrow's pool and Python's heap held the
     same few hundred KB after every round). ``malloc_trim`` works from any thread; pyarrow's
     default pool, mimalloc, gives pages back on ``release_unused`` only when it is called on
-    the process's main thread (``mi_collect``), so from the writer's compaction thread that
-    part frees nothing."""
+    the process's main thread (``mi_collect``): called from a worker thread it left RSS at the
+    peak in a measurement, so on the writer's compaction thread that part is of little use."""
     pa.default_memory_pool().release_unused()
     if _malloc_trim is not None:
         _malloc_trim(0)
