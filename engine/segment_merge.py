@@ -165,7 +165,10 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
        steady stream that brings R records a round has rounds that rewrite R, R, R, 4R, R, R,
        R, 4R, R, R, R, 4R, R, R, R, 16R, ...: the k-th tier (R * MERGE_FACTOR**k) once every
        MERGE_FACTOR**k rounds, so a round's work and memory follow the tier it completes (at
-       most ``segment.bytes``, the group's bound), not the partition's history.
+       most ``segment.bytes``, the group's bound), not the partition's history. A group that
+       holds at least ``segment.bytes * SMALL_SEGMENT_FRACTION`` is merged whole: it makes a
+       segment that is no longer small, never to be rewritten by the merge again (else tiers
+       whose next step would pass ``segment.bytes`` would stay apart for good).
     4. Groups of two or more segments are merged.
     5. A segment not merged by 4 whose object is mostly dead -- the bytes still named in the
        object (after this round's merges) are below ``DEAD_OBJECT_FRACTION`` of its size --
@@ -210,7 +213,8 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
                 group_bytes += s.size_bytes
             for group in groups:
                 first, rest = 0, sum(_weight(x) for x in group[1:])  # rest: records after group[first]
-                while len(group) - first >= 2 and group[first].size_bytes >= TIER_FLOOR_BYTES and \
+                whole = sum(x.size_bytes for x in group) >= small  # makes a segment that is not small
+                while not whole and len(group) - first >= 2 and group[first].size_bytes >= TIER_FLOOR_BYTES and \
                         (MERGE_FACTOR - 1) * _weight(group[first]) > rest:
                     first += 1
                     rest -= _weight(group[first])

@@ -264,6 +264,11 @@ def test_merge_policy():
     state = _state({0: [_seg("m", 0, 99, mib), _seg("n", 100, 129, mib), _seg("x", 130, 159, mib),
                         _seg("y", 160, 189, mib), _seg("z", 190, 219, mib)]}, gib)
     assert _plan(state) == [(0, ("n", "x", "y", "z"), False)]
+    # a group that makes a segment of at least half of segment.bytes is merged whole
+    state = _state({0: [_seg("m", 0, 99, 300 * mib), _seg("n", 100, 199, 300 * mib)]}, gib)
+    assert _plan(state) == [(0, ("m", "n"), False)]
+    state = _state({0: [_seg("m", 0, 99, 200 * mib), _seg("n", 100, 199, 300 * mib)]}, gib)
+    assert _plan(state) == []
     # below the floor a segment is never left out: small segments of one size merge
     state = _state({0: [_seg("m", 0, 99, mib - 1), _seg("x", 100, 109, 2 * mib)]}, gib)
     assert _plan(state) == [(0, ("m", "x"), False)]
