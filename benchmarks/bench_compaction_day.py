@@ -16,9 +16,10 @@ two parts, both with a simulated clock (flush k happens at k * 250 ms):
    simulated time with ``storage.file.delete.delay.ms`` / S as the grace: the real policy, real
    rewrites, real catalog commits, real object deletion; data objects counted by listing the store after every
    round. The same schedule is then replayed by the model below (same flushes, interval and grace,
-   the engine's own flush-segment size), and both counts are printed side by side. (Records of a
-   few bytes make flush segments mostly Parquet footer, so merged segments are much smaller than
-   their inputs and the additive model keeps size tiers the engine merges: hence 8 KB records.)
+   the engine's own flush-segment size and merged bytes per record, since a merged segment has
+   no per-flush headers and the size tiering's 1 MiB floor is in bytes), and both counts are
+   printed side by side. (Records of a few bytes make flush segments mostly Parquet footer:
+   hence 8 KB records.)
 2. **The model, a whole day** (``--hours``): no objects, no Parquet. A
    :class:`~txlake.catalog.state.CatalogState` is built with the real catalog actions: every flush
    applies one ``add_segment`` per partition (``SegmentInfo.to_action``) naming one new object of
@@ -100,8 +101,9 @@ def _same_state(a: CatalogState, b: CatalogState) -> bool:
             and a.retired == b.retired and a._path_refs == b._path_refs)
 
 
-def merged_segments(run, now_ms: int, seq: int) -> list[SegmentInfo]:
-    """The segments ``rewrite_segments`` writes for ``run`` (sizes: the inputs' bytes shared by records)."""
+def merged_segments(run, now_ms: int, seq: int, record_bytes: int | None = None) -> list[SegmentInfo]:
+    """The segments ``rewrite_segments`` writes for ``run`` (sizes: ``record_bytes`` per record when
+    given, else the inputs' bytes shared by records)."""
     records, size = run.record_count, run.size_bytes
     first = run.segments[0]
     assert run.segments[-1].last_offset - first.base_offset + 1 == records, "offsets without gaps"
@@ -113,7 +115,7 @@ def merged_segments(run, now_ms: int, seq: int) -> list[SegmentInfo]:
         n = min(per_segment, records - start)
         out.append(SegmentInfo(run.topic, run.partition, f"data/{now_ms:013d}-m{seq}-{len(out)}.parquet",
                                first.base_offset + start, first.base_offset + start + n - 1, n,
-                               max(1, size * n // records), lo, hi, 0, 1))
+                               max(1, n * record_bytes if record_bytes else size * n // records), lo, hi, 0, 1))
     return out
 
 
@@ -121,8 +123,9 @@ class Model:
     """A root's catalog state and data objects under the simulated workload (see the module docstring)."""
 
     def __init__(self, partition_bytes: int, records_per_flush: int, interval_ms: int, delay_ms: int,
-                 segment_bytes: int = SEGMENT_BYTES, check_rounds: int = 0):
+                 segment_bytes: int = SEGMENT_BYTES, check_rounds: int = 0, merged_record_bytes: int | None = None):
         self.partition_bytes = partition_bytes
+        self.merged_record_bytes = merged_record_bytes
         self.records = records_per_flush
         self.interval_ms, self.delay_ms = interval_ms, delay_ms
         self.check_rounds = check_rounds
@@ -170,7 +173,7 @@ class Model:
 
     def _round(self, now_ms: int) -> None:
         for run in plan_merges(self.state, ["t"], self.sizes):
-            segs = [] if run.drop else merged_segments(run, now_ms, self.seq)
+            segs = [] if run.drop else merged_segments(run, now_ms, self.seq, self.merged_record_bytes)
             self.seq += 1
             rewrite = SegmentRewrite(run, segs, run.record_count, run.record_count, run.size_bytes,
                                      sum(s.size_bytes for s in segs))
@@ -194,10 +197,12 @@ class Model:
 
 
 def run_model(flushes: int, partition_bytes: int, records_per_flush: int, interval_ms: int, delay_ms: int,
-              check_rounds: int = 0, every_ms: int = 3_600_000, on_round=None) -> tuple[Model, list[tuple]]:
+              check_rounds: int = 0, every_ms: int = 3_600_000, on_round=None,
+              merged_record_bytes: int | None = None) -> tuple[Model, list[tuple]]:
     """Simulate ``flushes`` flushes with a round every ``interval_ms``; a row every ``every_ms``:
     (simulated ms, flushes, counts, peak objects so far)."""
-    m = Model(partition_bytes, records_per_flush, interval_ms, delay_ms, check_rounds=check_rounds)
+    m = Model(partition_bytes, records_per_flush, interval_ms, delay_ms, check_rounds=check_rounds,
+              merged_record_bytes=merged_record_bytes)
     rows, peak, next_round, next_row = [], 0, interval_ms, every_ms
     for k in range(flushes):
         m.flush(k * FLUSH_MS)
@@ -217,9 +222,11 @@ def run_model(flushes: int, partition_bytes: int, records_per_flush: int, interv
 
 
 # ------------------------------------------------------------------ the real engine, time-compressed
-def run_engine(flushes: int, interval: int, delay: int, record_bytes: int) -> tuple[list[dict], int, float]:
+def run_engine(flushes: int, interval: int, delay: int, record_bytes: int) -> tuple[list[dict], int, int, float]:
     """Real flushes and ``compact(now_ms=...)`` rounds on a memory:// root (see the module docstring).
-    Returns per-round counts, the flush segments' mean size, and the wall time."""
+    Returns per-round counts, the flush segments' mean size, the merged segments' bytes per record
+    (a merged segment has no per-flush headers: the size tiering's floor is in bytes), and the wall
+    time."""
     import pyarrow as pa
 
     from txlake.config import parse_config
@@ -262,13 +269,16 @@ def run_engine(flushes: int, interval: int, delay: int, record_bytes: int) -> tu
                 next_round += interval
         wall = time.perf_counter() - start
         commits = broker.catalog.version
+        with broker.catalog.lock:
+            merged = [s for p in broker.catalog.state.topics["t"].partitions for s in p.segments if s.record_count > 1]
+        merged_record_bytes = sum(s.size_bytes for s in merged) // max(1, sum(s.record_count for s in merged))
     finally:
         close_all()
         root = "/" + url[len("memory://"):]  # fsspec's memory filesystem is a process-global dict
         for key in [k for k in list(store.fs.store) if k == root or k.startswith(root + "/")]:
             store.fs.store.pop(key, None)
     rounds.append({"commits": commits})
-    return rounds, segment_bytes, wall
+    return rounds, segment_bytes, merged_record_bytes, wall
 
 
 def main() -> None:
@@ -294,7 +304,7 @@ def main() -> None:
 
     if args.engine_flushes:
         s = args.engine_scale
-        rounds, seg_bytes, wall = run_engine(args.engine_flushes, interval // s, delay // s, args.engine_record_bytes)
+        rounds, seg_bytes, merged_record_bytes, wall = run_engine(args.engine_flushes, interval // s, delay // s, args.engine_record_bytes)
         commits = rounds.pop()["commits"]
         model_rounds: list[dict] = []
 
@@ -303,9 +313,11 @@ def main() -> None:
             model_rounds.append({"objects": c["objects"], "named": c["named"], "retired": c["retired"]})
 
         t0 = time.perf_counter()
-        m, _ = run_model(args.engine_flushes, seg_bytes, 1, interval // s, delay // s, on_round=note)
+        m, _ = run_model(args.engine_flushes, seg_bytes, 1, interval // s, delay // s, on_round=note,
+                         merged_record_bytes=merged_record_bytes)
         print(f"# real engine, time-compressed {s}x: {args.engine_flushes} flushes of {PARTITIONS} partitions "
-              f"(1 record of {args.engine_record_bytes:,} random bytes each, {seg_bytes:,} B per flush segment), "
+              f"(1 record of {args.engine_record_bytes:,} random bytes each, {seg_bytes:,} B per flush segment, "
+              f"{merged_record_bytes:,} B per record merged), "
               f"a compact() round every {interval // s / 1000:g} simulated s ({interval // s // FLUSH_MS} flushes), "
               f"delete delay {delay // s / 1000:g} s ({delay // s // FLUSH_MS} flushes); {wall:.0f} s wall; "
               f"{commits} catalog commits; "

@@ -399,10 +399,13 @@ def release_unused_memory() -> None:
     """Hand the pages a compaction round freed back to the OS, best effort: Arrow's memory pool
     (``MemoryPool.release_unused``) and, on glibc, every malloc arena (``malloc_trim(0)``; the
     round's reader and writer threads each get an arena). The allocators keep freed pages
-    otherwise, so a writer's RSS would step up to each round's peak -- which grows with the
-    size tier a round rewrites -- and stay there, though nothing is alive in them (issue 14:
-    a one-hour trickle's RSS rose 129 -> 308 MB while Arrow's pool and Python's heap held the
-    same few hundred KB after every round)."""
+    otherwise, so a writer's RSS would step up to each round's peak -- which follows the size
+    tier a round rewrites -- and stay there, though nothing is alive in them (issue 14: a
+    one-hour trickle's RSS rose 129 -> 308 MB while Arrow's pool and Python's heap held the
+    same few hundred KB after every round). ``malloc_trim`` works from any thread; pyarrow's
+    default pool, mimalloc, gives pages back on ``release_unused`` only when it is called on
+    the process's main thread (``mi_collect``): called from a worker thread it left RSS at the
+    peak in a measurement, so on the writer's compaction thread that part is of little use."""
     pa.default_memory_pool().release_unused()
     if _malloc_trim is not None:
         _malloc_trim(0)

@@ -49,7 +49,8 @@ from .group_commit import DATA_PREFIX
 from .log_reader import LogReader
 from .object_cleaner import Committer
 
-__all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_THREADS", "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "MergeRun", "RowFilter",
+__all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS", "READ_THREADS",
+           "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeRun", "RowFilter",
            "SegmentRewrite", "StaleRewriteError", "discard_rewrite", "in_batches", "plan_merges", "replace_segments",
            "rewrite_segments", "swap_actions"]
 
@@ -63,6 +64,14 @@ RowFilter = Callable[[pa.Table], pa.Table]
 SMALL_SEGMENT_FRACTION = 0.5
 #: a segment whose object's live bytes fall below this share of its size is rewritten even alone
 DEAD_OBJECT_FRACTION = 0.5
+#: size tiering's fan-in: a merged segment is rewritten only once the newer segments after it
+#: hold at least ``MERGE_FACTOR - 1`` times its records, so each merge makes a segment at least
+#: this many times bigger and a record is rewritten at most about log_MERGE_FACTOR(segment /
+#: flush) times (Cassandra's size-tiered ``min_threshold``, Lucene's ``mergeFactor``: 4 and 10)
+MERGE_FACTOR = 4
+#: a segment smaller than this (catalog bytes) is never left out by size tiering: rewriting it
+#: costs little, and flushes of one size merge at once (Lucene's ``floorSegmentMB``)
+TIER_FLOOR_BYTES = 1024 * 1024
 #: target in-memory (uncompressed Arrow) bytes of a row group: Parquet's and Spark's 128 MiB block
 ROW_GROUP_BYTES = 128 * 1024 * 1024
 #: catalog bytes of the runs one merge batch reads together: each object is read once per batch
@@ -145,10 +154,21 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
     2. A segment smaller than ``segment.bytes * SMALL_SEGMENT_FRACTION`` is *small*. Stretches
        of consecutive small segments are cut into groups of at most ``segment.bytes`` (Kafka's
        ``groupSegmentsBySize``).
-    3. Size tiering: a group's first segment is left out while it is more than twice as big as
-       the rest of the group together, so a merged segment is rewritten only once at least
-       half as many new bytes join it (each byte is rewritten O(log(segment.bytes / flush
-       size)) times).
+    3. Size tiering, by records (not bytes: a flush segment carries its own row group and
+       column-chunk headers, so its catalog size is about twice its data, while a merged
+       segment's is not): a group's first segment is left out while it is at least
+       ``TIER_FLOOR_BYTES`` and holds more than ``1 / (MERGE_FACTOR - 1)`` of the records of
+       the rest of the group together; then the next one is looked at the same way. So a
+       merged segment is rewritten only once ``MERGE_FACTOR - 1`` times its records join it,
+       and segments of one size pile up until ``MERGE_FACTOR`` of them merge into one of the
+       next size: each record is rewritten about log_MERGE_FACTOR(segment / flush) times. A
+       steady stream that brings R records a round has rounds that rewrite R, R, R, 4R, R, R,
+       R, 4R, R, R, R, 4R, R, R, R, 16R, ...: the k-th tier (R * MERGE_FACTOR**k) once every
+       MERGE_FACTOR**k rounds, so a round's work and memory follow the tier it completes (at
+       most ``segment.bytes``, the group's bound), not the partition's history. A group that
+       holds at least ``segment.bytes * SMALL_SEGMENT_FRACTION`` is merged whole: it makes a
+       segment that is no longer small, never to be rewritten by the merge again (else tiers
+       whose next step would pass ``segment.bytes`` would stay apart for good).
     4. Groups of two or more segments are merged.
     5. A segment not merged by 4 whose object is mostly dead -- the bytes still named in the
        object (after this round's merges) are below ``DEAD_OBJECT_FRACTION`` of its size --
@@ -192,10 +212,12 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
                 groups[-1].append(s)
                 group_bytes += s.size_bytes
             for group in groups:
-                first, rest = 0, sum(x.size_bytes for x in group[1:])  # rest: bytes after group[first]
-                while len(group) - first >= 2 and group[first].size_bytes > 2 * rest:
+                first, rest = 0, sum(_weight(x) for x in group[1:])  # rest: records after group[first]
+                whole = sum(x.size_bytes for x in group) >= small  # makes a segment that is not small
+                while not whole and len(group) - first >= 2 and group[first].size_bytes >= TIER_FLOOR_BYTES and \
+                        (MERGE_FACTOR - 1) * _weight(group[first]) > rest:
                     first += 1
-                    rest -= group[first].size_bytes
+                    rest -= _weight(group[first])
                 group = group[first:]
                 if len(group) >= 2:
                     runs.append(MergeRun(name, p.partition, tuple(group), target))
@@ -212,6 +234,11 @@ def plan_merges(state: CatalogState, topics: Iterable[str] | None = None,
                 live_bytes[s.path] -= s.size_bytes
     runs.sort(key=lambda r: (r.topic, r.partition, r.segments[0].base_offset))
     return runs
+
+
+def _weight(segment: SegmentInfo) -> int:
+    """A segment's size for size tiering: its records (at least 1)."""
+    return max(1, segment.record_count)
 
 
 def in_batches(items: Sequence[T], size_bytes: Callable[[T], int],

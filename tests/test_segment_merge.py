@@ -249,21 +249,75 @@ def test_merge_policy():
                         _seg("c", 30, 39, 300), _seg("d", 40, 49, 300), _seg("e", 50, 59, 300),
                         _seg("f", 60, 69, 300)]})
     assert _plan(state) == [(0, ("a", "b"), False), (0, ("c", "d", "e"), False)]
-    # tiering: a merged segment is rewritten only when at least half as many new bytes join it
-    state = _state({0: [_seg("m", 0, 99, 450), _seg("x", 100, 109, 100), _seg("y", 110, 119, 100)]})
-    assert _plan(state) == [(0, ("x", "y"), False)]
-    state = _state({0: [_seg("m", 0, 99, 400), _seg("x", 100, 109, 100), _seg("y", 110, 119, 100)]})
-    assert _plan(state) == [(0, ("m", "x", "y"), False)]
+    # tiering by records: a merged segment (at least TIER_FLOOR_BYTES) is rewritten only once
+    # MERGE_FACTOR - 1 (3) times its records join it, whatever the bytes (flush segments' own
+    # headers make them look bigger)
+    mib, gib = 1 << 20, 1 << 30
+    state = _state({0: [_seg("m", 0, 99, mib), _seg("x", 100, 249, mib // 2), _seg("y", 250, 398, mib // 2)]}, gib)
+    assert _plan(state) == [(0, ("x", "y"), False)]  # 299 new records: m (100) stays
+    state = _state({0: [_seg("m", 0, 99, mib), _seg("x", 100, 249, mib // 2), _seg("y", 250, 399, mib // 2)]}, gib)
+    assert _plan(state) == [(0, ("m", "x", "y"), False)]  # 300 new records: m joins
+    # ... and then the next segment is looked at the same way: MERGE_FACTOR segments of one size merge
+    state = _state({0: [_seg("m", 0, 99, mib), _seg("n", 100, 129, mib), _seg("x", 130, 159, mib),
+                        _seg("y", 160, 189, mib)]}, gib)
+    assert _plan(state) == []
+    state = _state({0: [_seg("m", 0, 99, mib), _seg("n", 100, 129, mib), _seg("x", 130, 159, mib),
+                        _seg("y", 160, 189, mib), _seg("z", 190, 219, mib)]}, gib)
+    assert _plan(state) == [(0, ("n", "x", "y", "z"), False)]
+    # a group that makes a segment of at least half of segment.bytes is merged whole
+    state = _state({0: [_seg("m", 0, 99, 300 * mib), _seg("n", 100, 199, 300 * mib)]}, gib)
+    assert _plan(state) == [(0, ("m", "n"), False)]
+    state = _state({0: [_seg("m", 0, 99, 200 * mib), _seg("n", 100, 199, 300 * mib)]}, gib)
+    assert _plan(state) == []
+    # below the floor a segment is never left out: small segments of one size merge
+    state = _state({0: [_seg("m", 0, 99, mib - 1), _seg("x", 100, 109, 2 * mib)]}, gib)
+    assert _plan(state) == [(0, ("m", "x"), False)]
     state = _state({0: [_seg("f1", 0, 9, 105), _seg("f2", 10, 19, 100)]})  # two flushes of about one size
     assert _plan(state) == [(0, ("f1", "f2"), False)]
     # a lone segment stays, unless its object is mostly dead
-    state = _state({0: [_seg("m", 0, 99, 450), _seg("f1", 100, 109, 100)], 1: [_seg("f1", 0, 9, 50)]})
+    state = _state({0: [_seg("m", 0, 99, mib), _seg("f1", 100, 109, 100)], 1: [_seg("f1", 0, 9, 50)]}, gib)
     assert _plan(state) == []
-    assert _plan(state, {"m": 450, "f1": 150}) == []
-    assert _plan(state, {"m": 450, "f1": 400}) == [(0, ("f1",), False), (1, ("f1",), False)]
+    assert _plan(state, {"m": mib, "f1": 150}) == []
+    assert _plan(state, {"m": mib, "f1": 400}) == [(0, ("f1",), False), (1, ("f1",), False)]
     # segments wholly below the log start offset are dropped, not rewritten
     state = _state({0: [_seg("a", 0, 9, 100), _seg("b", 10, 19, 100), _seg("c", 20, 29, 100)]}, log_start=10)
     assert _plan(state) == [(0, ("a",), True), (0, ("b", "c"), False)]
+
+
+def test_a_rounds_rewrite_follows_the_tier_it_completes_not_the_partitions_history():
+    """A trickle as the merge policy sees it (issue 14): every round brings 60 flush segments
+    of 100 records whose catalog bytes are twice their data (each carries its own headers),
+    and the merges of the round before are replaced by segments of the records' data size.
+    Rounds rewrite R, R, R, 4R, R, R, R, 4R, ... 16R records (R = 6 000, MERGE_FACTOR 4), a
+    merged segment is never rewritten while only flushes of fewer than 3x its records join it,
+    and every record is rewritten at most 3 times in 16 rounds. The old bytes-tiering (a
+    segment left out only while more than twice the bytes after it) rewrote the merged
+    segment in most rounds: 2R, 3R, 4R, then R, 6R, ... records."""
+    data_bytes = 500  # a merged record's bytes (R is 3 MB: over TIER_FLOOR_BYTES); a flush segment's are twice that
+    segments: list[SegmentInfo] = []
+    offset = n = 0
+    rewritten: list[int] = []
+    times: dict[int, int] = {}  # first offset of a flush -> times its records were rewritten
+    for round_ in range(16):
+        for _ in range(60):
+            segments.append(_seg(f"f{offset}", offset, offset + 99, 100 * 2 * data_bytes))
+            times[offset] = 0
+            offset += 100
+        runs = plan_merges(_state({0: segments}, segment_bytes=1 << 30), None, None)
+        rewritten.append(sum(r.record_count for r in runs))
+        for run in runs:
+            i = segments.index(run.segments[0])
+            assert tuple(segments[i:i + len(run.segments)]) == run.segments
+            first, last = run.segments[0].base_offset, run.segments[-1].last_offset
+            n += 1
+            segments[i:i + len(run.segments)] = [_seg(f"m{n}", first, last, (last - first + 1) * data_bytes)]
+            for flush in range(first, last + 1, 100):
+                times[flush] += 1
+        assert [s.record_count for s in segments] == sorted((s.record_count for s in segments), reverse=True)
+    r = 6000
+    assert rewritten == [r, r, r, 4 * r] * 3 + [r, r, r, 16 * r]
+    assert [s.record_count for s in segments] == [16 * r]
+    assert sorted(set(times.values())) == [1, 2, 3]  # the last round's flushes went straight into 16R
 
 
 # ----------------------------------------------------------------------------------- catalog bookkeeping

@@ -119,6 +119,42 @@ def test_the_writer_forgets_cached_tables_of_objects_compaction_replaced(storage
 
 
 @FILE_ONLY
+def test_compaction_rounds_leave_a_merged_segment_until_three_times_its_records_join_it(storage):
+    """Four compaction rounds, each after 8 flushes of 2 500 incompressible records (2 MB a
+    round, over TIER_FLOOR_BYTES once merged): rounds 2 and 3 merge only their new flushes and
+    leave the segments of the rounds before as they are (same objects); round 4 brings 3x the
+    first segment's records and merges the four rounds into one segment. Before (bytes
+    tiering, flush segments counted at their catalog bytes), round 2 rewrote round 1's
+    segment with its flushes, and so on every round: a round's work grew with the partition."""
+    import os
+
+    from txlake.formats.records import PAYLOAD_SCHEMA
+
+    broker = Broker(storage.object_store(), BrokerConfig(flush_linger_ms=1, flush_interval_ms=0, lease_ms=60_000,
+                                                         compaction_interval_ms=0))
+    try:
+        broker.create_topics([("t", 1, {})])
+        n = 2500
+        layouts = []
+        for _ in range(4):
+            for _ in range(8):
+                records = pa.Table.from_pydict({"timestamp": [int(time.time() * 1000)] * n, "key": [None] * n,
+                                                "value": [os.urandom(100) for _ in range(n)], "headers": [None] * n},
+                                               schema=PAYLOAD_SCHEMA)
+                assert [r.error for r in broker.produce([ProduceBatch("t", 0, records)])] == [Errors.NO_ERROR]
+            assert compact(broker).skipped == 0
+            layouts.append([(s.path, s.base_offset, s.record_count)
+                            for s in broker.catalog.state.topics["t"].partitions[0].segments])
+        r = 8 * n
+        assert [[(base, count) for _, base, count in layout] for layout in layouts] == [
+            [(0, r)], [(0, r), (r, r)], [(0, r), (r, r), (2 * r, r)], [(0, 4 * r)]]
+        assert layouts[1][0] == layouts[0][0] and layouts[2][:2] == layouts[1]  # not rewritten
+        assert broker.catalog.state.topics["t"].partitions[0].segments[0].size_bytes >= 4 * 1024 * 1024
+    finally:
+        broker.close()
+
+
+@FILE_ONLY
 def test_a_checkpoint_holds_the_live_state_whatever_the_history(storage, close_engines):
     """Four cycles of: an aborted transaction, three flushes, DeleteRecords up to the cycle's
     first offset, a compaction round (``storage.file.delete.delay.ms`` 0). Each cycle's
