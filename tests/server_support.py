@@ -13,6 +13,8 @@ import json
 import os
 import selectors
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -108,3 +110,37 @@ class ServedRoot:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+# ---------------------------------------------------------------------------- raw requests
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``sock`` (raises ConnectionError naming how many came before it closed)."""
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return out
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    """One size-prefixed Kafka frame (without its length): the response header, then the body."""
+    (size,) = struct.unpack(">i", recv_exactly(sock, 4))
+    return recv_exactly(sock, size)
+
+
+def roundtrip(port: int, request, version: int, correlation_id: int = 7, timeout_s: float = 20.0) -> bytes:
+    """Send one kafka-python request message at ``version`` on a fresh connection to 127.0.0.1:``port``;
+    the response frame (its correlation id first)."""
+    request.with_header(correlation_id=correlation_id, client_id="raw-test")
+    data = request.encode(version=version, header=True, framed=True)
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        return read_frame(sock)
+
+
+def decode_response(response_cls, frame: bytes, version: int):
+    """The body of a response frame, after its header (v1, with tagged fields, for a flexible version)."""
+    header = 5 if response_cls.flexible_version_q(version) else 4
+    return response_cls.decode(frame[header:], version=version)

@@ -12,31 +12,9 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
 
+from server_support import read_frame as _read_frame
+from server_support import roundtrip as _roundtrip
 from txlake.engine.apis.kafka_apis import cluster_id_for
-
-
-def _roundtrip(port: int, request, version: int, correlation_id: int = 7) -> bytes:
-    request.with_header(correlation_id=correlation_id, client_id="raw-test")
-    data = request.encode(version=version, header=True, framed=True)
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(data)
-        return _read_frame(sock)
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    head = _recv_exactly(sock, 4)
-    (size,) = struct.unpack(">i", head)
-    return _recv_exactly(sock, size)
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
-        out += chunk
-    return out
 
 
 def test_metadata_names_one_broker_and_the_cluster_id(served):
@@ -107,7 +85,7 @@ def test_a_second_server_on_the_same_root_is_refused_naming_the_holder(serve_roo
     with pytest.raises(AssertionError) as failed:
         second.start()
     text = str(failed.value)
-    assert "waiting" in text and f"is held by writer" in text and "a second writer cannot start" in text, text
+    assert "waiting" in text and "is held by writer" in text and "a second writer cannot start" in text, text
 
 
 def test_docs_server_page_lists_exactly_the_versions_advertised():

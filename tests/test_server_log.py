@@ -8,11 +8,8 @@ read_committed client of the server sees.
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 
-import pytest
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -20,6 +17,7 @@ from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 import txlake
+from server_support import roundtrip as _raw
 from txlake.engine.registry import close_all
 
 TS = 1_700_000_000_000
@@ -148,23 +146,6 @@ def test_read_committed_skips_aborted_transactions_and_markers(serve_root):
     everything = consume_confluent(served.bootstrap, [("txn", 0, 0)], 6, "read_uncommitted")
     assert [(o, v) for _, _, o, _, v, _, _ in everything] == [
         (0, b"c0"), (1, b"c1"), (2, b"c2"), (4, b"a0"), (5, b"a1"), (7, b"c3")]
-
-
-def _raw(port: int, request, version: int) -> bytes:
-    request.with_header(correlation_id=1, client_id="raw")
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
-        sock.sendall(request.encode(version=version, header=True, framed=True))
-        size = struct.unpack(">i", _exactly(sock, 4))[0]
-        return _exactly(sock, size)
-
-
-def _exactly(sock, n):
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "connection closed"
-        out += chunk
-    return out
 
 
 def test_fetch_with_a_stale_or_future_leader_epoch_is_fenced_or_unknown(serve_root):

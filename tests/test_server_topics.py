@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from kafka.protocol.admin import (CreatePartitionsRequest, CreatePartitionsRespo
                                   DescribeConfigsRequest, DescribeConfigsResponse,
                                   IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse)
 
+from server_support import decode_response, roundtrip
 from txlake.catalog.topic_config import TOPIC_CONFIGS
 
 TIMEOUT = 15
@@ -50,25 +50,9 @@ def _kafka_python(served) -> KafkaAdminClient:
 
 def _roundtrip(port: int, request, version: int, response_cls):
     """Send one request at ``version`` on a fresh connection; the decoded response."""
-    request.with_header(correlation_id=11, client_id="raw-test")
-    data = request.encode(version=version, header=True, framed=True)
-    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as sock:
-        sock.sendall(data)
-        (size,) = struct.unpack(">i", _recv(sock, 4))
-        frame = _recv(sock, size)
+    frame = roundtrip(port, request, version, correlation_id=11, timeout_s=TIMEOUT)
     assert struct.unpack(">i", frame[:4]) == (11,)
-    header = 5 if response_cls.flexible_version_q(version) else 4  # v1 header: tagged fields after the id
-    return response_cls.decode(frame[header:], version=version)
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
-        out += chunk
-    return out
+    return decode_response(response_cls, frame, version)
 
 
 def _cli(served, *args: str) -> subprocess.CompletedProcess:
