@@ -329,18 +329,26 @@ def _decompress(codec: int, body: memoryview, limit: int = MAX_DECOMPRESSED_BYTE
 
 
 def _bounded(into, body: memoryview, limit: int) -> bytes:
-    out = np.empty(limit + 1, dtype=np.uint8)
-    try:
-        n = into(body, out)
-    except Exception as exc:  # noqa: BLE001 -- cramjam says "failed to write whole buffer" / "smaller than required"
-        text = str(exc)
-        if "whole buffer" in text or "smaller than required" in text:
-            raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes "
-                                                f"(MAX_DECOMPRESSED_BYTES)") from None
-        raise
-    if n > limit:
-        raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes (MAX_DECOMPRESSED_BYTES)")
-    return out[:n].tobytes()
+    """``into(body, buffer)`` with a buffer that starts at 4x the compressed size (64 KiB at
+    least) and grows 8x while the records do not fit, up to ``limit`` bytes: a usual batch is
+    decompressed once into a small buffer, a bomb stops at the limit."""
+    size = min(limit + 1, max(1 << 16, 4 * len(body)))
+    while True:
+        out = np.empty(size, dtype=np.uint8)
+        try:
+            n = into(body, out)
+        except Exception as exc:  # noqa: BLE001 -- cramjam says "failed to write whole buffer" / "smaller than required"
+            text = str(exc)
+            if "whole buffer" not in text and "smaller than required" not in text:
+                raise
+            if size > limit:
+                raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes "
+                                                    f"(MAX_DECOMPRESSED_BYTES)") from None
+            size = min(limit + 1, size * 8)
+            continue
+        if n > limit:
+            raise _Malformed(MESSAGE_TOO_LARGE, f"the records decompress to more than {limit} bytes (MAX_DECOMPRESSED_BYTES)")
+        return out[:n].tobytes()
 
 
 def _xerial_decode(body: memoryview, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
