@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow.compute as pc
@@ -339,41 +339,32 @@ class Broker:
         Raises:
             ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
         """
-        results: list[tuple[Errors, str | None]] = []
-        with self._commit_lock:
-            if not validate_only:
-                self.ensure_writer()
-            state = self.catalog.state
-            actions = []
-            for name, count in specs:
-                topic = state.topics.get(name)
-                if topic is None:
-                    results.append((Errors.UNKNOWN_TOPIC_OR_PART, None))
-                    continue
-                if is_internal(name):
-                    results.append((Errors.INVALID_REQUEST, f"Cannot add partitions to internal topic {name}: its "
-                                    f"coordinator reads a fixed partition count ({len(topic.partitions)})."))
-                    continue
-                current = len(topic.partitions)
-                if count == current:
-                    results.append((Errors.INVALID_PARTITIONS, f"Topic already has {current} partition(s)."))
-                    continue
-                if count < current:
-                    results.append((Errors.INVALID_PARTITIONS, f"The topic {name} currently has {current} partition(s); "
-                                    f"{count} would not be an increase."))
-                    continue
-                actions.append({"action": ADD_PARTITIONS, "topic": name, "topic_id": topic.topic_id,
-                                "num_partitions": count})
-                results.append((Errors.NO_ERROR, None))
-            if actions and not validate_only:
-                self._commit(actions)
-                # the writer state of the new partitions: a Produce to one answers UNKNOWN_TOPIC_OR_PART
-                # (retriable) until it exists, never appends before the catalog has the partition
-                with self._append_lock:
-                    for a in actions:
-                        for p in range(a["num_partitions"]):
-                            if (a["topic"], p) not in self._partitions:
-                                self._partitions[(a["topic"], p)] = PartitionLog(a["topic"], p)
+        def plan(state: CatalogState, spec: tuple[str, int]) -> tuple[Errors, str | None, dict | None]:
+            name, count = spec
+            topic = state.topics.get(name)
+            if topic is None:
+                return Errors.UNKNOWN_TOPIC_OR_PART, None, None
+            if is_internal(name):
+                return Errors.INVALID_REQUEST, (f"Cannot add partitions to internal topic {name}: its coordinator "
+                                                f"reads a fixed partition count ({len(topic.partitions)})."), None
+            current = len(topic.partitions)
+            if count == current:
+                return Errors.INVALID_PARTITIONS, f"Topic already has {current} partition(s).", None
+            if count < current:
+                return Errors.INVALID_PARTITIONS, (f"The topic {name} currently has {current} partition(s); "
+                                                   f"{count} would not be an increase."), None
+            return Errors.NO_ERROR, None, {"action": ADD_PARTITIONS, "topic": name, "topic_id": topic.topic_id,
+                                           "num_partitions": count}
+
+        results, actions = self._plan_and_commit(specs, plan, validate_only)
+        if actions and not validate_only:
+            # the writer state of the new partitions: a Produce to one answers UNKNOWN_TOPIC_OR_PART
+            # (retriable) until it exists, never appends before the catalog has the partition
+            with self._append_lock:
+                for a in actions:
+                    for p in range(a["num_partitions"]):
+                        if (a["topic"], p) not in self._partitions:
+                            self._partitions[(a["topic"], p)] = PartitionLog(a["topic"], p)
         return results
 
     def alter_topic_configs(self, changes: list[tuple[str, list[tuple[str, int, str | None]]]],
@@ -392,32 +383,44 @@ class Broker:
         Raises:
             ApiError: NOT_LEADER_OR_FOLLOWER / _FENCED when this process cannot be the writer.
         """
+        def plan(state: CatalogState, change: tuple[str, list]) -> tuple[Errors, str | None, dict | None]:
+            name, ops = change
+            topic = state.topics.get(name)
+            try:
+                validate_topic_name(name)
+                new = alter_topic_config(topic.config if topic is not None else {}, ops)
+            except InvalidTopicError as exc:
+                return Errors.INVALID_TOPIC_EXCEPTION, str(exc), None
+            except InvalidConfigError as exc:
+                return Errors.INVALID_CONFIG, str(exc), None
+            if topic is None:
+                return Errors.UNKNOWN_TOPIC_OR_PART, f"The topic '{name}' does not exist.", None
+            if new == topic.config:
+                return Errors.NO_ERROR, None, None
+            return Errors.NO_ERROR, None, {"action": TOPIC_CONFIG, "topic": name, "topic_id": topic.topic_id,
+                                           "config": new}
+
+        return self._plan_and_commit(changes, plan, validate_only)[0]
+
+    def _plan_and_commit(self, items: list, plan: Callable[[CatalogState, Any], tuple[Errors, str | None, dict | None]],
+                         validate_only: bool) -> tuple[list[tuple[Errors, str | None]], list[dict]]:
+        """Under the commit lock (as the writer, unless ``validate_only``): ``plan(state, item) ->
+        (error, message, action or None)`` for each item, then one catalog commit of the actions
+        (none when ``validate_only``). Returns the ``(error, message)`` per item and the actions."""
         results: list[tuple[Errors, str | None]] = []
+        actions: list[dict] = []
         with self._commit_lock:
             if not validate_only:
                 self.ensure_writer()
             state = self.catalog.state
-            actions = []
-            for name, ops in changes:
-                topic = state.topics.get(name)
-                try:
-                    validate_topic_name(name)
-                    new = alter_topic_config(topic.config if topic is not None else {}, ops)
-                except InvalidTopicError as exc:
-                    results.append((Errors.INVALID_TOPIC_EXCEPTION, str(exc)))
-                    continue
-                except InvalidConfigError as exc:
-                    results.append((Errors.INVALID_CONFIG, str(exc)))
-                    continue
-                if topic is None:
-                    results.append((Errors.UNKNOWN_TOPIC_OR_PART, f"The topic '{name}' does not exist."))
-                    continue
-                if new != topic.config:
-                    actions.append({"action": TOPIC_CONFIG, "topic": name, "topic_id": topic.topic_id, "config": new})
-                results.append((Errors.NO_ERROR, None))
+            for item in items:
+                error, message, action = plan(state, item)
+                results.append((error, message))
+                if action is not None:
+                    actions.append(action)
             if actions and not validate_only:
                 self._commit(actions)
-        return results
+        return results, actions
 
     def _commit(self, actions: list[dict]) -> int:
         try:
