@@ -162,19 +162,31 @@ def bench_latency(bootstrap: str, rate: int, seconds: float) -> tuple[float, flo
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 
 
-def main() -> None:
+def workload_parser() -> argparse.ArgumentParser:
+    """The options every server benchmark shares: --records, --value-bytes, --partitions."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--value-bytes", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=4)
+    return parser
+
+
+def workload(args: argparse.Namespace) -> tuple[list[bytes], list[bytes], float]:
+    """The records of ``args`` (keys, values) and their payload in MB; prints the run's header line."""
+    keys, values = payloads(args.records, args.value_bytes)
+    mb = sum(len(k) + len(v) for k, v in zip(keys, values)) / 1e6
+    print(f"# {machine()}; {args.records} records of {args.value_bytes} B values, {args.partitions} partitions")
+    return keys, values, mb
+
+
+def main() -> None:
+    parser = workload_parser()
     parser.add_argument("--latency-seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--server-config", action="append", default=[], metavar="KEY=VALUE",
                         help="an engine setting for the server (repeatable), e.g. storage.flush.interval.ms=100")
     args = parser.parse_args()
-    keys, values = payloads(args.records, args.value_bytes)
-    mb = sum(len(k) + len(v) for k, v in zip(keys, values)) / 1e6
-    print(f"# {machine()}; {args.records} records of {args.value_bytes} B values, {args.partitions} partitions")
+    keys, values, mb = workload(args)
 
     local = fresh_root()
     create(local, args.partitions)

@@ -14,28 +14,22 @@ can attach: ``.venv/bin/py-spy record -p PID -f raw -o out.txt --nonblocking``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_server import (TOPIC, bench_consume_wire, bench_produce_inprocess, cpu_seconds, create,  # noqa: E402,F401
-                          payloads, start_server)
-from common import fresh_root, machine  # noqa: E402
+                          start_server, workload, workload_parser)
+from common import fresh_root  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--value-bytes", type=int, default=1000)
-    parser.add_argument("--partitions", type=int, default=4)
+    parser = workload_parser()
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--pid-file")
     args = parser.parse_args()
-    keys, values = payloads(args.records, args.value_bytes)
-    mb = sum(len(k) + len(v) for k, v in zip(keys, values)) / 1e6
-    print(f"# {machine()}; {args.records} records of {args.value_bytes} B values, {args.partitions} partitions")
+    keys, values, mb = workload(args)
     url = fresh_root()
     create(url, args.partitions)
     bench_produce_inprocess(url, keys, values, args.partitions)
