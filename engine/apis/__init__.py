@@ -1,5 +1,5 @@
 """The engine's request surface: one handler per Kafka API (:mod:`.kafka_apis`)."""
 
-from .kafka_apis import ApiSpec, KafkaApis, RequestContext, UnsupportedRequest
+from .kafka_apis import ApiSpec, KafkaApis, RequestContext, UnsupportedRequest, local_apis
 
-__all__ = ["ApiSpec", "KafkaApis", "RequestContext", "UnsupportedRequest"]
+__all__ = ["ApiSpec", "KafkaApis", "RequestContext", "UnsupportedRequest", "local_apis"]

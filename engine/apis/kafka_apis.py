@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import base64
 import logging
+import threading
 import uuid
+import weakref
 from concurrent.futures import Future
 from typing import Any, Iterable
 
@@ -37,7 +39,8 @@ from .api_spec import ApiSpec, HandlerResult, RequestContext, UnsupportedRequest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApiSpec", "KafkaApis", "RequestContext", "UnsupportedRequest", "cluster_id_for", "default_specs"]
+__all__ = ["ApiSpec", "KafkaApis", "RequestContext", "UnsupportedRequest", "cluster_id_for", "default_specs",
+           "local_apis"]
 
 
 def cluster_id_for(url: str) -> str:
@@ -119,12 +122,53 @@ class KafkaApis:
             return answer
         return result
 
+    def call(self, request: Any, timeout_s: float | None = None, client_id: str = "") -> Any:
+        """Answer one request in-process: the entry point of the embedded clients
+        (``storage.url``), which call the engine exactly as the network server does.
+
+        Args:
+            request: a versioned Kafka message (``ListOffsetsRequest[9](...)``); its
+                ``API_KEY`` and ``version`` say what it is.
+            timeout_s: how long to wait for an answer that comes later (a Produce waiting
+                for its catalog commit, a JoinGroup for the rebalance); None waits as long as
+                the handler takes (each bounds its own wait by the request's timeout).
+            client_id: the caller's ``client.id`` (logged with failures).
+
+        Returns:
+            The response value (None for a Produce with acks=0).
+
+        Raises:
+            UnsupportedRequest: the API or version is not implemented.
+            concurrent.futures.TimeoutError: the answer did not come within ``timeout_s``.
+        """
+        context = RequestContext(api_key=int(request.API_KEY), api_version=request.version, client_id=client_id)
+        result = self.handle(context, request)
+        return result.result(timeout_s) if isinstance(result, Future) else result
+
     def _failed(self, spec: ApiSpec, context: RequestContext, request: Any, exc: BaseException) -> Any:
         log.error("%s v%d from %s (client id %r) failed: %s", spec.key.name, context.api_version,
                   context.client_host or "in-process", context.client_id, exc, exc_info=exc)
         if spec.error_response is None:
             raise UnsupportedRequest(f"{spec.key.name} failed: {exc}") from exc
         return spec.error_response(request, context.api_version, Errors.UNKNOWN_SERVER_ERROR)
+
+
+#: the in-process request surface of each broker (the embedded clients share one per root)
+_LOCAL: "weakref.WeakKeyDictionary[Broker, KafkaApis]" = weakref.WeakKeyDictionary()
+_LOCAL_LOCK = threading.Lock()
+
+#: the listener an in-process surface names in Metadata (no socket is opened)
+LOCAL_HOST, LOCAL_PORT = "localhost", 0
+
+
+def local_apis(broker: Broker) -> KafkaApis:
+    """The request surface the embedded clients of ``broker`` call (one per broker, made on
+    first use; its Metadata names ``localhost:0`` as the one broker, node id 1)."""
+    with _LOCAL_LOCK:
+        apis = _LOCAL.get(broker)
+        if apis is None:
+            apis = _LOCAL[broker] = KafkaApis(broker, LOCAL_HOST, LOCAL_PORT)
+        return apis
 
 
 def default_specs() -> list[ApiSpec]:
