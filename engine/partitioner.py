@@ -1,4 +1,5 @@
-"""Kafka's default partitioner: murmur2 of the key bytes (``Utils.murmur2``).
+"""Kafka's default partitioner: murmur2 of the key bytes (``Utils.murmur2``), and librdkafka's
+other key hashes (``consistent``: CRC32, ``fnv1a``).
 
 ``partition = toPositive(murmur2(key)) % num_partitions`` -- the same partition a Java
 Kafka producer (and librdkafka's ``murmur2_random`` partitioner, the Java-compatible
@@ -7,6 +8,7 @@ one) picks for the same key and partition count.
 
 from __future__ import annotations
 
+import zlib
 from functools import lru_cache
 
 _M = 0x5BD1E995
@@ -51,3 +53,24 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
     """The partition Kafka's default partitioner gives ``key`` among ``num_partitions``."""
     assert num_partitions > 0
     return _positive_hash(key) % num_partitions
+
+
+def consistent_partition(key: bytes, num_partitions: int) -> int:
+    """librdkafka's ``consistent`` partitioner (the hash of its default ``consistent_random``):
+    ``crc32(key) % num_partitions``."""
+    assert num_partitions > 0
+    return zlib.crc32(key) % num_partitions
+
+
+_FNV_OFFSET_BASIS = 0x811C9DC5
+_FNV_PRIME = 0x01000193
+
+
+def fnv1a_partition(key: bytes, num_partitions: int) -> int:
+    """librdkafka's ``fnv1a`` partitioner (Sarama's placement): the absolute value of the
+    signed 32-bit FNV-1a hash of ``key``, modulo ``num_partitions``."""
+    assert num_partitions > 0
+    h = _FNV_OFFSET_BASIS
+    for byte in key:
+        h = ((h ^ byte) * _FNV_PRIME) & _MASK
+    return abs(h - (1 << 32) if h & 0x80000000 else h) % num_partitions

@@ -14,7 +14,9 @@ from .group_metadata import ConsumerGroupMetadata
 from . import handoff_handlers  # noqa: F401 - registers the writes this process runs for others
 from .producer import BulkResult, Producer
 from .types import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, OFFSET_STORED, TIMESTAMP_CREATE_TIME,
-                    TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message, TopicPartition)
+                    TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message, ThrottleEvent, TopicPartition)
+from .cimpl import consistent, fnv1a, murmur2
+from .version import __version__, libversion, version
 
 
 def __getattr__(name: str):
@@ -30,7 +32,8 @@ __all__ = [
     "AdminClient", "BulkResult", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "DeletedRecords",
     "HangingTransaction",
     "KafkaError", "KafkaException", "Message", "NewTopic", "PartitionMetadata", "PartitionProducerState", "Producer",
-    "ProducerState", "TopicMetadata", "TopicPartition", "TransactionDescription", "TransactionListing",
+    "ProducerState", "ThrottleEvent", "TopicMetadata", "TopicPartition", "TransactionDescription", "TransactionListing",
+    "consistent", "fnv1a", "libversion", "murmur2", "version",
     "OFFSET_BEGINNING", "OFFSET_END", "OFFSET_INVALID", "OFFSET_STORED", "TIMESTAMP_CREATE_TIME",
     "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE",
 ]

@@ -150,12 +150,15 @@ def _error_message(exc: BaseException) -> str | None:
     from txlake.catalog.storage import InvalidStorageUrlError, StorageError
     from txlake.formats.errors import TxlakeError
 
-    from .error import KafkaException
+    from txlake.engine.errors import Errors
+
+    from .error import KafkaException, kafka_name
 
     if isinstance(exc, KafkaException):
         err = exc.args[0]
-        text = f"{err.name()}: {err.str()}"
-        if err.name() == "NOT_LEADER_OR_FOLLOWER":
+        # Kafka's name of the code, as Kafka's own tools print it (the client's name() is librdkafka's)
+        text = f"{kafka_name(err.code())}: {err.str()}"
+        if err.code() == Errors.NOT_LEADER_OR_FOLLOWER:
             text += "\n(another process is the writer of this storage root; reading commands still work)"
         return text
     if isinstance(exc, (TxlakeError, StorageError, InvalidStorageUrlError, FileNotFoundError, PermissionError,

@@ -657,7 +657,7 @@ def _messages(topic: str, partition: int, table) -> list[Message]:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return [Message(topic, partition, o, k, v, t, TIMESTAMP_LOG_APPEND_TIME if tt == 1 else TIMESTAMP_CREATE_TIME, h)
+        return [Message._record(topic, partition, o, k, v, t, TIMESTAMP_LOG_APPEND_TIME if tt == 1 else TIMESTAMP_CREATE_TIME, h)
                 for o, k, v, t, tt, h in zip(offsets, keys, values, timestamps, ts_types, headers)]
     finally:
         if gc_was_enabled:

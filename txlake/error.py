@@ -1,8 +1,10 @@
 """``KafkaError`` and ``KafkaException`` as confluent-kafka exposes them.
 
-Codes and names are Kafka's (``Errors``), with librdkafka's client-local codes (leading
-underscore). Where librdkafka names a broker code differently, both names are class
-attributes (e.g. ``MSG_SIZE_TOO_LARGE`` and ``MESSAGE_TOO_LARGE`` are both 10).
+Every one of librdkafka's error codes is a class attribute under librdkafka's name, with its
+number, and ``KafkaError(code).name()``/``str()`` give librdkafka's name and text
+(:mod:`txlake.librdkafka_errors`), so confluent-kafka programs compare and print errors
+unchanged. Where Kafka names a broker code differently, Kafka's name is an attribute too
+(``MESSAGE_TOO_LARGE`` and librdkafka's ``MSG_SIZE_TOO_LARGE`` are both 10).
 """
 
 from __future__ import annotations
@@ -11,16 +13,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from txlake.engine.errors import ApiError, Errors
+from txlake.librdkafka_errors import LIBRDKAFKA_ERRORS
 
-# librdkafka's names for broker codes whose Kafka name differs.
-_LIBRDKAFKA_ALIASES = {
-    "MSG_SIZE_TOO_LARGE": Errors.MESSAGE_TOO_LARGE,
-    "TOPIC_EXCEPTION": Errors.INVALID_TOPIC_EXCEPTION,
-    "INVALID_MSG": Errors.CORRUPT_MESSAGE,
-    "NOT_LEADER_FOR_PARTITION": Errors.NOT_LEADER_OR_FOLLOWER,
-    "MSG_SET_TOO_LARGE": Errors.RECORD_LIST_TOO_LARGE,
-    "NO_ERROR": Errors.NO_ERROR,
-}
+#: code -> (librdkafka's name, librdkafka's description)
+_LIBRDKAFKA: dict[int, tuple[str, str]] = {code: (name, text) for code, name, text in LIBRDKAFKA_ERRORS}
 
 
 class KafkaError:
@@ -51,15 +47,23 @@ class KafkaError:
         return self._code
 
     def name(self) -> str:
-        """Kafka's name of the code (``"_UNKNOWN"``-style text for an unknown code)."""
+        """librdkafka's name of the code (``UNKNOWN_TOPIC_OR_PART``, ``_MSG_TIMED_OUT``), else
+        Kafka's, else ``ERR_<code>``."""
+        known = _LIBRDKAFKA.get(self._code)
+        if known is not None:
+            return known[0]
         try:
             return Errors(self._code).name
         except ValueError:
             return f"ERR_{self._code}"
 
     def str(self) -> str:
-        """The human-readable reason."""
-        return self._reason or self.name()
+        """The human-readable reason: the one given, else librdkafka's text for the code
+        (``"Broker: Unknown topic or partition"``)."""
+        if self._reason:
+            return self._reason
+        known = _LIBRDKAFKA.get(self._code)
+        return known[1] if known is not None else self.name()
 
     def fatal(self) -> bool:
         """True when the client instance can no longer be used (e.g. a fenced producer)."""
@@ -83,17 +87,25 @@ class KafkaError:
     def __hash__(self) -> int:
         return hash(self._code)
 
-    def __str__(self) -> str:
-        return self.str()
-
     def __repr__(self) -> str:
         return f"KafkaError{{code={self.name()},val={self._code},str=\"{self.str()}\"}}"
 
+    __str__ = __repr__  # as confluent-kafka's: str() of the error and of its exception show code and text
+
 
 for _e in Errors:
-    setattr(KafkaError, "NO_ERROR" if _e is Errors.NO_ERROR else _e.name, int(_e))
-for _alias, _e in _LIBRDKAFKA_ALIASES.items():
-    setattr(KafkaError, _alias, int(_e))
+    setattr(KafkaError, _e.name, int(_e))
+for _code, _name, _text in LIBRDKAFKA_ERRORS:
+    setattr(KafkaError, _name, _code)
+
+
+def kafka_name(code: int) -> str:
+    """Kafka's name of an error code (``INVALID_TOPIC_EXCEPTION``, as Kafka's tools print it),
+    else librdkafka's (``KafkaError(code).name()``, which confluent-kafka programs compare)."""
+    try:
+        return Errors(code).name
+    except ValueError:
+        return KafkaError(code).name()
 
 
 class KafkaException(Exception):
@@ -105,7 +117,7 @@ class KafkaException(Exception):
         super().__init__(error)
 
     def __str__(self) -> str:
-        return self.args[0].str()
+        return str(self.args[0])
 
 
 def kafka_exception(code: int, message: str, **flags: bool) -> KafkaException:

@@ -823,7 +823,7 @@ class Producer:
                 offset = result.base_offset + i if err is None else -1001
                 ts = result.log_append_time if result.log_append_time >= 0 else buf.timestamps[i]
                 hdrs = [(h["key"], h["value"]) for h in buf.headers[i]] if buf.headers[i] else None
-                cb(err, Message(batch.topic, batch.partition, offset, buf.keys[i], buf.values[i], ts, ts_type, hdrs, err))
+                cb(err, Message._record(batch.topic, batch.partition, offset, buf.keys[i], buf.values[i], ts, ts_type, hdrs, err))
         with self._lock:
             self._queued -= n
             self._cond.notify_all()

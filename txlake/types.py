@@ -61,9 +61,20 @@ class TopicPartition:
     def __lt__(self, other: "TopicPartition") -> bool:
         return (self.topic, self.partition) < (other.topic, other.partition)
 
+    def __le__(self, other: "TopicPartition") -> bool:
+        return (self.topic, self.partition) <= (other.topic, other.partition)
+
+    def __gt__(self, other: "TopicPartition") -> bool:
+        return (self.topic, self.partition) > (other.topic, other.partition)
+
+    def __ge__(self, other: "TopicPartition") -> bool:
+        return (self.topic, self.partition) >= (other.topic, other.partition)
+
     def __repr__(self) -> str:
-        err = f",error={self.error!r}" if self.error else ""
-        return f"TopicPartition{{topic={self.topic},partition={self.partition},offset={self.offset},leader_epoch={self.leader_epoch}{err}}}"
+        return (f"TopicPartition{{topic={self.topic},partition={self.partition},offset={self.offset},"
+                f"leader_epoch={self.leader_epoch},error={self.error!r}}}")
+
+    __str__ = __repr__
 
 
 def partition_list(partitions: Any, method: str) -> list[TopicPartition]:
@@ -88,35 +99,58 @@ def _int_arg(name: str, value: Any) -> int:
         raise TypeError(f"TopicPartition {name} must be an int, not {type(value).__name__}") from None
 
 
-def _ts_type(kafka_type: int) -> int:
-    return TIMESTAMP_LOG_APPEND_TIME if kafka_type == 1 else TIMESTAMP_CREATE_TIME
-
-
 class Message:
     """A consumed record or a delivery report (confluent-kafka's ``Message``).
 
-    ``timestamp()`` is ``(type, ms)`` with type TIMESTAMP_CREATE_TIME (1) or
-    TIMESTAMP_LOG_APPEND_TIME (2); ``headers()`` is a list of ``(str, bytes)`` or None.
+    The constructor takes confluent-kafka's arguments in its order (``topic, partition,
+    offset, key, value, headers, error, timestamp, latency, leader_epoch, delivery_count``);
+    ``timestamp`` is ``(type, ms)`` with type TIMESTAMP_NOT_AVAILABLE (0), TIMESTAMP_CREATE_TIME
+    (1) or TIMESTAMP_LOG_APPEND_TIME (2); ``headers`` is a list of ``(str, bytes)`` or None.
+
+    Raises:
+        TypeError: ``timestamp`` is not a tuple of two ints, or ``partition``/``offset`` not
+            an int (what confluent-kafka raises).
     """
 
     __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_timestamp", "_ts_type", "_headers",
-                 "_error", "_latency", "_leader_epoch")
+                 "_error", "_latency", "_leader_epoch", "_delivery_count")
 
     def __init__(self, topic: str | None = None, partition: int | None = None, offset: int | None = None,
-                 key: bytes | None = None, value: bytes | None = None, timestamp: int = -1, timestamp_type: int = 0,
-                 headers: list[tuple[str, Any]] | None = None, error: KafkaError | None = None,
-                 latency: float | None = None, leader_epoch: int | None = None):
+                 key: Any = None, value: Any = None, headers: list[tuple[str, Any]] | None = None,
+                 error: KafkaError | None = None, timestamp: tuple[int, int] | None = None,
+                 latency: float | None = None, leader_epoch: int | None = None, delivery_count: int | None = None):
+        if timestamp is None:
+            ts_type, ts = TIMESTAMP_NOT_AVAILABLE, 0
+        elif (isinstance(timestamp, tuple) and len(timestamp) == 2
+              and all(isinstance(x, int) and not isinstance(x, bool) for x in timestamp)):
+            ts_type, ts = timestamp
+        else:
+            raise TypeError("timestamp must be a tuple of (int, int)")
         self._topic = topic
-        self._partition = partition
-        self._offset = offset
+        self._partition = None if partition is None else operator.index(partition)
+        self._offset = None if offset is None else operator.index(offset)
         self._key = key
         self._value = value
-        self._timestamp = timestamp
-        self._ts_type = timestamp_type
+        self._timestamp = ts
+        self._ts_type = ts_type
         self._headers = headers
         self._error = error
         self._latency = latency
         self._leader_epoch = leader_epoch
+        self._delivery_count = delivery_count
+
+    @classmethod
+    def _record(cls, topic: str, partition: int, offset: int, key: Any, value: Any, timestamp_ms: int,
+                timestamp_type: int, headers: list[tuple[str, Any]] | None, error: KafkaError | None = None,
+                leader_epoch: int | None = None) -> "Message":
+        """A record or delivery report made by the clients (no argument checks: the hot path
+        of consume and delivery). ``timestamp_type`` 0 reports the timestamp as -1."""
+        m = cls.__new__(cls)
+        m._topic, m._partition, m._offset, m._key, m._value = topic, partition, offset, key, value
+        m._timestamp = timestamp_ms if timestamp_type else -1
+        m._ts_type, m._headers, m._error = timestamp_type, headers, error
+        m._latency, m._leader_epoch, m._delivery_count = None, leader_epoch, None
+        return m
 
     def error(self) -> KafkaError | None:
         return self._error
@@ -137,7 +171,7 @@ class Message:
         return self._value
 
     def timestamp(self) -> tuple[int, int]:
-        return (self._ts_type, self._timestamp) if self._ts_type else (TIMESTAMP_NOT_AVAILABLE, -1)
+        return (self._ts_type, self._timestamp)
 
     def headers(self) -> list[tuple[str, Any]] | None:
         return self._headers
@@ -147,6 +181,16 @@ class Message:
 
     def leader_epoch(self) -> int | None:
         return self._leader_epoch
+
+    def delivery_count(self) -> int | None:
+        """Share groups' delivery count (KIP-932); None: txlake has no share groups."""
+        return self._delivery_count
+
+    def set_topic(self, topic: str | None) -> None:
+        self._topic = topic
+
+    def set_error(self, error: KafkaError | None) -> None:
+        self._error = error
 
     def set_headers(self, headers: list[tuple[str, Any]] | None) -> None:
         self._headers = headers
@@ -162,3 +206,22 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message(topic={self._topic!r}, partition={self._partition}, offset={self._offset}, error={self._error!r})"
+
+
+class ThrottleEvent:
+    """A request the broker throttled (confluent-kafka's ``ThrottleEvent``, handed to a
+    ``throttle_cb``). txlake has no quotas, so its clients never make one; programs that
+    build or print them work unchanged.
+
+    Attributes:
+        broker_name: the broker's host name; broker_id: its node id;
+        throttle_time: how long (seconds) the request was held back.
+    """
+
+    def __init__(self, broker_name: str, broker_id: int, throttle_time: float) -> None:
+        self.broker_name = broker_name
+        self.broker_id = broker_id
+        self.throttle_time = throttle_time
+
+    def __str__(self) -> str:
+        return f"{self.broker_name}/{self.broker_id} throttled for {int(self.throttle_time * 1000)} ms"
