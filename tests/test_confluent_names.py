@@ -121,3 +121,54 @@ def test_key_partitioners_place_keys_as_librdkafka():
         n = rng.randint(1, 64)
         assert (txlake.murmur2(key, n), txlake.consistent(key, n), txlake.fnv1a(key, n)) == (
             confluent_kafka.murmur2(key, n), confluent_kafka.consistent(key, n), confluent_kafka.fnv1a(key, n)), (key, n)
+
+
+# ---------------------------------------------------------------- configuration carries over
+def test_every_librdkafka_property_is_known_to_txlake():
+    """The generated table is librdkafka's own list: every property confluent-kafka accepts
+    (probed on a real confluent-kafka producer/consumer with librdkafka's default value)."""
+    from txlake.librdkafka_config import LIBRDKAFKA_PROPERTIES
+
+    assert len(LIBRDKAFKA_PROPERTIES) > 180
+    for key in ("security.protocol", "sasl.mechanisms", "ssl.ca.location", "socket.keepalive.enable",
+                "statistics.interval.ms", "partitioner", "message.timeout.ms", "enable.auto.offset.store"):
+        assert key in LIBRDKAFKA_PROPERTIES, key
+    with pytest.raises(confluent_kafka.KafkaException, match="No such configuration property"):
+        confluent_kafka.Producer({"no.such.property": 1})
+
+
+def test_a_confluent_kafka_config_dict_is_accepted_and_its_network_keys_ignored(caplog, monkeypatch):
+    from txlake import Consumer, Producer, config
+
+    monkeypatch.setattr(config, "_ignored_logged", set())  # as in a fresh process
+
+    network = {"security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN", "sasl.username": "u",
+               "sasl.password": "p", "ssl.ca.location": "/etc/ssl/certs", "socket.keepalive.enable": True,
+               "statistics.interval.ms": 1000, "stats_cb": lambda stats: None, "throttle_cb": lambda event: None,
+               "api.version.request": True, "client.rack": "r1"}
+    with caplog.at_level("WARNING", logger="txlake.config"):
+        p = Producer({"storage.url": "memory://confluent-conf", **network, "group.id": "only-for-consumers"})
+        p.flush(1)
+        Producer({"storage.url": "memory://confluent-conf", **network}).flush(1)  # logged once per process
+        c = Consumer({"storage.url": "memory://confluent-conf", "group.id": "g", **network})
+        c.close()
+    ignored = sorted(r.getMessage().split('"')[1] for r in caplog.records if "has no effect" in r.getMessage())
+    assert ignored == sorted([*network, "group.id", *network])  # the producer's set (+ group.id), then the consumer's
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"lingr.ms": 5}, 'No such configuration property: "lingr.ms" (did you mean "linger.ms"?)'),
+    ({"enable.idempotance": True}, 'No such configuration property: "enable.idempotance" (did you mean "enable.idempotence"?)'),
+    ({"xyzzy": 1}, 'No such configuration property: "xyzzy"'),
+    ({"statistics.interval.ms": "abc"}, 'Invalid value "abc" for configuration property "statistics.interval.ms": expected an integer'),
+    ({"statistics.interval.ms": 86_400_001}, 'Invalid value "86400001" for configuration property "statistics.interval.ms": value must be 0..86400000'),
+    ({"security.protocol": "tls"}, 'Invalid value "tls" for configuration property "security.protocol": expected one of plaintext, ssl, sasl_plaintext, sasl_ssl'),
+    ({"socket.keepalive.enable": "maybe"}, 'Invalid value "maybe" for configuration property "socket.keepalive.enable": expected true or false'),
+    ({"stats_cb": 5}, 'Invalid value "5" for configuration property "stats_cb": expected a callable'),
+])
+def test_typos_and_bad_values_of_ignored_properties_are_refused(extra, message):
+    from txlake import KafkaException, Producer
+
+    with pytest.raises(KafkaException) as exc:
+        Producer({"storage.url": "memory://confluent-conf", **extra})
+    assert (exc.value.args[0].code(), exc.value.args[0].str()) == (KafkaError._INVALID_ARG, message)

@@ -1,14 +1,23 @@
 """Client configuration: Kafka's dotted keys, their defaults, and validation.
 
-Unknown keys and invalid values raise ``KafkaException`` with ``_INVALID_ARG`` and a
-message naming the key (librdkafka's wording). Defaults are Kafka's (the Java clients')
-where the semantics are Kafka's; keys only librdkafka has keep librdkafka's default.
-Keys prefixed ``storage.`` configure the embedded engine of the storage root.
+A confluent-kafka config dict works unchanged (issue 17). The keys txlake implements are
+validated and applied; every other property librdkafka knows
+(:mod:`txlake.librdkafka_config`: ``security.protocol``, ``sasl.*``, ``ssl.*``,
+``socket.*``, ``statistics.interval.ms``, a consumer key given to a producer, ...) is checked
+against librdkafka's type and range, accepted, and logged once per process as having no
+effect here. Unknown keys and invalid values raise ``KafkaException`` with ``_INVALID_ARG``
+and a message naming the key (librdkafka's wording, plus a did-you-mean hint). Defaults are
+Kafka's (the Java clients') where the semantics are Kafka's; keys only librdkafka has keep
+librdkafka's default. Keys prefixed ``storage.`` configure the embedded engine of the
+storage root.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -18,6 +27,9 @@ from txlake.catalog.redaction import redact_config, redact_url, redact_value
 from txlake.engine.requests import DEFAULT_FLUSH_INTERVAL_MS, BrokerConfig
 
 from .error import KafkaError, kafka_exception
+from .librdkafka_config import LIBRDKAFKA_PROPERTIES
+
+log = logging.getLogger(__name__)
 
 DEFAULT_STORAGE_DIR = os.path.join(os.path.expanduser("~"), ".txlake", "data")
 
@@ -186,6 +198,50 @@ CONSUMER: dict[str, tuple[Callable, Any]] = {
 
 ADMIN: dict[str, tuple[Callable, Any]] = {}
 
+#: confluent-kafka's Python-level keys that txlake accepts but has nothing to call them for
+#: (no broker throttles, no statistics, no OAuth: the storage root is reached through fsspec)
+IGNORED_CALLBACKS = ("throttle_cb", "stats_cb", "oauth_cb")
+
+_ignored_logged: set[tuple[str, str]] = set()
+_ignored_lock = threading.Lock()
+
+
+def _librdkafka_parser(key: str) -> Callable[[str, Any], Any]:
+    """A check of ``key``'s value by librdkafka's own type and range (integers in range,
+    booleans, one of an enumeration); any value for other types."""
+    _scope, allowed, _default, kind = LIBRDKAFKA_PROPERTIES[key]
+    if kind == "integer" and ".." in allowed:
+        low, high = (int(x) for x in allowed.split(".."))
+        return _int(low, high)
+    if kind == "boolean":
+        return _bool
+    if kind == "enum value" and allowed:
+        choices = [x.strip() for x in allowed.split(",")]
+
+        def enum(key: str, value: Any) -> str:  # librdkafka compares enum values case-insensitively
+            text = str(value)
+            if text.lower() not in choices:
+                raise _bad(key, value, f"expected one of {', '.join(choices)}")
+            return text
+        return enum
+    return _any
+
+
+def _log_ignored(key: str, kind: str) -> None:
+    with _ignored_lock:
+        if (key, kind) in _ignored_logged:
+            return
+        _ignored_logged.add((key, kind))
+    log.warning("configuration property \"%s\" has no effect on a txlake %s (accepted and ignored: "
+                "docs/confluent-kafka.md)", key, kind)
+
+
+def _unknown(key: str, table: Mapping[str, Any]) -> Exception:
+    known = [k for k in (*table, *LIBRDKAFKA_PROPERTIES, *IGNORED_CALLBACKS) if not k.startswith("storage.options")]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    hint = f" (did you mean \"{close[0]}\"?)" if close else ""
+    return kafka_exception(KafkaError._INVALID_ARG, f"No such configuration property: \"{key}\"{hint}")
+
 TRANSACTION_BROKER_KEYS = ("transaction.max.timeout.ms", "transaction.state.log.num.partitions",
                            "transactional.id.expiration.ms",
                            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
@@ -255,7 +311,14 @@ def parse_config(conf: Mapping[str, Any] | None, kind: str) -> ClientConfig:
             continue
         entry = table.get(key)
         if entry is None:
-            raise kafka_exception(KafkaError._INVALID_ARG, f"No such configuration property: \"{key}\"")
+            if key in IGNORED_CALLBACKS:
+                _callable(key, value)
+            elif key in LIBRDKAFKA_PROPERTIES:
+                _librdkafka_parser(key)(key, value)
+            else:
+                raise _unknown(key, table)
+            _log_ignored(key, kind)
+            continue
         values[key] = entry[0](key, value)
         explicit.add(key)
     if isinstance(values["storage.options"], Mapping):
