@@ -9,10 +9,12 @@ change::
 from .admin import (AdminClient, ClusterMetadata, DeletedRecords, HangingTransaction, NewTopic, PartitionMetadata, PartitionProducerState,
                     ProducerState, TopicMetadata, TransactionDescription, TransactionListing)
 from .consumer import Consumer
+from .deserializing_consumer import DeserializingConsumer
 from .error import KafkaError, KafkaException
 from .group_metadata import ConsumerGroupMetadata
 from . import handoff_handlers  # noqa: F401 - registers the writes this process runs for others
 from .producer import BulkResult, Producer
+from .serializing_producer import SerializingProducer
 from .types import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, OFFSET_STORED, TIMESTAMP_CREATE_TIME,
                     TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message, ThrottleEvent, TopicPartition)
 from .cimpl import consistent, fnv1a, murmur2
@@ -30,6 +32,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AdminClient", "BulkResult", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "DeletedRecords",
+    "DeserializingConsumer", "SerializingProducer",
     "HangingTransaction",
     "KafkaError", "KafkaException", "Message", "NewTopic", "PartitionMetadata", "PartitionProducerState", "Producer",
     "ProducerState", "ThrottleEvent", "TopicMetadata", "TopicPartition", "TransactionDescription", "TransactionListing",

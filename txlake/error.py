@@ -204,3 +204,143 @@ def kafka_errors(context: str) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - every engine error becomes a KafkaException
         raise as_kafka_exception(exc, context) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# The errors of the serialization layer (confluent_kafka.serialization / confluent_kafka.error):
+# what txlake.SerializingProducer.produce() and txlake.DeserializingConsumer.poll() raise.
+
+
+class SerializationError(KafkaException):
+    """A serializer or deserializer could not convert its input (confluent-kafka's
+    ``confluent_kafka.serialization.SerializationError``; also :mod:`txlake.serialization`'s).
+
+    The built-in serializers raise it with the text of the underlying error as the only
+    argument (``args == ("unpack requires a buffer of 4 bytes",)``), so unlike a plain
+    :class:`KafkaException` its ``args[0]`` is a ``str`` unless a :class:`KafkaError` is given
+    (as the client errors below give one).
+    """
+
+    def __init__(self, *args: object):
+        if args and isinstance(args[0], KafkaError):
+            super().__init__(*args)
+        else:
+            Exception.__init__(self, *args)   # confluent-kafka keeps the text as it is given
+
+    __str__ = Exception.__str__   # the text, or the KafkaError's str(); "" without arguments
+
+
+class _KafkaClientError(KafkaException):
+    """Base of the errors a serializing client raises (confluent-kafka's ``_KafkaClientError``).
+
+    Args:
+        kafka_error: the :class:`KafkaError`, also ``args[0]``.
+        exception: the original exception (e.g. what a serializer raised), or None.
+        kafka_message: the :class:`~txlake.Message` concerned, or None.
+
+    Attributes:
+        exception, kafka_message: as given; ``code`` and ``name`` are the error's
+        ``code()`` and ``name()``.
+    """
+
+    def __init__(self, kafka_error: KafkaError, exception: BaseException | None = None,
+                 kafka_message: object | None = None):
+        super().__init__(kafka_error)
+        self.exception = exception
+        self.kafka_message = kafka_message
+
+    @property
+    def code(self) -> int:
+        """The numeric code of ``args[0]`` (e.g. -159 for ``_VALUE_DESERIALIZATION``)."""
+        return self.args[0].code()
+
+    @property
+    def name(self) -> str:
+        """librdkafka's name of ``args[0]``'s code (e.g. ``"_VALUE_DESERIALIZATION"``)."""
+        return self.args[0].name()
+
+
+class ConsumeError(_KafkaClientError):
+    """An error met while consuming (confluent-kafka's ``ConsumeError``):
+    ``DeserializingConsumer.poll()`` raises it for an error event (``msg.error()``, e.g.
+    ``_PARTITION_EOF``), with that message as ``kafka_message``.
+
+    Args:
+        kafka_error: the :class:`KafkaError`.
+        exception: the original exception, or None.
+        kafka_message: the :class:`~txlake.Message` that carried the error, or None.
+    """
+
+    def __init__(self, kafka_error: KafkaError, exception: BaseException | None = None,
+                 kafka_message: object | None = None):
+        super().__init__(kafka_error, exception, kafka_message)
+
+
+class KeyDeserializationError(ConsumeError, SerializationError):
+    """The key deserializer failed on a consumed message (confluent-kafka's
+    ``KeyDeserializationError``): code ``_KEY_DESERIALIZATION`` (-160) with ``str(exception)``
+    as its text; ``kafka_message`` is the message as read (raw key and value, its topic,
+    partition and offset).
+
+    Args:
+        exception: what the deserializer raised.
+        kafka_message: the consumed :class:`~txlake.Message`.
+    """
+
+    def __init__(self, exception: BaseException | None = None, kafka_message: object | None = None):
+        super().__init__(KafkaError(KafkaError._KEY_DESERIALIZATION, str(exception)),
+                         exception=exception, kafka_message=kafka_message)
+
+
+class ValueDeserializationError(ConsumeError, SerializationError):
+    """The value deserializer failed on a consumed message (confluent-kafka's
+    ``ValueDeserializationError``): code ``_VALUE_DESERIALIZATION`` (-159), otherwise as
+    :class:`KeyDeserializationError`.
+
+    Args:
+        exception: what the deserializer raised.
+        kafka_message: the consumed :class:`~txlake.Message`.
+    """
+
+    def __init__(self, exception: BaseException | None = None, kafka_message: object | None = None):
+        super().__init__(KafkaError(KafkaError._VALUE_DESERIALIZATION, str(exception)),
+                         exception=exception, kafka_message=kafka_message)
+
+
+class ProduceError(_KafkaClientError):
+    """An error met while producing (confluent-kafka's ``ProduceError``); ``kafka_message`` is
+    always None.
+
+    Args:
+        kafka_error: the :class:`KafkaError`.
+        exception: the original exception, or None.
+    """
+
+    def __init__(self, kafka_error: KafkaError, exception: BaseException | None = None):
+        super().__init__(kafka_error, exception, None)
+
+
+class KeySerializationError(ProduceError, SerializationError):
+    """The key serializer failed in ``SerializingProducer.produce()`` (confluent-kafka's
+    ``KeySerializationError``): code ``_KEY_SERIALIZATION`` (-162) with ``str(exception)`` as
+    its text; nothing was queued.
+
+    Args:
+        exception: what the serializer raised.
+    """
+
+    def __init__(self, exception: BaseException | None = None):
+        super().__init__(KafkaError(KafkaError._KEY_SERIALIZATION, str(exception)), exception=exception)
+
+
+class ValueSerializationError(ProduceError, SerializationError):
+    """The value serializer failed in ``SerializingProducer.produce()`` (confluent-kafka's
+    ``ValueSerializationError``): code ``_VALUE_SERIALIZATION`` (-161), otherwise as
+    :class:`KeySerializationError`.
+
+    Args:
+        exception: what the serializer raised.
+    """
+
+    def __init__(self, exception: BaseException | None = None):
+        super().__init__(KafkaError(KafkaError._VALUE_SERIALIZATION, str(exception)), exception=exception)

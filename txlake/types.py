@@ -201,6 +201,16 @@ class Message:
     def set_value(self, value: bytes | None) -> None:
         self._value = value
 
+    def deserialized_key(self) -> Any:
+        """The key, as :meth:`key` (confluent-kafka's name for it on a ``DeserializingConsumer``'s
+        messages, whose key is the deserialized object)."""
+        return self._key
+
+    def deserialized_value(self) -> Any:
+        """The value, as :meth:`value` (the deserialized object on a ``DeserializingConsumer``'s
+        messages)."""
+        return self._value
+
     def __len__(self) -> int:
         return len(self._value) if self._value is not None else 0
 
