@@ -7,8 +7,8 @@ server benchmarks compare ``txlake serve`` with (issue 18).
 127.0.0.1 and a temporary log dir, formats the dir with Kafka's storage tool as a
 single-node dynamic quorum (KIP-853: ``kafka-storage format --standalone`` with
 ``controller.quorum.bootstrap.servers``), starts ``java -cp 'dev/kafka-lib/*' kafka.Kafka
-server.properties`` and waits until a confluent-kafka AdminClient gets Metadata naming the
-broker. The settings are the ones that make it answer like txlake's single node
+server.properties``, waits until a confluent-kafka AdminClient gets Metadata naming the
+broker, and has it create and load ``__consumer_offsets`` and ``__transaction_state``. The settings are the ones that make it answer like txlake's single node
 (:data:`SINGLE_NODE_SETTINGS`: replication factor 1 for the internal topics, no initial
 rebalance delay, one partition by default, no auto topic creation).
 
@@ -57,6 +57,11 @@ SINGLE_NODE_SETTINGS: dict[str, str] = {
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
+    # txlake's internal topics have 50 partitions, as Kafka's by default; which one holds a
+    # group or transactional id is not visible to a client, and one partition each loads in
+    # a fraction of the time at start-up
+    "offsets.topic.num.partitions": "1",
+    "transaction.state.log.num.partitions": "1",
 }
 
 
@@ -109,8 +114,10 @@ class ApacheKafka:
     Attributes (after :meth:`start`):
         bootstrap: ``"127.0.0.1:PORT"`` for ``bootstrap.servers``.
         port, controller_port: the listeners' ports (chosen free, set explicitly).
-        start_seconds: wall-clock seconds of :meth:`start` (format + JVM start + first Metadata).
+        start_seconds: wall-clock seconds of :meth:`start` (format, JVM start, first Metadata,
+            internal topics loaded).
         format_seconds: of those, the storage tool's format.
+        ready_seconds: of those, until Metadata first named the broker.
         log_path: the broker's stdout and stderr.
     """
 
@@ -124,6 +131,7 @@ class ApacheKafka:
         self.controller_port = 0
         self.start_seconds: float | None = None
         self.format_seconds: float | None = None
+        self.ready_seconds: float | None = None
         self.dir: Path | None = None
         self._proc: subprocess.Popen | None = None
 
@@ -190,8 +198,42 @@ class ApacheKafka:
         except BaseException:
             self.stop(keep_dir=True)
             raise
+        self.ready_seconds = time.monotonic() - began
+        try:
+            self._warm_up(began + self.start_timeout_s)
+        except BaseException:
+            self.stop(keep_dir=True)
+            raise
         self.start_seconds = time.monotonic() - began
         return self
+
+    def _warm_up(self, deadline: float) -> None:
+        """Create and load the internal topics before a test needs them: a fresh Kafka creates
+        ``__consumer_offsets`` at the first FindCoordinator and answers NOT_COORDINATOR /
+        COORDINATOR_LOAD_IN_PROGRESS until it is loaded (librdkafka does not retry every call
+        on those), and ``__transaction_state`` at the first InitProducerId."""
+        from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "txlake-warm-up", "log_level": 0})
+        try:
+            while True:
+                try:
+                    consumer.committed([TopicPartition("__consumer_offsets", 0)], timeout=5)
+                    break
+                except KafkaException as e:
+                    if time.monotonic() > deadline:
+                        raise KafkaReferenceError(f"Apache Kafka's group coordinator did not load within "
+                                                  f"{self.start_timeout_s} s: {e}; its log {self.log_path}") from e
+                    time.sleep(0.1)
+        finally:
+            consumer.close()
+        producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": "txlake-warm-up",
+                             "log_level": 0})
+        try:
+            producer.init_transactions(max(1.0, deadline - time.monotonic()))
+        except KafkaException as e:
+            raise KafkaReferenceError(f"Apache Kafka's transaction coordinator did not load: {e}; "
+                                      f"its log {self.log_path}") from e
 
     def _wait_ready(self, deadline: float) -> None:
         from confluent_kafka.admin import AdminClient
