@@ -20,11 +20,12 @@ txlake runs on a file:// root here: the differences under test are in the protoc
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import NewPartitions, NewTopic, OffsetSpec
+from confluent_kafka.admin import ConfigResource, NewPartitions, NewTopic, OffsetSpec
 
 from conftest import StorageTarget
 from differential import CALL_TIMEOUT_S, Run, outcome, outcome_message
@@ -61,6 +62,10 @@ def basic_scenario(bootstrap: str) -> dict[str, Any]:
     md = admin.list_topics(topic, timeout=CALL_TIMEOUT_S).topics[topic]
     out["metadata"] = sorted((p.id, len(p.replicas), len(p.isrs)) for p in md.partitions.values())
 
+    described = admin.describe_configs([ConfigResource("TOPIC", topic)])
+    out["topic_configs"] = {name: (entry.value, entry.source, entry.is_read_only, entry.is_sensitive)
+                            for name, entry in list(described.values())[0].result(CALL_TIMEOUT_S).items()}
+
     # --- errors of topic administration
     out["create_existing"] = create(topic, PARTITIONS)
     out["create_invalid_name"] = create("bad name!" + run.suffix, 1)
@@ -93,6 +98,15 @@ def basic_scenario(bootstrap: str) -> dict[str, Any]:
     out["produce_unknown_partition"] = run.produce([dict(topic="orders", partition=7, key=b"k", value=b"v")],
                                                    **{"message.timeout.ms": 3000})
 
+    # KIP-937: a CreateTime more than message.timestamp.after.max.ms (1 h) ahead; a batch over
+    # max.message.bytes (1 MiB + 12) as the broker measures it (the client's own limit raised)
+    far = int(time.time() * 1000) + 2 * 3600 * 1000
+    out["produce_future_timestamp"] = run.produce([dict(topic="orders", partition=0, value=b"v", timestamp=far)],
+                                                  **{"message.timeout.ms": 5000})
+    out["produce_too_large"] = run.produce([dict(topic="orders", partition=0, value=b"x" * (1 << 21))],
+                                           **{"message.max.bytes": 4 << 20, "batch.size": 4 << 20,
+                                              "message.timeout.ms": 5000})
+
     # --- watermarks and the exact records read back
     reader = run.consumer()
     try:
@@ -105,6 +119,9 @@ def basic_scenario(bootstrap: str) -> dict[str, Any]:
             ts: [(tp.partition, tp.offset, tp.error and tp.error.name()) for tp in reader.offsets_for_times(
                 [TopicPartition(topic, p, ts) for p in range(PARTITIONS)], timeout=CALL_TIMEOUT_S)]
             for ts in stamps}
+        out["watermarks_unknown"] = [
+            outcome(lambda: reader.get_watermark_offsets(TopicPartition(topic, 9), timeout=5)),
+            outcome(lambda: reader.get_watermark_offsets(TopicPartition(run.name("nosuch"), 0), timeout=5))]
     finally:
         reader.close()
     out["records"] = run.consume("orders", {p: 0 for p in range(PARTITIONS)}, expected=42)
@@ -117,6 +134,11 @@ def basic_scenario(bootstrap: str) -> dict[str, Any]:
         return [(tp.partition, f.result(CALL_TIMEOUT_S).offset, f.result(CALL_TIMEOUT_S).timestamp)
                 for tp, f in sorted(futures.items(), key=lambda kv: kv[0].partition)]
 
+    out["list_offsets_unknown"] = [
+        outcome(lambda: list(admin.list_offsets({TopicPartition(topic, 9): OffsetSpec.latest()},
+                                                request_timeout=5).values())[0].result(CALL_TIMEOUT_S).offset),
+        outcome(lambda: list(admin.list_offsets({TopicPartition(run.name("nosuch"), 0): OffsetSpec.latest()},
+                                                request_timeout=5).values())[0].result(CALL_TIMEOUT_S).offset)]
     out["list_offsets"] = {
         "earliest": list_offsets(OffsetSpec.earliest()),
         "latest": list_offsets(OffsetSpec.latest()),
@@ -201,15 +223,40 @@ def txlake_outcomes(txlake_server) -> dict[str, Any]:
 
 
 PARTS = ["create", "metadata", "create_existing", "create_invalid_name", "create_zero_partitions", "create_replication_3", "create_dotted", "create_errors", "delete_unknown_topic",
-         "create_partitions_fewer", "produce", "produce_unknown_topic", "produce_unknown_partition", "watermarks",
+         "create_partitions_fewer", "produce", "produce_unknown_topic", "produce_unknown_partition", "produce_future_timestamp", "produce_too_large",
+         "watermarks", "watermarks_unknown", "list_offsets_unknown",
          "offsets_for_times", "records", "records_from_4", "list_offsets", "fetch_out_of_range", "commit",
          "committed", "commit_unknown_topic", "list_group_offsets", "committed_fresh_group", "delete_records",
          "watermarks_after_delete", "list_offsets_after_delete", "fetch_below_low_watermark",
          "records_after_delete"]
 
 
+#: topic configs Kafka 4.3 has and txlake does not (docs/server.md, "Behaviour that differs"):
+#: KIP-390's compression levels, tiered storage's, replication throttles, the offset index's
+TXLAKE_LACKS_TOPIC_CONFIGS = {
+    "compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
+    "remote.storage.enable", "remote.log.copy.disable", "remote.log.delete.on.disable",
+    "local.retention.ms", "local.retention.bytes",
+    "leader.replication.throttled.replicas", "follower.replication.throttled.replicas", "index.interval.bytes"}
+#: ConfigSource values (Kafka's DescribeConfigsResponse.ConfigSource)
+DYNAMIC_DEFAULT_BROKER_CONFIG, DEFAULT_CONFIG = 3, 5
+
+
 def test_the_scenario_covers_every_part(kafka_outcomes, txlake_outcomes):
-    assert sorted(kafka_outcomes) == sorted(PARTS) == sorted(txlake_outcomes)
+    assert sorted(kafka_outcomes) == sorted(PARTS + ["topic_configs"]) == sorted(txlake_outcomes)
+
+
+def test_topic_configs_and_their_defaults_are_kafkas(kafka_outcomes, txlake_outcomes):
+    """Every topic config txlake has, with Kafka 4.3's default value, source and flags; the
+    ones it lacks are exactly the documented ones. Kafka's ``min.insync.replicas`` is a
+    cluster-level dynamic default (KIP-966's controller writes it when ELR is enabled);
+    txlake's is the plain default (same value; documented)."""
+    kafka, ours = dict(kafka_outcomes["topic_configs"]), dict(txlake_outcomes["topic_configs"])
+    assert set(kafka) - set(ours) == TXLAKE_LACKS_TOPIC_CONFIGS
+    assert set(ours) - set(kafka) == set()
+    assert kafka["min.insync.replicas"] == ("1", DYNAMIC_DEFAULT_BROKER_CONFIG, False, False)
+    kafka["min.insync.replicas"] = ("1", DEFAULT_CONFIG, False, False)
+    assert {name: ours[name] for name in sorted(ours)} == {name: kafka[name] for name in sorted(ours)}
 
 
 @pytest.mark.parametrize("part", PARTS)
