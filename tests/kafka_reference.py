@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import base64
-import os
 import shutil
 import signal
 import subprocess
@@ -138,6 +137,12 @@ class ApacheKafka:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        """The broker JVM's process id (for its CPU time in /proc)."""
+        assert self._proc is not None, "not started"
+        return self._proc.pid
 
     @property
     def log_path(self) -> Path:
