@@ -156,9 +156,9 @@ def apache_kafka():
     single-node settings, started once per session / xdist worker and killed at its end
     (tests/kafka_reference.py). Fails, naming dev/kafka_reference.sh, when its jars cannot
     be fetched. Has ``.bootstrap`` and ``.start_seconds``."""
-    from kafka_reference import ApacheKafka
+    from kafka_reference import FAST_START_JVM_OPTIONS, ApacheKafka
 
-    kafka = ApacheKafka().start()
+    kafka = ApacheKafka(jvm_options=FAST_START_JVM_OPTIONS).start()
     try:
         yield kafka
     finally:

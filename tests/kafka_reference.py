@@ -64,6 +64,11 @@ SINGLE_NODE_SETTINGS: dict[str, str] = {
 }
 
 
+#: JVM options that start the node in about half the time (C1 only, serial GC), for tests;
+#: benchmarks keep the JVM's defaults (full JIT)
+FAST_START_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+
+
 class KafkaReferenceError(RuntimeError):
     """Apache Kafka could not be fetched, formatted or started; the message says why and,
     for missing jars, names :data:`FETCH_SCRIPT`."""
@@ -109,6 +114,8 @@ class ApacheKafka:
         heap: the JVM's ``-Xmx`` (default 512m).
         start_timeout_s: how long :meth:`start` waits for Metadata to name the broker.
         log_level: the broker's SLF4J level (``warn``; its log goes to :attr:`log_path`).
+        jvm_options: more JVM options, for the storage tool and the broker (the tests' fixture
+            starts faster with C1 only and the serial collector; a benchmark keeps the defaults).
 
     Attributes (after :meth:`start`):
         bootstrap: ``"127.0.0.1:PORT"`` for ``bootstrap.servers``.
@@ -121,11 +128,12 @@ class ApacheKafka:
     """
 
     def __init__(self, settings: dict[str, str] | None = None, heap: str = "512m",
-                 start_timeout_s: float = 90.0, log_level: str = "warn"):
+                 start_timeout_s: float = 90.0, log_level: str = "warn", jvm_options: tuple[str, ...] = ()):
         self.settings = {**SINGLE_NODE_SETTINGS, **(settings or {})}
         self.heap = heap
         self.start_timeout_s = start_timeout_s
         self.log_level = log_level
+        self.jvm_options = tuple(jvm_options)
         self.port = 0
         self.controller_port = 0
         self.start_seconds: float | None = None
@@ -151,7 +159,7 @@ class ApacheKafka:
 
     def _java(self, main: str, *args: str) -> list[str]:
         return ["java", f"-Xmx{self.heap}", f"-Dorg.slf4j.simpleLogger.defaultLogLevel={self.log_level}",
-                "-Djava.awt.headless=true", "-cp", str(KAFKA_LIB / "*"), main, *args]
+                "-Djava.awt.headless=true", *self.jvm_options, "-cp", str(KAFKA_LIB / "*"), main, *args]
 
     def _write_properties(self) -> Path:
         assert self.dir is not None
