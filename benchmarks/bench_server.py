@@ -13,6 +13,12 @@ Run:  .venv/bin/python benchmarks/bench_server.py [--records 100000] [--value-by
   p50 / p99 of send-to-delivery-report.
 * server CPU: user+system CPU seconds of the server process per MB produced and consumed
   (from /proc/PID/stat), to say where the time goes.
+* Apache Kafka as the reference (issue 18): whenever dev/kafka_reference.sh has fetched its
+  jars (``--no-reference`` skips it), the same produce, bigger-request produce, consume and
+  latency runs against one Apache Kafka 4.3.1 KRaft node on this machine
+  (tests/kafka_reference.py, heap 1 GiB as Kafka's start script), started after txlake's
+  server stopped: MB/s of each, the ratios txlake / Kafka, the broker JVM's CPU per MB, and
+  Kafka's consume rate against the same raw DuckDB scan.
 """
 
 from __future__ import annotations
@@ -163,12 +169,40 @@ def bench_latency(bootstrap: str, rate: int, seconds: float) -> tuple[float, flo
 
 
 def workload_parser() -> argparse.ArgumentParser:
-    """The options every server benchmark shares: --records, --value-bytes, --partitions."""
+    """The options every server benchmark shares: --records, --value-bytes, --partitions,
+    --no-reference."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--value-bytes", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip the Apache Kafka reference (run by default when dev/kafka_reference.sh fetched it)")
     return parser
+
+
+def start_reference(args: argparse.Namespace):
+    """Apache Kafka 4.3.1 (one KRaft node, tests/kafka_reference.py) with the benchmark topic
+    (``args.partitions`` partitions, max.message.bytes 16 MiB as txlake's), or None with a
+    note when ``--no-reference`` or its jars are not fetched. The caller stops it."""
+    if args.no_reference:
+        return None
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from kafka_reference import ApacheKafka, kafka_jars_present
+
+    if not kafka_jars_present():
+        print("# Apache Kafka reference skipped: its jars are not fetched (run dev/kafka_reference.sh)")
+        return None
+    from confluent_kafka.admin import AdminClient as KafkaAdmin
+    from confluent_kafka.admin import NewTopic as KafkaNewTopic
+
+    kafka = ApacheKafka(heap="1g").start()
+    admin = KafkaAdmin({"bootstrap.servers": kafka.bootstrap})
+    admin.create_topics([KafkaNewTopic(TOPIC, args.partitions, 1, config={"max.message.bytes": str(16 << 20)})
+                         ])[TOPIC].result(60)
+    while len(admin.list_topics(TOPIC, timeout=30).topics[TOPIC].partitions) < args.partitions:
+        time.sleep(0.05)
+    print(f"# Apache Kafka 4.3.1 on {kafka.bootstrap}: started in {kafka.start_seconds:.1f} s")
+    return kafka
 
 
 def workload(args: argparse.Namespace) -> tuple[list[bytes], list[bytes], float]:
@@ -207,6 +241,18 @@ def main() -> None:
         proc.terminate()
         proc.wait(60)
     t_duck = bench_duckdb_scan(url)
+    kafka = start_reference(args)
+    if kafka is not None:
+        try:
+            k0 = cpu_seconds(kafka.pid)
+            k_wire = bench_produce_wire(kafka.bootstrap, keys, values, args.partitions)
+            k1 = cpu_seconds(kafka.pid)
+            k_consume = bench_consume_wire(kafka.bootstrap, args.records, args.partitions)
+            k2 = cpu_seconds(kafka.pid)
+            k_big = bench_produce_wire(kafka.bootstrap, keys, values, args.partitions, **BIG_REQUESTS)
+            k_p50, k_p99 = bench_latency(kafka.bootstrap, args.rate, args.latency_seconds)
+        finally:
+            kafka.stop()
     results = {
         "produce_wire_mb_s": mb / t_wire, "produce_wire_records_s": args.records / t_wire,
         "produce_inprocess_mb_s": mb / t_local, "produce_wire_big_requests_mb_s": mb / t_big, "produce_ratio_wire_vs_inprocess": t_local / t_wire,
@@ -222,6 +268,22 @@ def main() -> None:
     print(f"consume  txlake serve -> confluent-kafka: {mb / t_consume:7.1f} MB/s (raw DuckDB scan of the objects "
           f"{mb / t_duck:.1f} MB/s; ratio {t_duck / t_consume:.2f}); server CPU {(cpu2 - cpu1) / mb * 1000:.1f} ms/MB")
     print(f"latency  {args.rate} records/s, default linger: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    if kafka is not None:
+        results.update({
+            "kafka_produce_mb_s": mb / k_wire, "kafka_produce_big_requests_mb_s": mb / k_big,
+            "kafka_consume_mb_s": mb / k_consume, "kafka_cpu_s_per_mb_produce": (k1 - k0) / mb,
+            "kafka_cpu_s_per_mb_consume": (k2 - k1) / mb, "kafka_latency_p50_ms": k_p50, "kafka_latency_p99_ms": k_p99,
+            "ratio_txlake_vs_kafka_produce": k_wire / t_wire, "ratio_txlake_vs_kafka_produce_big_requests": k_big / t_big,
+            "ratio_txlake_vs_kafka_consume": k_consume / t_consume, "kafka_consume_ratio_vs_duckdb_scan": t_duck / k_consume,
+        })
+        print("Apache Kafka 4.3.1, the same client and records on this machine:")
+        print(f"produce  confluent-kafka -> Kafka:       {mb / k_wire:7.1f} MB/s {args.records / k_wire:9.0f} records/s; "
+              f"broker CPU {(k1 - k0) / mb * 1000:.1f} ms/MB; txlake / Kafka {k_wire / t_wire:.2f}")
+        print(f"produce  the same with bigger requests:  {mb / k_big:7.1f} MB/s; txlake / Kafka {k_big / t_big:.2f}")
+        print(f"consume  Kafka -> confluent-kafka:       {mb / k_consume:7.1f} MB/s; broker CPU "
+              f"{(k2 - k1) / mb * 1000:.1f} ms/MB; txlake / Kafka {k_consume / t_consume:.2f}; "
+              f"Kafka / raw DuckDB scan {t_duck / k_consume:.3f}")
+        print(f"latency  {args.rate} records/s, default linger: p50 {k_p50:.1f} ms, p99 {k_p99:.1f} ms")
     print(json.dumps(results))
 
 

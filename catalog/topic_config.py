@@ -91,7 +91,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
     "max.message.bytes": ConfigDef("INT", "1048588", _int(0)),
     "message.timestamp.type": ConfigDef("STRING", "CreateTime", _one_of("CreateTime", "LogAppendTime")),
     "message.timestamp.before.max.ms": ConfigDef("LONG", str(LONG_MAX), _long(0)),
-    "message.timestamp.after.max.ms": ConfigDef("LONG", str(LONG_MAX), _long(0)),
+    "message.timestamp.after.max.ms": ConfigDef("LONG", "3600000", _long(0)),  # 1 h: Kafka 4.x's default
     "min.cleanable.dirty.ratio": ConfigDef("DOUBLE", "0.5", _ratio),
     "min.compaction.lag.ms": ConfigDef("LONG", "0", _long(0)),
     "min.insync.replicas": ConfigDef("INT", "1", _int(1)),

@@ -24,19 +24,21 @@ def validate_topic_name(name: object) -> str:
     """Return ``name`` if Kafka accepts it as a topic name.
 
     Raises:
-        InvalidTopicError: with Kafka's message for the rule broken.
+        InvalidTopicError: with Kafka's message for the rule broken (Kafka 4.3's
+            ``Topic.validate``: "Topic name is invalid: ...").
     """
     if not isinstance(name, str) or not name:
-        raise InvalidTopicError("Topic name is illegal, it can't be empty")
+        raise InvalidTopicError("Topic name is invalid: the empty string is not allowed")
     if name in (".", ".."):
-        raise InvalidTopicError('Topic name cannot be "." or ".."')
+        raise InvalidTopicError(f"Topic name is invalid: '{name}' is not allowed")
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidTopicError(
-            f"Topic name is illegal, it can't be longer than {MAX_NAME_LENGTH} characters, topic name: {name}"
+            f"Topic name is invalid: the length of '{name}' is longer than the max allowed length {MAX_NAME_LENGTH}"
         )
     if not _LEGAL.fullmatch(name):
         raise InvalidTopicError(
-            f"Topic name \"{name}\" is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
+            f"Topic name is invalid: '{name}' contains one or more characters other than ASCII alphanumerics, "
+            "'.', '_' and '-'"
         )
     return name
 

@@ -15,3 +15,7 @@ fi
 # mode, docs/spark.md), compiled from spark_connector/java/ into a git-ignored folder; needs a
 # JDK 17+ (javac). Without it everything else works and the write needs mode("append").
 .venv/bin/python dev/build_spark_jar.py || echo "note: txlake's Spark jar was not built (see above); docs/spark.md, Writing"
+# Apache Kafka itself (broker and tools jars, Maven Central) into the git-ignored dev/kafka-lib/:
+# the reference the differential tests and the server benchmarks compare txlake serve with
+# (a no-op when present). Without Maven those tests fail naming this script.
+./dev/kafka_reference.sh || echo "note: Apache Kafka's jars were not fetched (see above); the differential tests will fail until dev/kafka_reference.sh succeeds"

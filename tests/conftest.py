@@ -7,6 +7,8 @@
 * ``served``: ``txlake serve`` as a subprocess on a fresh root (``file`` and ``s3``),
   stopped after the test (tests/server_support.py). The s3 case, and every test using
   ``s3_server``, carries ``pytest.mark.s3``: deselect them with ``-m "not s3"``.
+* ``apache_kafka`` (session): one Apache Kafka KRaft node on 127.0.0.1, the differential
+  tests' reference (tests/kafka_reference.py; jars from dev/kafka_reference.sh).
 """
 
 from __future__ import annotations
@@ -146,3 +148,18 @@ def serve_root(request, tmp_path):
 def served(serve_root):
     """``txlake serve`` running on a fresh root (file:// or the local S3 server): :func:`serve_root`, started."""
     return serve_root.start()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka():
+    """Apache Kafka 4.3.1, one KRaft node (broker+controller) on 127.0.0.1 with txlake's
+    single-node settings, started once per session / xdist worker and killed at its end
+    (tests/kafka_reference.py). Fails, naming dev/kafka_reference.sh, when its jars cannot
+    be fetched. Has ``.bootstrap`` and ``.start_seconds``."""
+    from kafka_reference import FAST_START_JVM_OPTIONS, ApacheKafka
+
+    kafka = ApacheKafka(jvm_options=FAST_START_JVM_OPTIONS).start()
+    try:
+        yield kafka
+    finally:
+        kafka.stop()

@@ -141,13 +141,18 @@ def test_racing_commits_exactly_one_wins(storage):
 
 
 @pytest.mark.parametrize("name,message", [
-    ("", "can't be empty"), (".", 'cannot be "." or ".."'), ("..", 'cannot be "." or ".."'),
-    ("a" * 250, "can't be longer than 249 characters"), ("../etc", "contains a character other than"),
-    ("a/b", "contains a character other than"), ("é", "contains a character other than"), ("a b", "other than"),
+    ("", "the empty string is not allowed"), (".", "'.' is not allowed"), ("..", "'..' is not allowed"),
+    ("a" * 250, f"the length of '{'a' * 250}' is longer than the max allowed length 249"),
+    ("../etc", "'../etc' contains one or more characters other than ASCII alphanumerics, '.', '_' and '-'"),
+    ("a/b", "'a/b' contains one or more characters other than"), ("é", "'é' contains one or more characters"),
+    ("a b", "'a b' contains one or more characters"),
 ])
 def test_invalid_topic_names(name, message):
-    with pytest.raises(InvalidTopicError, match=message.replace(".", r"\.").replace('"', '"')):
+    """Kafka 4.3's ``Topic.validate`` messages, "Topic name is invalid: " and what is wrong
+    (tests/test_differential_basic.py compares them with Apache Kafka's)."""
+    with pytest.raises(InvalidTopicError) as raised:
         validate_topic_name(name)
+    assert str(raised.value).startswith("Topic name is invalid: " + message), str(raised.value)
 
 
 def test_valid_topic_names():

@@ -214,7 +214,7 @@ def test_errors_print_kafka_names_not_tracebacks(root, tmp_path):
     s = storage_args(root)
     res = run(["topics", "create", "bad/name", *s], ok=False)
     assert res.exit_code == 1 and "Traceback" not in res.output
-    assert res.stderr.startswith("Error: INVALID_TOPIC_EXCEPTION: Topic name \"bad/name\" is illegal")
+    assert res.stderr.startswith("Error: INVALID_TOPIC_EXCEPTION: Topic name is invalid: 'bad/name' contains one or more")
     res = run(["topics", "create", "t", "--config", "no.such.config=1", *s], ok=False)
     assert res.exit_code == 1 and res.stderr == "Error: INVALID_CONFIG: Unknown topic config name: no.such.config\n"
     res = run(["topics", "create", "t", "--config", "retention.ms=abc", *s], ok=False)

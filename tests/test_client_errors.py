@@ -113,8 +113,17 @@ def test_a_timestamp_out_of_kafkas_range_is_refused_at_produce_and_never_blocks_
 
 
 def test_kafkas_boundary_timestamps_are_accepted(conf):
-    """-1 (NO_TIMESTAMP) and 0 mean now; the largest int64 is kept as it is."""
-    create(conf, "t")
+    """-1 (NO_TIMESTAMP) and 0 mean now; the largest int64 is kept as it is on a topic whose
+    ``message.timestamp.after.max.ms`` allows it. Under Kafka 4's default (1 h) it is refused
+    with INVALID_TIMESTAMP, as Apache Kafka does (tests/test_differential_basic.py)."""
+    with AdminClient(conf) as admin:
+        admin.create_topics([NewTopic("t", 1, config={"message.timestamp.after.max.ms": str(2**63 - 1)}),
+                             NewTopic("default", 1)])["t"].result()
+    with Producer(conf) as p:
+        reports = []
+        p.produce("default", b"x", timestamp=2**63 - 1, on_delivery=lambda err, msg: reports.append(err))
+        p.flush(10)
+        assert [err.code() for err in reports] == [KafkaError.INVALID_TIMESTAMP]
     before = int(time.time() * 1000)
     with Producer(conf) as p:
         for ts in (-1, 0, 2**63 - 1):

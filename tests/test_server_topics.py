@@ -113,14 +113,15 @@ def test_create_topics_errors_are_kafkas(served):
     ])
     assert _error(done["orders"]) == (36, "Topic 'orders' already exists.")  # TOPIC_ALREADY_EXISTS
     assert _error(done["bad name"]) == (  # INVALID_TOPIC_EXCEPTION
-        17, "Topic name \"bad name\" is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'")
+        17, "Topic name is invalid: 'bad name' contains one or more characters other than ASCII alphanumerics, '.', "
+            "'_' and '-'")
     assert _error(done["a_b"]) == (17, "Topic 'a_b' collides with existing topic: a.b")
     assert _error(done["cfg"]) == (  # INVALID_CONFIG
         40, "Invalid value soon for configuration retention.ms: Not a number of type LONG")
     assert _error(done["unknown-cfg"]) == (40, "Unknown topic config name: retention.minutes")
     assert _error(done["rf3"]) == (  # INVALID_REPLICATION_FACTOR
         38, "Unable to replicate the partition 3 time(s): The target replication factor of 3 cannot be reached "
-            "because only 1 broker(s) are registered.")
+            "because only 1 broker(s) are registered or some brokers have all their log directories cordoned.")
     assert _error(done["__consumer_offsets"]) == (  # INVALID_REQUEST
         42, "Creation of internal topic __consumer_offsets is prohibited.")
     assert sorted(admin.list_topics(timeout=TIMEOUT).topics) == ["a.b", "orders"]
@@ -370,7 +371,7 @@ def test_describe_configs_raw_resource_checks(served):
         ("b", 42, "Broker id must be an integer, but it is: b", []),
         ("", 0, None, []),  # no cluster-wide dynamic defaults
         ("1", 0, None, ["num.partitions"]),
-        ("bad name", 17, "Topic name \"bad name\" is illegal, it contains a character other than ASCII "
+        ("bad name", 17, "Topic name is invalid: 'bad name' contains one or more characters other than ASCII "
                          "alphanumerics, '.', '_' and '-'", []),
         ("1", 42, "Unsupported resource type: BROKER_LOGGER", []),
     ]

@@ -184,7 +184,8 @@ def _check_layout(apis: ApiNode, topic: Any) -> tuple[Errors, str] | int:
     if rf > 1:  # Kafka's StripedReplicaPlacer with this one registered broker
         return Errors.INVALID_REPLICATION_FACTOR, (f"Unable to replicate the partition {rf} time(s): The target "
                                                    f"replication factor of {rf} cannot be reached because only 1 "
-                                                   "broker(s) are registered.")
+                                                   "broker(s) are registered or some brokers have all their "
+                                                   "log directories cordoned.")
     return topic.num_partitions
 
 

@@ -1,0 +1,146 @@
+"""Helpers for differential tests: the same confluent-kafka scenario against Apache Kafka
+(the ``apache_kafka`` fixture, tests/kafka_reference.py) and against ``txlake serve``, each
+returning a plain record of outcomes (dicts, lists, tuples, ints, bytes, error names) that
+compare with ``==`` (issue 18).
+
+An outcome never holds what legitimately differs between two brokers: topic names carry a
+per-run suffix that :class:`Run` strips, and producer ids, topic ids, cluster ids and leader
+epochs are left out (docs/server.md, "Behaviour that differs").
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Callable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+#: how long one client call may take before the scenario gives up on it (s)
+CALL_TIMEOUT_S = 30.0
+
+
+def error_name(err: KafkaError | None) -> str | None:
+    """``KafkaError`` -> its name (``"TOPIC_ALREADY_EXISTS"``, librdkafka's local ones with a
+    leading ``_``); None for no error."""
+    return None if err is None else err.name()
+
+
+def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
+    """Run one client call: ``("ok", its result)`` or ``("error", KafkaError name)``.
+
+    ``KafkaException`` (a future's or a call's) gives the name of the ``KafkaError`` it
+    carries; any other exception propagates (a scenario bug, not an outcome)."""
+    try:
+        return "ok", fn()
+    except KafkaException as e:
+        err = e.args[0]
+        return "error", error_name(err) if isinstance(err, KafkaError) else str(err)
+
+
+def outcome_message(fn: Callable[[], Any]) -> str | None:
+    """The error message a failing call raises (``KafkaError.str()``), None when it succeeds."""
+    try:
+        fn()
+    except KafkaException as e:
+        err = e.args[0]
+        return err.str() if isinstance(err, KafkaError) else str(err)
+    return None
+
+
+class Run:
+    """One scenario run against one broker: client factories with a common config and a
+    unique suffix for every name the run creates, so runs never meet on a shared broker.
+
+    Args:
+        bootstrap: ``bootstrap.servers``.
+    """
+
+    def __init__(self, bootstrap: str):
+        self.bootstrap = bootstrap
+        self.suffix = "-" + uuid.uuid4().hex[:8]
+        self._admin: AdminClient | None = None
+
+    def name(self, logical: str) -> str:
+        """The broker-side name of a topic or group."""
+        return logical + self.suffix
+
+    def logical(self, name: str) -> str:
+        """Back from a broker-side name (names without the suffix stay as they are)."""
+        return name[: -len(self.suffix)] if name.endswith(self.suffix) else name
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        return self._admin
+
+    def producer(self, **conf: Any) -> Producer:
+        return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5, **conf})
+
+    def consumer(self, group: str | None = None, **conf: Any) -> Consumer:
+        return Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.name(group or "reader"),
+                         "enable.auto.commit": False, "auto.offset.reset": "error", **conf})
+
+    def wait_for_topic(self, logical: str, partitions: int) -> None:
+        """Until Metadata names the topic with all its partitions (Kafka's brokers learn a new
+        topic from the metadata log a moment after CreateTopics answers)."""
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while time.monotonic() < deadline:
+            md = self.admin.list_topics(self.name(logical), timeout=CALL_TIMEOUT_S).topics.get(self.name(logical))
+            if md is not None and md.error is None and len(md.partitions) == partitions and all(
+                    p.leader >= 0 for p in md.partitions.values()):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"topic {self.name(logical)} did not appear with {partitions} partitions")
+
+    def produce(self, records: list[dict], **conf: Any) -> list[tuple]:
+        """Produce ``records`` (dicts of Producer.produce keyword arguments with a logical
+        ``topic``) with one idempotent producer; the delivery reports in order of the records,
+        as ``(error name, logical topic, partition, offset)`` (-1001 offset on error), or
+        ``("raised", KafkaError name)`` for a record ``produce()`` itself refused."""
+        producer = self.producer(**conf)
+        reports: list[Any] = [None] * len(records)
+        for i, rec in enumerate(records):
+            def report(err, msg, i=i):
+                reports[i] = (error_name(err), self.logical(msg.topic()), msg.partition(),
+                              msg.offset() if err is None else -1001)
+            try:
+                producer.produce(**{**rec, "topic": self.name(rec["topic"])}, on_delivery=report)
+            except KafkaException as e:
+                reports[i] = ("raised", error_name(e.args[0]))
+            producer.poll(0)
+        remaining = producer.flush(CALL_TIMEOUT_S)
+        assert remaining == 0, f"{remaining} records undelivered after {CALL_TIMEOUT_S} s"
+        return reports
+
+    def consume(self, logical: str, start: dict[int, int], expected: int, errors: int = 0, quiet_s: float = 0.3,
+                **conf: Any) -> list[tuple]:
+        """Assign the partitions of ``start`` (partition -> offset) and read until ``expected``
+        records and ``errors`` error events came, then ``quiet_s`` more (so extra ones show),
+        with ``auto.offset.reset=error`` unless ``conf`` says otherwise. Returns the records as
+        ``(partition, offset, key, value, headers, (timestamp type, timestamp))`` sorted by
+        partition and offset, then each error event as ``("error", partition, name)``."""
+        consumer = self.consumer(**conf)
+        consumer.assign([TopicPartition(self.name(logical), p, o) for p, o in start.items()])
+        got: list[tuple] = []
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        quiet_until = None
+        try:
+            while time.monotonic() < deadline:
+                n_errors = sum(1 for r in got if r[0] == "error")
+                if len(got) - n_errors >= expected and n_errors >= errors:
+                    quiet_until = quiet_until or time.monotonic() + quiet_s
+                    if time.monotonic() >= quiet_until:
+                        break
+                msg = consumer.poll(0.1)
+                if msg is None:
+                    continue
+                if msg.error() is not None:
+                    got.append(("error", msg.partition(), error_name(msg.error())))
+                    continue
+                got.append((msg.partition(), msg.offset(), msg.key(), msg.value(), msg.headers(), msg.timestamp()))
+        finally:
+            consumer.close()
+        return sorted(got, key=lambda r: (1, r[1], r[2]) if r[0] == "error" else (0, r[0], r[1]))
