@@ -53,6 +53,9 @@ _ABORTABLE_WITH_BUMP = frozenset({Errors.UNKNOWN_PRODUCER_ID, Errors.INVALID_PRO
 #: produce answers that fence the producer (a failed batch is otherwise abortable, KIP-588:
 #: INVALID_PRODUCER_EPOCH from a partition is abortable; the abort's EndTxn then tells a real fence)
 _FATAL_BATCH = frozenset({Errors.PRODUCER_FENCED, Errors._FENCED, Errors._FATAL})
+#: TxnOffsetCommit also retries an unknown topic or partition (Kafka's ``TxnOffsetCommitHandler``,
+#: librdkafka alike: the metadata may not have reached the coordinator yet)
+_RETRY_TXN_OFFSET_COMMIT = _RETRY | {Errors.UNKNOWN_TOPIC_OR_PART}
 #: answers after which the client looks the coordinator up again (Kafka's ``lookupCoordinator``)
 _LOOKUP = frozenset({Errors.NOT_COORDINATOR, Errors.COORDINATOR_NOT_AVAILABLE, Errors.UNKNOWN_SERVER_ERROR})
 RETRY_BACKOFF_S = 0.02
@@ -170,9 +173,9 @@ class TransactionManager:
         return KafkaException(self.error)
 
     def _call(self, request: Callable[[], Errors], timeout: float | None, what: str,
-              resumable: bool = False) -> Errors:
-        """Send a coordinator request, retrying retriable answers until ``timeout`` (s; None or
-        negative: no limit). ``resumable``: see :meth:`_send`.
+              resumable: bool = False, retry: frozenset[Errors] = _RETRY) -> Errors:
+        """Send a coordinator request, retrying the answers in ``retry`` until ``timeout`` (s; None
+        or negative: no limit). ``resumable``: see :meth:`_send`.
 
         Raises:
             KafkaException: ``_TIMED_OUT`` (retriable) when ``timeout`` passed; the engine's
@@ -189,7 +192,7 @@ class TransactionManager:
                 raise
             except Exception as exc:  # noqa: BLE001 - the engine failed: a KafkaException naming it
                 raise as_kafka_exception(exc, f"{what} of transactional id {self.transactional_id!r}") from exc
-            if error not in _RETRY:
+            if error not in retry:
                 return error
             if deadline is not None and time.monotonic() >= deadline:
                 raise KafkaException(KafkaError(Errors._TIMED_OUT, f"{what} timed out (last answer {error.name})",
@@ -345,8 +348,8 @@ class TransactionManager:
                        member_id: str, group_instance_id: str | None, timeout: float | None) -> Errors:
         """TxnOffsetCommit (KIP-98; KIP-447's generation id, member id and group instance id): the
         offsets ``{(topic, partition): (offset, metadata)}`` join the transaction (after
-        :meth:`add_offsets`); retriable answers are retried for up to ``timeout`` s (default
-        30). Returns the first partition's error other than NO_ERROR (ILLEGAL_GENERATION,
+        :meth:`add_offsets`); retriable answers (UNKNOWN_TOPIC_OR_PARTITION too, as Kafka's
+        ``TxnOffsetCommitHandler``) are retried for up to ``timeout`` s (default 30). Returns the first partition's error other than NO_ERROR (ILLEGAL_GENERATION,
         UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, INVALID_TXN_STATE, PRODUCER_FENCED, ...), else
         NO_ERROR; the caller decides the state it leaves the transaction in.
 
@@ -369,7 +372,8 @@ class TransactionManager:
             errors = [Errors(p.error_code) for t in answer.topics for p in t.partitions]
             return self._looked_up(next((e for e in errors if e != Errors.NO_ERROR), Errors.NO_ERROR))
 
-        return self._call(send, TXN_OFFSET_COMMIT_TIMEOUT_S if timeout is None else timeout, "TxnOffsetCommit")
+        return self._call(send, TXN_OFFSET_COMMIT_TIMEOUT_S if timeout is None else timeout, "TxnOffsetCommit",
+                          retry=_RETRY_TXN_OFFSET_COMMIT)
 
     def send_failed(self, error: KafkaError, epoch_bump: bool = True) -> None:
         """A record of the transaction could not be written (Kafka's ``maybeTransitionToErrorState``).
