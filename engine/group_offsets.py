@@ -36,6 +36,7 @@ from txlake.formats.records import CONTROL_COMMIT, HEADER_TYPE, PAYLOAD_SCHEMA
 
 from .errors import ApiError, Errors
 from .partition_writer import PartitionWriter
+from .producer_state import increment_sequence
 from .requests import ProduceBatch
 from .transaction_state_manager import java_string_hash_code, kafka_abs
 
@@ -239,6 +240,55 @@ class GroupOffsets:
                 (result,) = self.writer.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
                                                               offset_records(group_id, stored, now), urgent=True)],
                                                 internal_topics_allowed=True)
+                answers.update(dict.fromkeys(stored, result.error))
+        return {tp: answers[tp] for tp in offsets}
+
+    def commit_transactional(self, group_id: str, offsets: dict[TopicPartitionKey, OffsetAndMetadata],
+                             producer_id: int, producer_epoch: int, generation_id: int = -1, member_id: str = "",
+                             group_instance_id: str | None = None) -> dict[TopicPartitionKey, Errors]:
+        """TxnOffsetCommit (KIP-98, KIP-447; Kafka's ``OffsetMetadataManager.commitTransactionalOffset``):
+        write the offsets as a transactional batch of ``producer_id``/``producer_epoch`` to the
+        group's ``__consumer_offsets`` partition; they count once the transaction's COMMIT marker
+        lands there. One error per partition.
+
+        The group coordinator checks the member as for a plain commit (Kafka's
+        ``validateTransactionalOffsetCommit``): ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,
+        FENCED_INSTANCE_ID; an unknown group with generation < 0 is a simple group (accepted);
+        INVALID_GROUP_ID for an empty id. A metadata string over
+        :data:`OFFSET_METADATA_MAX_BYTES` answers OFFSET_METADATA_TOO_LARGE for its partition.
+        The append itself answers the log's errors: INVALID_TXN_STATE when the partition is not
+        in the producer's transaction (KIP-890 verification: AddOffsetsToTxn comes first),
+        INVALID_PRODUCER_EPOCH for a fenced epoch, and the append's failures as the log answers
+        them (the caller maps them as Kafka maps a coordinator's append errors:
+        ``append_error_to_response_error``).
+
+        The batch's sequence continues the producer's last sequence on the partition (0 under a
+        new epoch): the coordinator writes it, as Kafka's does, so the client keeps no sequence
+        for ``__consumer_offsets``. Callers serialise the commits of one producer (a producer has
+        at most one TxnOffsetCommit under way, as Kafka's ``TransactionManager``).
+        """
+        try:
+            coordinator = self._group_coordinator()
+        except ApiError as exc:
+            return {tp: exc.error for tp in offsets}
+        partition = self.partition_for(group_id)
+        with coordinator.offset_commit_guard(group_id):
+            error = coordinator.validate_offset_commit(group_id, generation_id, member_id, group_instance_id,
+                                                       is_transactional=True)
+            if error != Errors.NO_ERROR:
+                return {tp: error for tp in offsets}
+            answers = {tp: Errors.OFFSET_METADATA_TOO_LARGE for tp, om in offsets.items()
+                       if _utf16_length(om.metadata) > OFFSET_METADATA_MAX_BYTES}
+            stored = {tp: om for tp, om in offsets.items() if tp not in answers}
+            if stored:
+                rows = self.writer.producer_state_rows(CONSUMER_OFFSETS_TOPIC, partition) or []
+                entry = next((r for r in rows if r["producer_id"] == producer_id), None)
+                sequence = 0
+                if entry is not None and entry["producer_epoch"] == producer_epoch and entry["batches"]:
+                    sequence = increment_sequence(entry["batches"][-1]["last_seq"], 1)
+                (result,) = self.writer.produce([ProduceBatch(
+                    CONSUMER_OFFSETS_TOPIC, partition, offset_records(group_id, stored), producer_id, producer_epoch,
+                    sequence, is_transactional=True, urgent=True)], internal_topics_allowed=True)
                 answers.update(dict.fromkeys(stored, result.error))
         return {tp: answers[tp] for tp in offsets}
 

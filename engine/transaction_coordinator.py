@@ -283,6 +283,34 @@ class TransactionCoordinator:
         return self._add_partitions(transactional_id, producer_id, producer_epoch,
                                     frozenset({(CONSUMER_OFFSETS_TOPIC, self._group_partition_for(group_id))}))
 
+    def handle_verify_partitions_in_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                                partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Errors]:
+        """AddPartitionsToTxn v4+ with ``verify_only`` (KIP-890 part 1; Kafka's
+        ``handleVerifyPartitionsInTransaction``): are the partitions in the id's transaction?
+        Nothing is written.
+
+        Per partition: NO_ERROR (in the transaction) or TRANSACTION_ABORTABLE (not in it); or
+        one error for all of them: INVALID_REQUEST (empty id), INVALID_PRODUCER_ID_MAPPING
+        (unknown id or another producer id), PRODUCER_FENCED (another epoch),
+        CONCURRENT_TRANSACTIONS (PrepareCommit/PrepareAbort), the state manager's loading errors.
+        """
+        partitions = frozenset(partitions)
+        error, found = self._find(transactional_id)
+        if found is None:
+            return {tp: error for tp in partitions}
+        metadata = found.transaction_metadata
+        with metadata.lock:
+            if metadata.producer_id != producer_id:
+                error = Errors.INVALID_PRODUCER_ID_MAPPING
+            elif metadata.producer_epoch != producer_epoch:
+                error = Errors.PRODUCER_FENCED
+            elif metadata.state in (TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT):
+                error = Errors.CONCURRENT_TRANSACTIONS
+            else:
+                added = metadata.topic_partitions
+                return {tp: Errors.NO_ERROR if tp in added else Errors.TRANSACTION_ABORTABLE for tp in partitions}
+        return {tp: error for tp in partitions}
+
     def _find(self, transactional_id: str):
         """``(NO_ERROR, cached state)`` of an id, or ``(error, None)``: INVALID_REQUEST for an
         empty id, the manager's loading errors, INVALID_PRODUCER_ID_MAPPING for an unknown id."""

@@ -105,3 +105,23 @@ def test_pending_offsets_survive_an_engine_restart_then_are_aborted_by_the_succe
     successor.close()
     close_all()
     assert committed(conf, "g", (0,)) == [12]       # and a committed transactional offset survives a restart
+
+
+def test_send_offsets_of_an_unknown_topic_is_refused_and_writes_nothing(conf):
+    """send_offsets_to_transaction is a TxnOffsetCommit request: its handler answers
+    UNKNOWN_TOPIC_OR_PARTITION for a topic the catalog does not have (Kafka's metadata check),
+    which the producer retries until its timeout, as Kafka's client does; no offset of the
+    unknown topic is written, the transaction stays usable and commits the offsets of "in"."""
+    t = producer(conf, "t")
+    t.begin_transaction()
+    with pytest.raises(KafkaException) as refused:
+        t.send_offsets_to_transaction([TopicPartition("in", 0, 4), TopicPartition("gone", 0, 7)], "g", timeout=0.3)
+    err = refused.value.args[0]
+    assert (err.code(), err.retriable(), err.txn_requires_abort(), err.fatal()) == (KafkaError._TIMED_OUT, True,
+                                                                                      False, False)
+    t.send_offsets_to_transaction([TopicPartition("in", 0, 4)], "g")
+    t.commit_transaction(10)
+    with Consumer({**conf, "group.id": "g"}) as c:
+        assert [(tp.topic, tp.partition, tp.offset) for tp in c.committed(
+            [TopicPartition("in", 0), TopicPartition("gone", 0)], timeout=10)] == [("in", 0, 4), ("gone", 0, -1001)]
+    t.close()

@@ -52,7 +52,7 @@ from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
 from .config import parse_config
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .transaction_manager import TransactionManager
-from txlake.engine.group_offsets import OffsetAndMetadata, offset_records
+from txlake.engine.group_offsets import OffsetAndMetadata
 from .types import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message, partition_list
 
 # librdkafka: per-record overhead counted against batch.size (v2 record framing, approx.).
@@ -220,8 +220,8 @@ class Producer:
         self._bump_required = False
         self._txn: TransactionManager | None = None
         if v["transactional.id"] is not None:
-            self._txn = TransactionManager(v["transactional.id"], v["transaction.timeout.ms"],
-                                           self._broker.transaction_coordinator, self._set_identity)
+            self._txn = TransactionManager(v["transactional.id"], v["transaction.timeout.ms"], self._broker,
+                                           self._set_identity)
         self._next_seq: dict[tuple[str, int], int] = {}
         self._fatal: KafkaError | None = None
         self._closed = False
@@ -693,34 +693,17 @@ class Producer:
         offsets = {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in positions}
         if any(om.offset < 0 for om in offsets.values()):
             raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs absolute offsets (>= 0)")
-        topic, partition = txn.add_offsets(group_id, self._broker.group_offsets().partition_for(group_id))  # blocking
-        with kafka_errors(f"send_offsets_to_transaction() of group {group_id}"):
-            self._broker.group_offsets().ensure_topic()
-        # TxnOffsetCommit: the group coordinator checks the member as for a plain commit (KIP-447);
-        # a stale generation, an unknown member or a fenced static member make the transaction abortable
-        try:
-            error = self._broker.group_coordinator().validate_offset_commit(
-                group_id, getattr(group_metadata, "generation_id", -1), getattr(group_metadata, "member_id", ""),
-                getattr(group_metadata, "group_instance_id", None), is_transactional=True)
-        except ApiError as exc:
-            error = exc.error
+        txn.add_offsets(group_id, self._broker.group_offsets().partition_for(group_id))  # blocking
+        # TxnOffsetCommit: the group coordinator checks the member as for a plain commit (KIP-447) and
+        # writes the offsets into the transaction; a stale generation, an unknown member or a fenced
+        # static member make the transaction abortable (no sequence of this producer was used)
+        error = txn.commit_offsets(group_id, {tp: (om.offset, om.metadata) for tp, om in offsets.items()},
+                                   getattr(group_metadata, "generation_id", -1), getattr(group_metadata, "member_id", ""),
+                                   getattr(group_metadata, "group_instance_id", None), timeout)
         if error != Errors.NO_ERROR:
             err = KafkaError(error, f"TxnOffsetCommit for group {group_id} failed: {error.name}")
             with self._lock:
-                txn.send_failed(err, epoch_bump=False)  # refused before any sequence was used
-            raise KafkaException(txn.error or err)
-        with self._lock:
-            records = offset_records(group_id, offsets)
-            seq = self._assign_sequence((topic, partition), records.num_rows)
-            batch = ProduceBatch(topic, partition, records, self._producer_id, self._epoch, seq,
-                                 is_transactional=True, urgent=True)
-        # the group coordinator's append (Kafka's TxnOffsetCommit handler may write __consumer_offsets)
-        (result,) = self._broker.produce([batch], timeout_ms=int((timeout or 30) * 1000), internal_topics_allowed=True)
-        if result.error != Errors.NO_ERROR:
-            with self._lock:
-                code = Errors._MSG_TIMED_OUT if result.error.retriable else result.error
-                err = self._batch_failed((topic, partition), code,
-                                         f"TxnOffsetCommit for group {group_id} failed: {result.message}", True)
+                txn.send_failed(err, epoch_bump=False)
             raise KafkaException(txn.error or err)
 
     def commit_transaction(self, timeout: float | None = None) -> None:

@@ -26,13 +26,17 @@ from concurrent.futures import Future
 from enum import Enum
 from typing import TYPE_CHECKING, Callable
 
+from kafka.protocol.producer import (AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest,
+                                     InitProducerIdRequest, TxnOffsetCommitRequest)
+
+from txlake.engine.apis import local_apis
 from txlake.engine.errors import ApiError, Errors
 from txlake.engine.transaction_metadata import ProducerIdAndEpoch
 
 from .error import KafkaError, KafkaException, as_kafka_exception
 
 if TYPE_CHECKING:
-    from txlake.engine.transaction_coordinator import TransactionCoordinator
+    from txlake.engine.broker import Broker
 
 #: coordinator answers that mean "try again shortly"
 _RETRY = frozenset({Errors.CONCURRENT_TRANSACTIONS, Errors.COORDINATOR_LOAD_IN_PROGRESS,
@@ -49,7 +53,18 @@ _ABORTABLE_WITH_BUMP = frozenset({Errors.UNKNOWN_PRODUCER_ID, Errors.INVALID_PRO
 #: produce answers that fence the producer (a failed batch is otherwise abortable, KIP-588:
 #: INVALID_PRODUCER_EPOCH from a partition is abortable; the abort's EndTxn then tells a real fence)
 _FATAL_BATCH = frozenset({Errors.PRODUCER_FENCED, Errors._FENCED, Errors._FATAL})
+#: TxnOffsetCommit also retries an unknown topic or partition (Kafka's ``TxnOffsetCommitHandler``,
+#: librdkafka alike: the metadata may not have reached the coordinator yet)
+_RETRY_TXN_OFFSET_COMMIT = _RETRY | {Errors.UNKNOWN_TOPIC_OR_PART}
+#: answers after which the client looks the coordinator up again (Kafka's ``lookupCoordinator``)
+_LOOKUP = frozenset({Errors.NOT_COORDINATOR, Errors.COORDINATOR_NOT_AVAILABLE, Errors.UNKNOWN_SERVER_ERROR})
 RETRY_BACKOFF_S = 0.02
+#: the versions the in-process client sends (the highest with the semantics it implements:
+#: KIP-360's producer id and epoch, PRODUCER_FENCED; KIP-890 part 1)
+INIT_PRODUCER_ID_VERSION, ADD_PARTITIONS_VERSION, ADD_OFFSETS_VERSION, END_TXN_VERSION = 4, 3, 3, 3
+TXN_OFFSET_COMMIT_VERSION = 3
+#: how long a TxnOffsetCommit without a timeout is retried (s)
+TXN_OFFSET_COMMIT_TIMEOUT_S = 30.0
 
 
 class TxnState(Enum):
@@ -68,9 +83,14 @@ class TxnState(Enum):
 class TransactionManager:
     """Client side of one ``transactional.id`` (Kafka's client ``TransactionManager``).
 
+    Every coordinator request is a Kafka request (InitProducerId, AddPartitionsToTxn,
+    AddOffsetsToTxn, EndTxn) answered by the engine's request surface
+    (:func:`txlake.engine.apis.local_apis`), exactly as ``txlake serve`` answers a network client.
+
     Args:
         transactional_id / timeout_ms: the producer's ``transactional.id`` and ``transaction.timeout.ms``.
-        coordinator: returns the storage root's transaction coordinator (takes the writer lease).
+        broker: the storage root's engine (its request surface answers; its transaction
+            coordinator is looked up -- the writer lease taken -- when an answer says it is not there).
         on_identity: called with ``(producer_id, epoch)`` whenever InitProducerId hands out a new
             identity (``init_transactions`` and the KIP-360 bump of ``abort_transaction``); the
             producer then restarts every partition's sequence at 0. Called without any lock held.
@@ -82,11 +102,12 @@ class TransactionManager:
         epoch_bump_required: the next ``abort_transaction`` bumps the epoch (KIP-360).
     """
 
-    def __init__(self, transactional_id: str, timeout_ms: int, coordinator: Callable[[], "TransactionCoordinator"],
+    def __init__(self, transactional_id: str, timeout_ms: int, broker: "Broker",
                  on_identity: Callable[[int, int], None] | None = None):
         self.transactional_id = transactional_id
         self.timeout_ms = timeout_ms
-        self._coordinator = coordinator
+        self._broker = broker
+        self._client_id = f"txlake-txn-{transactional_id}"
         self._on_identity = on_identity
         self.state = TxnState.UNINITIALIZED
         self.producer_id = -1
@@ -117,6 +138,20 @@ class TransactionManager:
         """True in ABORTABLE_ERROR or FATAL_ERROR (Kafka's ``hasError``): nothing more may be sent."""
         return self.state in (TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR)
 
+    def _ask(self, request):
+        """Send one request to the engine's request surface (the answer, a Kafka response message)."""
+        return local_apis(self._broker).call(request, client_id=self._client_id)
+
+    def _looked_up(self, error: Errors) -> Errors:
+        """``error``; when it says the coordinator is not there (NOT_COORDINATOR,
+        COORDINATOR_NOT_AVAILABLE, or UNKNOWN_SERVER_ERROR: the handler failed), first look the
+        coordinator up again, as Kafka's client does: the lookup takes the writer lease and starts
+        the coordinator, raising the engine's reason when it cannot (ApiError
+        NOT_LEADER_OR_FOLLOWER naming the lease holder, a corrupt ``__transaction_state`` record, ...)."""
+        if error in _LOOKUP:
+            self._broker.transaction_coordinator()
+        return error
+
     def _fail(self, error: Errors, message: str, abortable: bool | None = None,
               epoch_bump: bool = False) -> KafkaException:
         """Move to FATAL_ERROR (``abortable=False``; by default for the coordinator's fencing
@@ -138,9 +173,9 @@ class TransactionManager:
         return KafkaException(self.error)
 
     def _call(self, request: Callable[[], Errors], timeout: float | None, what: str,
-              resumable: bool = False) -> Errors:
-        """Send a coordinator request, retrying retriable answers until ``timeout`` (s; None or
-        negative: no limit). ``resumable``: see :meth:`_send`.
+              resumable: bool = False, retry: frozenset[Errors] = _RETRY) -> Errors:
+        """Send a coordinator request, retrying the answers in ``retry`` until ``timeout`` (s; None
+        or negative: no limit). ``resumable``: see :meth:`_send`.
 
         Raises:
             KafkaException: ``_TIMED_OUT`` (retriable) when ``timeout`` passed; the engine's
@@ -157,7 +192,7 @@ class TransactionManager:
                 raise
             except Exception as exc:  # noqa: BLE001 - the engine failed: a KafkaException naming it
                 raise as_kafka_exception(exc, f"{what} of transactional id {self.transactional_id!r}") from exc
-            if error not in _RETRY:
+            if error not in retry:
                 return error
             if deadline is not None and time.monotonic() >= deadline:
                 raise KafkaException(KafkaError(Errors._TIMED_OUT, f"{what} timed out (last answer {error.name})",
@@ -209,10 +244,12 @@ class TransactionManager:
         new identity is taken and announced to ``on_identity``."""
 
         def request() -> Errors:
-            error, pid, epoch = self._coordinator().handle_init_producer_id(self.transactional_id, self.timeout_ms,
-                                                                            expected)
-            self._init_answer = (pid, epoch)
-            return error
+            answer = self._ask(InitProducerIdRequest[INIT_PRODUCER_ID_VERSION](
+                transactional_id=self.transactional_id, transaction_timeout_ms=self.timeout_ms,
+                producer_id=expected.producer_id if expected is not None else -1,
+                producer_epoch=expected.epoch if expected is not None else -1))
+            self._init_answer = (answer.producer_id, answer.producer_epoch)
+            return self._looked_up(Errors(answer.error_code))
 
         error = self._call(request, timeout, "InitProducerId", resumable=True)
         if error == Errors.NO_ERROR:
@@ -263,8 +300,15 @@ class TransactionManager:
             return Errors(self.error.code())
 
         def request() -> Errors:
-            answers = self._coordinator().handle_add_partitions_to_txn(
-                self.transactional_id, self.producer_id, self.epoch, partitions)
+            by_topic: dict[str, list[int]] = {}
+            for topic, partition in sorted(partitions):
+                by_topic.setdefault(topic, []).append(partition)
+            answer = self._ask(AddPartitionsToTxnRequest[ADD_PARTITIONS_VERSION](
+                v3_and_below_transactional_id=self.transactional_id, v3_and_below_producer_id=self.producer_id,
+                v3_and_below_producer_epoch=self.epoch, v3_and_below_topics=[
+                    AddPartitionsToTxnRequest.AddPartitionsToTxnTopic(name=t, partitions=ps) for t, ps in by_topic.items()]))
+            answers = {(t.name, p.partition_index): self._looked_up(Errors(p.partition_error_code))
+                       for t in answer.results_by_topic_v3_and_below for p in t.results_by_partition}
             # one answer for all the partitions, except that when some are refused (TOPIC_AUTHORIZATION_FAILED)
             # the others answer OPERATION_NOT_ATTEMPTED: the refusal is the answer (Kafka's AddPartitionsToTxnHandler)
             return next((e for e in answers.values() if e != Errors.OPERATION_NOT_ATTEMPTED),
@@ -291,13 +335,45 @@ class TransactionManager:
         """
         self._require(TxnState.IN_TRANSACTION, operation="send_offsets_to_transaction")
         tp = ("__consumer_offsets", partition)
-        error = self._call(lambda: self._coordinator().handle_add_offsets_to_txn(
-            self.transactional_id, self.producer_id, self.epoch, group_id), None, "AddOffsetsToTxn")
+        error = self._call(lambda: self._looked_up(Errors(self._ask(AddOffsetsToTxnRequest[ADD_OFFSETS_VERSION](
+            transactional_id=self.transactional_id, producer_id=self.producer_id, producer_epoch=self.epoch,
+            group_id=group_id)).error_code)), None, "AddOffsetsToTxn")
         if error != Errors.NO_ERROR:
             raise self._fail(error, f"AddOffsetsToTxn for group {group_id} failed: {error.name}",
                              epoch_bump=error in _ABORTABLE_WITH_BUMP)
         self.partitions.add(tp)
         return tp
+
+    def commit_offsets(self, group_id: str, offsets: dict[tuple[str, int], tuple[int, str]], generation_id: int,
+                       member_id: str, group_instance_id: str | None, timeout: float | None) -> Errors:
+        """TxnOffsetCommit (KIP-98; KIP-447's generation id, member id and group instance id): the
+        offsets ``{(topic, partition): (offset, metadata)}`` join the transaction (after
+        :meth:`add_offsets`); retriable answers (UNKNOWN_TOPIC_OR_PARTITION too, as Kafka's
+        ``TxnOffsetCommitHandler``) are retried for up to ``timeout`` s (default 30). Returns the first partition's error other than NO_ERROR (ILLEGAL_GENERATION,
+        UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, INVALID_TXN_STATE, PRODUCER_FENCED, ...), else
+        NO_ERROR; the caller decides the state it leaves the transaction in.
+
+        Raises:
+            KafkaException: ``_TIMED_OUT`` (retriable) when retriable answers lasted ``timeout``.
+        """
+        self._require(TxnState.IN_TRANSACTION, operation="send_offsets_to_transaction")
+        by_topic: dict[str, list] = {}
+        for (topic, partition), (offset, metadata) in sorted(offsets.items()):
+            by_topic.setdefault(topic, []).append(TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition(
+                partition_index=partition, committed_offset=offset, committed_leader_epoch=-1, committed_metadata=metadata))
+        request = TxnOffsetCommitRequest[TXN_OFFSET_COMMIT_VERSION](
+            transactional_id=self.transactional_id, group_id=group_id, producer_id=self.producer_id,
+            producer_epoch=self.epoch, generation_id=generation_id, member_id=member_id,
+            group_instance_id=group_instance_id, topics=[
+                TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
+
+        def send() -> Errors:
+            answer = self._ask(request)
+            errors = [Errors(p.error_code) for t in answer.topics for p in t.partitions]
+            return self._looked_up(next((e for e in errors if e != Errors.NO_ERROR), Errors.NO_ERROR))
+
+        return self._call(send, TXN_OFFSET_COMMIT_TIMEOUT_S if timeout is None else timeout, "TxnOffsetCommit",
+                          retry=_RETRY_TXN_OFFSET_COMMIT)
 
     def send_failed(self, error: KafkaError, epoch_bump: bool = True) -> None:
         """A record of the transaction could not be written (Kafka's ``maybeTransitionToErrorState``).
@@ -363,8 +439,9 @@ class TransactionManager:
         last_error = Errors(self.error.code()) if self.error is not None else None
         if self.partitions and not self._end_txn_done and not (
                 not committed and self.epoch_bump_required and last_error == Errors.INVALID_PRODUCER_ID_MAPPING):
-            error = self._call(lambda: self._coordinator().handle_end_txn(
-                self.transactional_id, self.producer_id, self.epoch, committed), remaining(),
+            error = self._call(lambda: self._looked_up(Errors(self._ask(EndTxnRequest[END_TXN_VERSION](
+                transactional_id=self.transactional_id, producer_id=self.producer_id, producer_epoch=self.epoch,
+                committed=committed)).error_code)), remaining(),
                 f"EndTxn {'COMMIT' if committed else 'ABORT'}", resumable=True)
             if error != Errors.NO_ERROR:
                 raise self._fail(error, f"{'commit' if committed else 'abort'}_transaction failed: {error.name}",

@@ -2,7 +2,8 @@
 ``RequestContext`` and ``ApiKeys``): who asked, one API's registration, and the node a
 handler is given.
 
-Handler modules (:mod:`.cluster`, :mod:`.log_apis`, :mod:`.topic_apis`, :mod:`.group_apis`)
+Handler modules (:mod:`.cluster`, :mod:`.log_apis`, :mod:`.topic_apis`, :mod:`.group_apis`,
+:mod:`.txn_apis`)
 import this module, never :mod:`.kafka_apis`, which imports them to list their APIs: the
 engine has no import circle (``tests/test_engine_layering.py``).
 """

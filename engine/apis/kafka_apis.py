@@ -20,7 +20,9 @@ never import this one (which lists them). The handlers live by area: :mod:`.clus
 (ApiVersions, Metadata, DescribeCluster), :mod:`.log_apis` (Produce, Fetch, ListOffsets,
 OffsetForLeaderEpoch, InitProducerId), :mod:`.topic_apis` (CreateTopics, DeleteTopics,
 CreatePartitions, DescribeConfigs, IncrementalAlterConfigs, DeleteRecords,
-DescribeProducers), :mod:`.group_apis` (FindCoordinator and the consumer-group APIs).
+DescribeProducers), :mod:`.group_apis` (FindCoordinator and the consumer-group APIs),
+:mod:`.txn_apis` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit,
+DescribeTransactions, ListTransactions, WriteTxnMarkers).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class KafkaApis:
             become on first write, the writer: it holds the lease).
         host / port: the advertised listener, the one broker Metadata names.
         node_id: this broker's node id (Kafka's ``node.id``).
-        specs: the APIs; default every module's (``cluster``, ``log_apis``, ``topic_apis``, ``group_apis``).
+        specs: the APIs; default every module's (``cluster``, ``log_apis``, ``topic_apis``, ``group_apis``,
+            ``txn_apis``).
     """
 
     def __init__(self, broker: Broker, host: str, port: int, node_id: int = 1,
@@ -173,8 +176,8 @@ def local_apis(broker: Broker) -> KafkaApis:
 
 def default_specs() -> list[ApiSpec]:
     """Every API of every handler module."""
-    from . import cluster, group_apis, log_apis, topic_apis
+    from . import cluster, group_apis, log_apis, topic_apis, txn_apis
     specs: list[ApiSpec] = []
-    for module in (cluster, log_apis, topic_apis, group_apis):
+    for module in (cluster, log_apis, topic_apis, group_apis, txn_apis):
         specs.extend(module.APIS)
     return specs

@@ -17,6 +17,7 @@ the end offset of any epoch up to the current one: a client never has to truncat
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -33,7 +34,12 @@ from txlake.formats.record_batch import decode_batches, encode_batches
 
 from ..errors import Errors
 from ..requests import ProduceBatch, ProduceResult
+from ..transaction_metadata import ProducerIdAndEpoch
 from .api_spec import ApiNode, ApiSpec, RequestContext
+from .group_apis import _CoordinatorError
+from .txn_apis import for_version, transaction_coordinator
+
+log = logging.getLogger(__name__)
 
 #: Kafka's ``READ_COMMITTED`` isolation level in Fetch and ListOffsets
 READ_COMMITTED = 1
@@ -79,6 +85,12 @@ def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     batch that does not decode; UNKNOWN_TOPIC_OR_PARTITION; the engine's validation errors
     (MESSAGE_TOO_LARGE, INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, ...). acks
     other than -1, 0, 1: INVALID_REQUIRED_ACKS for every partition.
+
+    Transactional batches (KIP-98) need the request's ``transactional_id``: without it every
+    partition answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's check). A transactional
+    batch that opens the producer's transaction on a partition is verified against the
+    transaction coordinator (KIP-890 part 1): a partition not added by AddPartitionsToTxn
+    answers INVALID_TXN_STATE and nothing is appended.
     """
     broker = apis.broker
     answers: list[tuple[str | None, Any, int, ProduceResult | Future]] = []
@@ -112,12 +124,30 @@ def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
             batches.append(ProduceBatch(name, part.index, wire.records, wire.producer_id, wire.producer_epoch,
                                         wire.base_sequence, wire.is_transactional,
                                         size_in_bytes=wire.size_in_bytes))
+    if any(b.is_transactional for b in batches):
+        if request.transactional_id is None:
+            # Kafka's handleProduceRequest: transactional records need the request's transactional id
+            return None if request.acks == 0 else _produce_error(
+                request, context.api_version, Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        if broker.txn_verifier is None:
+            _start_transaction_coordinator(apis)
     futures = broker.produce_async(batches, internal_topics_allowed=context.client_id == ADMIN_CLIENT_ID) if batches else []
     for slot, fut in zip(slots, futures):
         answers[slot] = (*answers[slot][:3], fut)
     if request.acks == 0:
         return None
     return _when_all(answers, request.timeout_ms, lambda done: _produce_response(apis, done))
+
+
+def _start_transaction_coordinator(apis: ApiNode) -> None:
+    """Start the transaction coordinator before a transactional batch is appended, so that the
+    batch is verified against it (KIP-890 part 1: its verifier is installed when it starts; the
+    writer starts it on taking the lease, on a thread of its own, which may not be done yet)."""
+    try:
+        transaction_coordinator(apis)
+    except _CoordinatorError as exc:
+        log.warning("transactional records arrived but the transaction coordinator is not available: %s",
+                    exc.error.name)
 
 
 def _when_all(answers: list[tuple], timeout_ms: int, build) -> Future:
@@ -410,19 +440,29 @@ def _offset_for_leader_epoch_error(request: Any, version: int, error: Errors) ->
 
 # ---------------------------------------------------------------------------------- InitProducerId
 def handle_init_producer_id(apis: ApiNode, context: RequestContext, request: Any) -> Any:
-    """InitProducerId: a new producer id (epoch 0) for an idempotent producer; for a
-    transactional id, the transaction coordinator's answer (KIP-98, KIP-360 with the
-    producer id and epoch of v3+)."""
+    """InitProducerId (Kafka's ``handleInitProducerIdRequest``): a new producer id (epoch 0) for an
+    idempotent producer (null transactional id); for a transactional id, the transaction
+    coordinator's answer (:meth:`TransactionCoordinator.handle_init_producer_id`: KIP-98 fencing of
+    older instances, and from v3 KIP-360's producer id and epoch of a producer that bumps its
+    epoch). Only one of producer id / epoch set (the other -1) answers INVALID_REQUEST; a
+    coordinator that is not here NOT_COORDINATOR; PRODUCER_FENCED is INVALID_PRODUCER_EPOCH
+    below v4; INVALID_TRANSACTION_TIMEOUT, CONCURRENT_TRANSACTIONS as the coordinator answers."""
+    version = context.api_version
+    producer_id = request.producer_id if version >= 3 else -1
+    producer_epoch = request.producer_epoch if version >= 3 else -1
+    if (producer_id == -1) != (producer_epoch == -1):
+        return _init_producer_id_error(request, version, Errors.INVALID_REQUEST)
     if request.transactional_id is None:
         error, pid, epoch = apis.broker.init_producer_id()
     else:
-        from ..transaction_metadata import ProducerIdAndEpoch
-
-        expected = None
-        if getattr(request, "producer_id", -1) >= 0:
-            expected = ProducerIdAndEpoch(request.producer_id, request.producer_epoch)
-        error, pid, epoch = apis.broker.transaction_coordinator().handle_init_producer_id(
-            request.transactional_id, request.transaction_timeout_ms, expected)
+        expected = ProducerIdAndEpoch(producer_id, producer_epoch) if producer_id >= 0 else None
+        try:
+            coordinator = transaction_coordinator(apis)
+        except _CoordinatorError as exc:
+            return _init_producer_id_error(request, version, exc.error)
+        error, pid, epoch = coordinator.handle_init_producer_id(request.transactional_id,
+                                                               request.transaction_timeout_ms, expected)
+        error = for_version(error, ApiKey.InitProducerId, version)
     return InitProducerIdResponse(throttle_time_ms=0, error_code=int(error), producer_id=pid, producer_epoch=epoch)
 
 
@@ -435,5 +475,5 @@ APIS = [
     ApiSpec(ApiKey.Fetch, 4, 12, handle_fetch, _fetch_error),
     ApiSpec(ApiKey.ListOffsets, 1, 8, handle_list_offsets, _list_offsets_error),
     ApiSpec(ApiKey.OffsetForLeaderEpoch, 2, 4, handle_offset_for_leader_epoch, _offset_for_leader_epoch_error),
-    ApiSpec(ApiKey.InitProducerId, 0, 4, handle_init_producer_id, _init_producer_id_error),
+    ApiSpec(ApiKey.InitProducerId, 0, 5, handle_init_producer_id, _init_producer_id_error),
 ]
