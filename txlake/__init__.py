@@ -8,6 +8,8 @@ change::
 
 from .admin import (AdminClient, ClusterMetadata, DeletedRecords, HangingTransaction, NewTopic, PartitionMetadata, PartitionProducerState,
                     ProducerState, TopicMetadata, TransactionDescription, TransactionListing)
+from .admin_types import (AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, DescribeClusterResult,
+                          NewPartitions, Node, ResourceType)
 from .consumer import Consumer
 from .error import KafkaError, KafkaException
 from .group_metadata import ConsumerGroupMetadata
@@ -27,8 +29,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AdminClient", "BulkResult", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "DeletedRecords",
-    "HangingTransaction",
+    "AdminClient", "AlterConfigOpType", "BulkResult", "ClusterMetadata", "ConfigEntry", "ConfigResource",
+    "ConfigSource", "Consumer", "ConsumerGroupMetadata", "DeletedRecords", "DescribeClusterResult",
+    "HangingTransaction", "NewPartitions", "Node", "ResourceType",
     "KafkaError", "KafkaException", "Message", "NewTopic", "PartitionMetadata", "PartitionProducerState", "Producer",
     "ProducerState", "TopicMetadata", "TopicPartition", "TransactionDescription", "TransactionListing",
     "OFFSET_BEGINNING", "OFFSET_END", "OFFSET_INVALID", "OFFSET_STORED", "TIMESTAMP_CREATE_TIME",
