@@ -13,10 +13,13 @@ import txlake.duckdb as txduck
 from txlake import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, Consumer,
                     DescribeClusterResult, KafkaError, KafkaException, NewPartitions, NewTopic, Node, Producer,
                     ResourceType, TopicPartition)
+from helpers import open_catalog
 from txlake.admin import BrokerMetadata
+from txlake.catalog.catalog import commit_key
 from txlake.catalog.topic_config import TOPIC_CONFIGS
 from txlake.engine.apis.kafka_apis import cluster_id_for
 from txlake.engine.registry import close_all
+from txlake.formats.errors import CorruptObjectError
 
 S, D, A, U = AlterConfigOpType.SET, AlterConfigOpType.DELETE, AlterConfigOpType.APPEND, AlterConfigOpType.SUBTRACT
 
@@ -189,3 +192,27 @@ def test_describe_cluster_names_the_one_node(admin, storage):
     assert [(n.id, n.host, n.port, n.rack) for n in result.nodes] == [(1, "localhost", 0, None)]
     assert isinstance(result.controller, Node) and result.controller.id == 1
     assert result.authorized_operations is None
+
+
+def test_list_topics_raises_kafka_exception_naming_an_unreadable_commit(storage):
+    """API.md: failing calls raise KafkaException. The old list_topics let the catalog's
+    CorruptObjectError out as it was; now the Metadata request fails and the call raises
+    KafkaException CORRUPT_MESSAGE naming the object, with the cause chained."""
+    conf = storage.conf()
+    with AdminClient(conf) as writer:
+        writer.create_topics([NewTopic("t", 1)])["t"].result()
+    close_all()
+    admin = AdminClient(conf)   # a reader: it takes no lease
+    try:
+        store = storage.object_store()
+        key = commit_key(open_catalog(storage).version + 1)   # the next commit the reader reads
+        store.put(key, b"PAR1 truncated")
+        with pytest.raises(KafkaException) as info:
+            admin.list_topics()
+        err = info.value.args[0]
+        assert (err.code(), err.retriable()) == (KafkaError.CORRUPT_MESSAGE, False)
+        assert err.str().startswith(f"list_topics(): {store.uri(key)}: ")
+        assert type(info.value.__cause__) is CorruptObjectError
+    finally:
+        admin.close()
+        close_all()
