@@ -21,6 +21,8 @@ from txlake.engine.apis.kafka_apis import cluster_id_for
 from txlake.engine.registry import close_all
 from txlake.formats.errors import CorruptObjectError
 
+#: Kafka's description of UNKNOWN_TOPIC_OR_PARTITION: the text where the response carries no message
+UNKNOWN_TOPIC_TEXT = "This request is for a topic or partition that does not exist on this broker."
 S, D, A, U = AlterConfigOpType.SET, AlterConfigOpType.DELETE, AlterConfigOpType.APPEND, AlterConfigOpType.SUBTRACT
 
 
@@ -79,7 +81,7 @@ def test_create_partitions_grows_the_topic_for_producers_consumers_and_duckdb(ad
     done = admin.create_partitions([NewPartitions("grow", 3), NewPartitions("missing", 2)])
     assert done["grow"].result() is None
     assert error_of(done["missing"]) == (
-        KafkaError.UNKNOWN_TOPIC_OR_PART, "This request is for a topic or partition that does not exist on this broker.")
+        KafkaError.UNKNOWN_TOPIC_OR_PART, UNKNOWN_TOPIC_TEXT)
     assert sorted(admin.list_topics("grow").topics["grow"].partitions) == [0, 1, 2]
     assert error_of(admin.create_partitions([NewPartitions("grow", 3)])["grow"]) == (
         KafkaError.INVALID_PARTITIONS, "Topic already has 3 partition(s).")
@@ -117,7 +119,8 @@ def test_create_partitions_grows_the_topic_for_producers_consumers_and_duckdb(ad
 def test_describe_configs_of_a_topic_and_the_broker(admin):
     admin.create_topics([NewTopic("t", 1, config={"retention.ms": "3600000"})])["t"].result()
     topic, broker, missing, group = (ConfigResource(ResourceType.TOPIC, "t"), ConfigResource("broker", "1"),
-                                     ConfigResource(ResourceType.TOPIC, "nope"), ConfigResource(ResourceType.GROUP, "g"))
+                                     ConfigResource(ResourceType.TOPIC, "nope"),
+                                     ConfigResource(ResourceType.GROUP, "g"))
     done = admin.describe_configs([topic, broker, missing, group])
     assert list(done) == [topic, broker, missing, group]
     entries = done[topic].result()
@@ -137,7 +140,7 @@ def test_describe_configs_of_a_topic_and_the_broker(admin):
     assert node["advertised.listeners"].value == "PLAINTEXT://localhost:0"
     assert all(e.is_read_only for e in node.values())
     assert error_of(done[missing]) == (
-        KafkaError.UNKNOWN_TOPIC_OR_PART, "This request is for a topic or partition that does not exist on this broker.")
+        KafkaError.UNKNOWN_TOPIC_OR_PART, UNKNOWN_TOPIC_TEXT)
     assert error_of(done[group]) == (KafkaError.INVALID_REQUEST, "Unsupported resource type: GROUP")
     wrong_node = ConfigResource(ResourceType.BROKER, "2")
     assert error_of(admin.describe_configs([wrong_node])[wrong_node]) == (

@@ -343,7 +343,8 @@ class AdminClient:
                 replication_factor=-1 if assigned else t.replication_factor,
                 assignments=[T.CreatableReplicaAssignment(partition_index=i, broker_ids=list(ids))
                              for i, ids in enumerate(assigned)],
-                configs=[T.CreatableTopicConfig(name=k, value=None if v is None else str(v)) for k, v in t.config.items()]))
+                configs=[T.CreatableTopicConfig(name=k, value=None if v is None else str(v))
+                         for k, v in t.config.items()]))
         answer = _call(self._broker, _CreateTopics(topics=topics, timeout_ms=_timeout_ms(operation_timeout, 0),
                                                    validate_only=bool(validate_only)), "create_topics()")
         return _topic_futures([t.topic for t in new_topics], answer.topics)
@@ -358,9 +359,9 @@ class AdminClient:
         Raises:
             TypeError: not a list of topic names. ValueError: a topic named twice.
         """
-        names = _list_arg(topics, "topics", str) if isinstance(topics, list) else None
-        if names is None:
+        if not isinstance(topics, list):
             raise TypeError("Expected list of topic names")
+        names = _list_arg(topics, "topics", str)
         if len(set(names)) != len(names):
             raise ValueError("Duplicate topic names in request")
         state = _DeleteTopics.DeleteTopicState
@@ -389,9 +390,9 @@ class AdminClient:
         Raises:
             TypeError: not a list of NewPartitions. ValueError: a topic named twice.
         """
-        wanted = _list_arg(new_partitions, "new_partitions", NewPartitions) if isinstance(new_partitions, list) else None
-        if wanted is None:
+        if not isinstance(new_partitions, list):
             raise TypeError("Expected list of NewPartitions")
+        wanted = _list_arg(new_partitions, "new_partitions", NewPartitions)
         if len({p.topic for p in wanted}) != len(wanted):
             raise ValueError("Duplicate topic names in request")
         T = _CreatePartitions.CreatePartitionsTopic
@@ -515,7 +516,8 @@ class AdminClient:
         out: dict[TopicPartition, Future] = {}
         for tp in partitions:
             p = results[(tp.topic, tp.partition)]
-            out[tp] = _answer(_error(p.error_code, None, f"{tp.topic} [{tp.partition}]"), DeletedRecords(p.low_watermark))
+            error = _error(p.error_code, None, f"{tp.topic} [{tp.partition}]")
+            out[tp] = _answer(error, DeletedRecords(p.low_watermark))
         return out
 
     # ------------------------------------------------------------------ transactions (KIP-664)
@@ -614,7 +616,8 @@ class AdminClient:
         out: dict[TopicPartition, Future] = {}
         for tp in partitions:
             p = results[(tp.topic, tp.partition)]
-            out[tp] = _answer(_error(p.error_code, p.error_message, f"{tp.topic} [{tp.partition}]"), PartitionProducerState([
+            error = _error(p.error_code, p.error_message, f"{tp.topic} [{tp.partition}]")
+            out[tp] = _answer(error, PartitionProducerState([
                 ProducerState(s.producer_id, s.producer_epoch, s.last_sequence, s.last_timestamp, s.coordinator_epoch,
                               s.current_txn_start_offset) for s in p.active_producers]))
         return out

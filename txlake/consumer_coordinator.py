@@ -473,7 +473,8 @@ class ConsumerCoordinator:
         if joined.leader == joined.member_id and not joined.skip_assignment:
             counts = {t: len(meta.partitions) for t, meta in cluster_metadata(self.broker).topics.items()}
             assigned = perform_assignment(self.assignors[joined.protocol_name], joined.members, counts, self.protocol)
-            assignments = [_SyncGroup.SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in assigned.items()]
+            assignments = [_SyncGroup.SyncGroupRequestAssignment(member_id=m, assignment=a)
+                           for m, a in assigned.items()]
         future = self._apis.submit(_SyncGroup(
             group_id=self.group_id, generation_id=joined.generation_id, member_id=joined.member_id,
             group_instance_id=self.group_instance_id, protocol_type=CONSUMER_PROTOCOL_TYPE,
