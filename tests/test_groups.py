@@ -12,14 +12,18 @@ are exact.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
+from kafka.protocol.api_key import ApiKey
 
 from txlake import (OFFSET_INVALID, AdminClient, Consumer, ConsumerGroupMetadata, KafkaError, KafkaException, NewTopic,
                     Producer, TopicPartition)
 from txlake.assignors import decode_assignment
+from txlake.engine.apis import local_apis
 from txlake.engine.errors import Errors
 from txlake.engine.group_metadata import GroupState
 from txlake.engine.group_offsets import OffsetAndMetadata
@@ -214,6 +218,50 @@ def wait_stable(env: Env, members: list[Member], partitions: int, group_id: str 
 
 def code(excinfo) -> int:
     return excinfo.value.args[0].code()
+
+
+# ---------------------------------------------------------------------------- the request surface
+def test_a_member_speaks_kafkas_group_protocol_to_engine_apis(env):
+    """The consumer's group membership is Kafka's requests answered by the engine's request
+    surface (issue 16), the handlers ``txlake serve`` answers the network with: the handlers
+    are wrapped (they still answer) to record each request's API, version and answer."""
+    env.topic("t", 2)
+    apis = local_apis(env.broker)   # the clients of the root share its engine and request surface
+    seen: list[tuple[str, int, int]] = []
+    keys = (ApiKey.Metadata, ApiKey.JoinGroup, ApiKey.SyncGroup, ApiKey.Heartbeat, ApiKey.LeaveGroup)
+    originals = {key: apis.specs[key] for key in keys}
+
+    def recording(spec):
+        def handler(node, context, request):
+            answer = spec.handler(node, context, request)
+            name = ApiKey(context.api_key).name
+
+            def record(response):
+                code = getattr(response, "error_code", 0)
+                if not seen or seen[-1] != (name, context.api_version, code):   # heartbeats: once
+                    seen.append((name, context.api_version, code))
+            if isinstance(answer, Future):
+                answer.add_done_callback(lambda done: record(done.result()))
+            else:
+                record(answer)
+            return answer
+        return dataclasses.replace(spec, handler=handler)
+
+    for key, spec in originals.items():
+        apis.specs[key] = recording(spec)
+    try:
+        member = Member(env, "a", ["t"])
+        assert member.consumer._broker is env.broker
+        assert wait_stable(env, [member], 2) == 1
+        wait_until(lambda: ("Heartbeat", 4, 0) in seen, "a heartbeat")
+        member.stop()
+    finally:
+        apis.specs.update(originals)
+    assert seen == [
+        ("Metadata", 12, 0), ("JoinGroup", 9, Errors.MEMBER_ID_REQUIRED),   # KIP-394: rejoin with the id
+        ("Metadata", 12, 0), ("JoinGroup", 9, 0),
+        ("Metadata", 12, 0), ("SyncGroup", 5, 0),                          # the leader's partition counts
+        ("Heartbeat", 4, 0), ("LeaveGroup", 5, 0)]
 
 
 # ---------------------------------------------------------------------------- assignment
@@ -488,23 +536,24 @@ class FrozenHeartbeats:
 
     def __init__(self, consumer: Consumer):
         self._membership = consumer._membership
-        self._real = self._membership._coordinator
         self._thawed = threading.Event()
         self.answers: list[Errors] = []
-        coordinator = self._real()
+        apis = self._membership._apis   # the engine's request surface the member sends its requests to
         frozen = self
 
         class Proxy:
             def __getattr__(self, name):
-                return getattr(coordinator, name)
+                return getattr(apis, name)
 
-            def handle_heartbeat(self, *args, **kwargs):
+            def call(self, request, *args, **kwargs):
+                if request.API_KEY != ApiKey.Heartbeat:
+                    return apis.call(request, *args, **kwargs)
                 frozen._thawed.wait()
-                answer = coordinator.handle_heartbeat(*args, **kwargs)
-                frozen.answers.append(answer)
+                answer = apis.call(request, *args, **kwargs)
+                frozen.answers.append(Errors(answer.error_code))
                 return answer
 
-        self._membership._coordinator = lambda: Proxy()
+        self._membership._apis = Proxy()
 
     def thaw(self) -> None:
         self._thawed.set()

@@ -8,6 +8,8 @@ change::
 
 from .admin import (AdminClient, ClusterMetadata, DeletedRecords, HangingTransaction, NewTopic, PartitionMetadata, PartitionProducerState,
                     ProducerState, TopicMetadata, TransactionDescription, TransactionListing)
+from .admin_types import (AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, DescribeClusterResult,
+                          NewPartitions, Node, ResourceType)
 from .consumer import Consumer
 from .deserializing_consumer import DeserializingConsumer
 from .error import KafkaError, KafkaException
@@ -31,9 +33,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AdminClient", "BulkResult", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "DeletedRecords",
-    "DeserializingConsumer", "SerializingProducer",
-    "HangingTransaction",
+    "AdminClient", "AlterConfigOpType", "BulkResult", "ClusterMetadata", "ConfigEntry", "ConfigResource",
+    "ConfigSource", "Consumer", "ConsumerGroupMetadata", "DeletedRecords", "DescribeClusterResult",
+    "DeserializingConsumer", "HangingTransaction", "NewPartitions", "Node", "ResourceType", "SerializingProducer",
     "KafkaError", "KafkaException", "Message", "NewTopic", "PartitionMetadata", "PartitionProducerState", "Producer",
     "ProducerState", "ThrottleEvent", "TopicMetadata", "TopicPartition", "TransactionDescription", "TransactionListing",
     "consistent", "fnv1a", "libversion", "murmur2", "version",

@@ -11,6 +11,14 @@ answers (Futures, Kafka's parked requests) whose completion wakes it, so a join 
 the other members rejoin blocks neither the application nor the engine, and ``close()``
 stops the thread at once.
 
+**One request surface.** The member speaks Kafka's group protocol to the engine's request
+surface (``engine/apis``, :func:`~txlake.engine.apis.local_apis`), the handlers ``txlake serve``
+answers network consumers with: JoinGroup v9, SyncGroup v5, Heartbeat v4, LeaveGroup v5, and
+Metadata for the subscribed topics and the leader's partition counts. JoinGroup and SyncGroup
+go through :meth:`KafkaApis.submit <txlake.engine.apis.KafkaApis.submit>`, which hands back the
+Future of the response without waiting. There is no FindCoordinator: in-process the engine's
+one node is the coordinator of every group.
+
 The application's thread sees the group only through the *rebalance ops* the background
 thread queues (librdkafka's rebalance op queue), served by :meth:`ConsumerCoordinator.poll`
 -- which every ``Consumer.poll()``/``consume()`` calls -- and by :meth:`ConsumerCoordinator.close`.
@@ -48,11 +56,14 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from txlake.engine.errors import ApiError, Errors
-from txlake.engine.group_coordinator import JoinGroupResult, MemberIdentity, SyncGroupResult
+from kafka.protocol.consumer.group import HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest
 
+from txlake.engine.apis import local_apis
+from txlake.engine.errors import Errors
+
+from .admin import cluster_metadata
 from .assignors import (CONSUMER_PROTOCOL_TYPE, RebalanceProtocol, Subscription, create_assignor, decode_assignment,
                         encode_subscription, perform_assignment)
 from .error import KafkaError, KafkaException, kafka_exception
@@ -77,6 +88,10 @@ MAX_IDLE_S = 1.0
 #: never wait for the group, so this bounds only a stalled engine call
 CLOSE_JOIN_TIMEOUT_S = 10.0
 _NO_GENERATION = -1
+#: the request versions sent (the newest the engine answers: KIP-394 member ids, KIP-345 static
+#: members, KIP-800 reasons, KIP-814 skip_assignment)
+_JoinGroup, _SyncGroup, _Heartbeat, _LeaveGroup = JoinGroupRequest[9], SyncGroupRequest[5], HeartbeatRequest[4], \
+    LeaveGroupRequest[5]
 
 Partitions = tuple[tuple[str, int], ...]
 
@@ -114,6 +129,7 @@ class ConsumerCoordinator:
     def __init__(self, consumer: "Consumer", broker: "Broker", conf) -> None:
         self.consumer = consumer
         self.broker = broker
+        self._apis = local_apis(broker)
         self.group_id: str = conf["group.id"]
         self.group_instance_id: str | None = conf["group.instance.id"]
         self.client_id: str = conf["client.id"]
@@ -154,7 +170,7 @@ class ConsumerCoordinator:
         self._serving = 0                 # ops taken by the application's thread and not done yet
         self._request: Future | None = None   # the JoinGroup or SyncGroup awaiting its answer
         self._request_kind = ""           # "join" or "sync"
-        self._joined: JoinGroupResult | None = None   # the JoinGroup answer the SyncGroup belongs to
+        self._joined = None               # the JoinGroup response the SyncGroup belongs to
         self._rejoin_needed = True
         self._stable = False              # between a completed SyncGroup and the next rejoin (heartbeats only then)
         self._max_poll_exceeded = False   # left for max.poll.interval.ms: no rejoin until the application polls
@@ -255,8 +271,8 @@ class ConsumerCoordinator:
             self._ops.clear()
             request, self._request = self._request, None
             if request is not None and request.done() and self._request_kind == "join":
-                answer: JoinGroupResult = request.result()
-                if answer.error in (Errors.NO_ERROR, Errors.MEMBER_ID_REQUIRED) and answer.member_id:
+                answer = request.result()
+                if answer.error_code in (Errors.NO_ERROR, Errors.MEMBER_ID_REQUIRED) and answer.member_id:
                     self.member_id = answer.member_id    # answered, not read yet: leave with that id
         for op in pending:
             self._apply(op)
@@ -407,13 +423,14 @@ class ConsumerCoordinator:
         self._ops = deque(op for op in self._ops if op.kind == "error")
         self._post(_RebalanceOp("lost"))
 
-    def _coordinator(self):
-        return self.broker.group_coordinator()
-
-    def _subscribed_topics(self) -> list[str]:
+    def _subscribed_topics(self, existing: Iterable[str] | None = None) -> list[str]:
+        """The topic names subscribed, with those a pattern matches among ``existing`` (default:
+        the topics a Metadata request names now; none is asked for without a pattern)."""
         topics = set(self.topics)
         if self._pattern is not None:
-            topics |= {t for t in self.broker.topics() if not t.startswith("__") and self._pattern.fullmatch(t)}
+            if existing is None:
+                existing = cluster_metadata(self.broker).topics
+            topics |= {t for t in existing if not t.startswith("__") and self._pattern.fullmatch(t)}
         return sorted(topics)
 
     def _join(self) -> None:
@@ -427,20 +444,16 @@ class ConsumerCoordinator:
             member_id, generation = self.member_id, self.generation_id
             self._rejoin_needed = False
             self._stable = False
-        self.broker.refresh()
-        topics = self._subscribed_topics()
+        topics = self._subscribed_topics(cluster_metadata(self.broker).topics)   # as of the newest catalog commit
         protocols = []
         for name, assignor in self.assignors.items():
             sub = Subscription(tuple(topics), assignor.subscription_user_data(topics), tuple(owned), generation)
-            protocols.append((name, encode_subscription(sub)))
-        try:
-            future = self._coordinator().handle_join_group(
-                self.group_id, member_id, CONSUMER_PROTOCOL_TYPE, protocols, self.session_timeout_ms,
-                self.max_poll_interval_ms, group_instance_id=self.group_instance_id, client_id=self.client_id,
-                reason="rebalance")
-        except ApiError as exc:
-            future = Future()
-            future.set_result(JoinGroupResult(exc.error, member_id))
+            protocols.append(_JoinGroup.JoinGroupRequestProtocol(name=name, metadata=encode_subscription(sub)))
+        future = self._apis.submit(_JoinGroup(
+            group_id=self.group_id, session_timeout_ms=self.session_timeout_ms,
+            rebalance_timeout_ms=self.max_poll_interval_ms, member_id=member_id,
+            group_instance_id=self.group_instance_id, protocol_type=CONSUMER_PROTOCOL_TYPE, protocols=protocols,
+            reason="rebalance"), self.client_id)
         with self._cond:
             self._joined_topics = topics
             self._request, self._request_kind = future, "join"
@@ -449,26 +462,23 @@ class ConsumerCoordinator:
     def _on_join_answer(self) -> None:
         """The JoinGroup answer: the leader runs the assignor; then SyncGroup."""
         with self._cond:
-            joined: JoinGroupResult = self._request.result()
+            joined = self._request.result()   # a JoinGroupResponse
             self._request = None
-        if joined.error != Errors.NO_ERROR:
-            self._join_error(joined.error, joined.member_id)
+        if joined.error_code != Errors.NO_ERROR:
+            self._join_error(Errors(joined.error_code), joined.member_id)
             return
         with self._cond:
             self.member_id, self.generation_id = joined.member_id, joined.generation_id
-        assignments = None
-        if joined.leader_id == joined.member_id and not joined.skip_assignment:
-            counts = {t: len(meta.partitions) for t, meta in self.broker.topics().items()}
-            assignments = perform_assignment(self.assignors[joined.protocol_name], joined.members, counts,
-                                             self.protocol)
-        try:
-            future = self._coordinator().handle_sync_group(
-                self.group_id, joined.generation_id, joined.member_id, assignments,
-                group_instance_id=self.group_instance_id, protocol_type=CONSUMER_PROTOCOL_TYPE,
-                protocol_name=joined.protocol_name)
-        except ApiError as exc:
-            future = Future()
-            future.set_result(SyncGroupResult(exc.error))
+        assignments = []
+        if joined.leader == joined.member_id and not joined.skip_assignment:
+            counts = {t: len(meta.partitions) for t, meta in cluster_metadata(self.broker).topics.items()}
+            assigned = perform_assignment(self.assignors[joined.protocol_name], joined.members, counts, self.protocol)
+            assignments = [_SyncGroup.SyncGroupRequestAssignment(member_id=m, assignment=a)
+                           for m, a in assigned.items()]
+        future = self._apis.submit(_SyncGroup(
+            group_id=self.group_id, generation_id=joined.generation_id, member_id=joined.member_id,
+            group_instance_id=self.group_instance_id, protocol_type=CONSUMER_PROTOCOL_TYPE,
+            protocol_name=joined.protocol_name, assignments=assignments), self.client_id)
         with self._cond:
             self._request, self._request_kind, self._joined = future, "sync", joined
         future.add_done_callback(self._wake)
@@ -477,12 +487,12 @@ class ConsumerCoordinator:
         """The SyncGroup answer: the join is complete (Kafka's ``onJoinComplete``); queue the
         assignment change for the application."""
         with self._cond:
-            synced: SyncGroupResult = self._request.result()
+            synced = self._request.result()   # a SyncGroupResponse
             joined = self._joined
             self._request = self._joined = None
             member_id = self.member_id
-        if synced.error != Errors.NO_ERROR:
-            self._join_error(synced.error, member_id)
+        if synced.error_code != Errors.NO_ERROR:
+            self._join_error(Errors(synced.error_code), member_id)
             return
         assignment = decode_assignment(synced.assignment)
         self.assignors[joined.protocol_name].on_assignment(assignment, joined.generation_id)
@@ -530,10 +540,9 @@ class ConsumerCoordinator:
         with self._cond:
             member, generation = self.member_id, self.generation_id
             self._next_heartbeat = time.monotonic() + self.heartbeat_interval_s
-        try:
-            error = self._coordinator().handle_heartbeat(self.group_id, generation, member, self.group_instance_id)
-        except ApiError as exc:
-            error = exc.error
+        answer = self._apis.call(_Heartbeat(group_id=self.group_id, generation_id=generation, member_id=member,
+                                            group_instance_id=self.group_instance_id), client_id=self.client_id)
+        error = Errors(answer.error_code)
         with self._cond:
             if not self._stable or (self.member_id, self.generation_id) != (member, generation):
                 return   # the member is rejoining, or rejoined: the answer is about an old generation
@@ -577,12 +586,8 @@ class ConsumerCoordinator:
             self._leave(member, "consumer poll timeout has expired")
 
     def _leave(self, member: str, reason: str) -> None:
-        try:
-            result = self._coordinator().handle_leave_group(
-                self.group_id, [MemberIdentity(member, self.group_instance_id, reason)])
-        except ApiError as exc:
-            log.info("LeaveGroup of %s failed: %s", member, exc.error.name)
-            return
-        errors = [result.error] + [m.error for m in result.members]
+        answer = self._apis.call(_LeaveGroup(group_id=self.group_id, members=[_LeaveGroup.MemberIdentity(
+            member_id=member, group_instance_id=self.group_instance_id, reason=reason)]), client_id=self.client_id)
+        errors = [Errors(answer.error_code)] + [Errors(m.error_code) for m in answer.members]
         if any(e != Errors.NO_ERROR for e in errors):
             log.info("LeaveGroup of %s answered %s", member, ", ".join(e.name for e in errors))

@@ -81,6 +81,8 @@ class ApiNode(Protocol):
         node_id: this broker's node id (Kafka's ``node.id``).
         cluster_id: the storage root's cluster id (22 url-safe base64 characters).
         specs: ApiKey -> the :class:`ApiSpec` implemented.
+        metadata_refresh_ms: ms; Metadata and DescribeConfigs look for other processes' catalog
+            commits at most once per this interval.
     """
 
     broker: Broker
@@ -89,6 +91,7 @@ class ApiNode(Protocol):
     node_id: int
     cluster_id: str
     specs: dict[int, ApiSpec]
+    metadata_refresh_ms: int
 
     @property
     def leader_epoch(self) -> int:

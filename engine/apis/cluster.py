@@ -47,7 +47,7 @@ def handle_metadata(apis: ApiNode, context: RequestContext, request: Any) -> Any
     is false here; docs/server.md); a topic asked for by id (v10+) that does not exist answers
     UNKNOWN_TOPIC_ID."""
     broker = apis.broker
-    broker.refresh(min_interval_ms=1000)
+    broker.refresh(min_interval_ms=apis.metadata_refresh_ms)
     topics_state = broker.topics()
     by_id = {t.topic_id: t for t in topics_state.values()}
     epoch = apis.leader_epoch

@@ -62,14 +62,19 @@ class KafkaApis:
         node_id: this broker's node id (Kafka's ``node.id``).
         specs: the APIs; default every module's (``cluster``, ``log_apis``, ``topic_apis``, ``group_apis``,
             ``txn_apis``).
+        metadata_refresh_ms: ms; Metadata and DescribeConfigs look for commits of other processes
+            (:meth:`Broker.refresh`) at most once per this interval (the network server: 1000, so
+            clients polling metadata cost no storage request each; the in-process surface: 0, every
+            request, so an embedded client sees a topic another process created as soon as it asks).
     """
 
     def __init__(self, broker: Broker, host: str, port: int, node_id: int = 1,
-                 specs: Iterable[ApiSpec] | None = None):
+                 specs: Iterable[ApiSpec] | None = None, metadata_refresh_ms: int = 1000):
         self.broker = broker
         self.host = host
         self.port = port
         self.node_id = node_id
+        self.metadata_refresh_ms = metadata_refresh_ms
         self.cluster_id = cluster_id_for(broker.store.url)
         self.specs: dict[int, ApiSpec] = {}
         for spec in (default_specs() if specs is None else specs):
@@ -125,6 +130,23 @@ class KafkaApis:
             return answer
         return result
 
+    def submit(self, request: Any, client_id: str = "") -> Future:
+        """Answer one request in-process without waiting: a Future of the response value
+        (already done for an API that answers at once; a JoinGroup's completes when the
+        rebalance decides). For a caller that must not block on the answer, e.g. the consumer's
+        group thread, which goes on heartbeating while its JoinGroup is parked.
+
+        Raises:
+            UnsupportedRequest: the API or version is not implemented.
+        """
+        context = RequestContext(api_key=int(request.API_KEY), api_version=request.version, client_id=client_id)
+        result = self.handle(context, request)
+        if isinstance(result, Future):
+            return result
+        done: Future = Future()
+        done.set_result(result)
+        return done
+
     def call(self, request: Any, timeout_s: float | None = None, client_id: str = "") -> Any:
         """Answer one request in-process: the entry point of the embedded clients
         (``storage.url``), which call the engine exactly as the network server does.
@@ -144,9 +166,7 @@ class KafkaApis:
             UnsupportedRequest: the API or version is not implemented.
             concurrent.futures.TimeoutError: the answer did not come within ``timeout_s``.
         """
-        context = RequestContext(api_key=int(request.API_KEY), api_version=request.version, client_id=client_id)
-        result = self.handle(context, request)
-        return result.result(timeout_s) if isinstance(result, Future) else result
+        return self.submit(request, client_id).result(timeout_s)
 
     def _failed(self, spec: ApiSpec, context: RequestContext, request: Any, exc: BaseException) -> Any:
         log.error("%s v%d from %s (client id %r) failed: %s", spec.key.name, context.api_version,
@@ -166,11 +186,12 @@ LOCAL_HOST, LOCAL_PORT = "localhost", 0
 
 def local_apis(broker: Broker) -> KafkaApis:
     """The request surface the embedded clients of ``broker`` call (one per broker, made on
-    first use; its Metadata names ``localhost:0`` as the one broker, node id 1)."""
+    first use; its Metadata names ``localhost:0`` as the one broker, node id 1, and reads the
+    newest catalog commit on every request: ``metadata_refresh_ms`` 0)."""
     with _LOCAL_LOCK:
         apis = _LOCAL.get(broker)
         if apis is None:
-            apis = _LOCAL[broker] = KafkaApis(broker, LOCAL_HOST, LOCAL_PORT)
+            apis = _LOCAL[broker] = KafkaApis(broker, LOCAL_HOST, LOCAL_PORT, metadata_refresh_ms=0)
         return apis
 
 

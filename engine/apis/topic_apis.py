@@ -540,7 +540,7 @@ def handle_describe_configs(apis: ApiNode, context: RequestContext, request: Any
       "Unsupported resource type: ..." (txlake has none of them).
     """
     broker = apis.broker
-    broker.refresh(min_interval_ms=1000)
+    broker.refresh(min_interval_ms=apis.metadata_refresh_ms)
     topics = broker.topics()
     synonyms = bool(request.include_synonyms)
     docs = context.api_version >= 3 and bool(request.include_documentation)
