@@ -56,7 +56,7 @@ def test_create_topics_checks_replication_and_assignments_as_the_server(admin, s
         NewTopic("elsewhere", replica_assignment=[[2]]), NewTopic("gap", replica_assignment=[[1], [1, 1]])])
     assert error_of(done["r3"]) == (KafkaError.INVALID_REPLICATION_FACTOR, (
         "Unable to replicate the partition 3 time(s): The target replication factor of 3 cannot be reached "
-        "because only 1 broker(s) are registered."))
+        "because only 1 broker(s) are registered or some brokers have all their log directories cordoned."))
     assert done["manual"].result() is None
     assert error_of(done["elsewhere"]) == (KafkaError.INVALID_REPLICA_ASSIGNMENT, (
         "The manual partition assignment includes broker 2, but no such broker is registered."))
