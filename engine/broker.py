@@ -51,7 +51,7 @@ from .errors import ApiError, Errors
 from .group_coordinator import GroupConfig, GroupCoordinator
 from .group_offsets import GroupOffsets
 from .group_commit import DATA_PREFIX, SNAPSHOT_PREFIX, GroupCommitter, now_ms
-from .handoff import HandoffServer
+from .handoff import Handler, HandoffServer
 from .log_reader import LogReader
 from .orphans import delete_orphans
 from .partition_log import PartitionLog, TxnVerifier
@@ -111,9 +111,18 @@ class Broker:
         self._producer_id_block_end = 0
         self._last_refresh = 0.0
         self._handoff: HandoffServer | None = None
+        #: hand-over kinds this broker's request surface answers (:meth:`serve_handoff`)
+        self._handoff_handlers: dict[str, Handler] = {}
         self._expiration_stop = threading.Event()
         self._expiration_thread: threading.Thread | None = None
         self._compaction: CompactionThread | None = None  # engine/compaction.py, started with the writer
+
+    def serve_handoff(self, kind: str, handler: Handler) -> None:
+        """Answer hand-over requests of ``kind`` (engine/handoff.py) with ``handler(store,
+        payload) -> result`` while this broker holds the writer lease: the request surface
+        (engine/apis) registers the Kafka requests other processes hand over. Replaces an
+        earlier handler of the kind."""
+        self._handoff_handlers[kind] = handler
 
     # ---------------------------------------------------------------- writer start-up
     @property
@@ -158,7 +167,7 @@ class Broker:
             self._expiration_thread.start()
             # writes other processes hand over while this one holds the lease (engine/handoff.py)
             self._handoff = HandoffServer(self.store, self.config.handoff_poll_ms,
-                                          lambda: self.is_writer)
+                                          lambda: self.is_writer, self._handoff_handlers)
             self._handoff.start()
             try:
                 removed = delete_orphans(self.store, self.catalog, [DATA_PREFIX, SNAPSHOT_PREFIX],

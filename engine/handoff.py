@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Callable
+from typing import Callable, Mapping
 
 from txlake.catalog.storage import ObjectStore
 
@@ -158,9 +158,12 @@ class HandoffServer:
             are left alone otherwise.
     """
 
-    def __init__(self, store: ObjectStore, poll_ms: int, may_run: Callable[[], bool]):
+    def __init__(self, store: ObjectStore, poll_ms: int, may_run: Callable[[], bool],
+                 handlers: Mapping[str, Handler] | None = None):
         assert poll_ms > 0
         self.store = store
+        #: kinds this holder serves itself (its request surface's), before the registered ones
+        self.handlers: Mapping[str, Handler] = handlers if handlers is not None else {}
         self.poll_ms = poll_ms
         self._may_run = may_run
         self._stop = threading.Event()
@@ -210,22 +213,21 @@ class HandoffServer:
                 continue
             if not self.store.put_if_absent(_claim_key(request_id), CLAIM_RUN):
                 continue  # cancelled by its requester, or already run
-            self.store.put(_response_key(request_id), json.dumps(self._run(self.store, request)).encode())
+            self.store.put(_response_key(request_id), json.dumps(self._run(request)).encode())
             ran += 1
         for info in self.store.list(CLAIMS_PREFIX):
             if now_ms - info.mtime_ms > CLAIM_RETENTION_MS:
                 self.store.delete(info.key)
         return ran
 
-    @staticmethod
-    def _run(store: ObjectStore, request: dict) -> dict:
+    def _run(self, request: dict) -> dict:
         kind = request.get("kind")
-        handler = _handler(kind)
+        handler = self.handlers.get(kind) or _handler(kind)
         if handler is None:
             return {"ok": False, "error": f"the writer-lease holder cannot run {kind!r} requests (no handler)"}
         try:
             log.info("running handed-over %s request %s from %s", kind, request["id"], request.get("requester"))
-            return {"ok": True, "result": handler(store, request.get("payload") or {})}
+            return {"ok": True, "result": handler(self.store, request.get("payload") or {})}
         except Exception as exc:  # noqa: BLE001 - the requester gets the error
             log.warning("handed-over %s request %s failed: %s", kind, request["id"], exc)
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

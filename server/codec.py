@@ -22,12 +22,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-import kafka.protocol.admin  # noqa: F401  (imports register the message classes)
-import kafka.protocol.consumer  # noqa: F401
-import kafka.protocol.metadata  # noqa: F401
-import kafka.protocol.producer  # noqa: F401
-from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.schemas.fields.codecs import EncodeBuffer
+
+from txlake.engine.apis.messages import REQUEST_CLASSES, RESPONSE_CLASSES, schema_versions
 
 #: ApiKey.ApiVersions
 API_VERSIONS_KEY = 18
@@ -54,32 +51,6 @@ class MalformedRequestError(Exception):
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id
-
-
-def _message_classes(kind: str) -> dict[int, type]:
-    """Every kafka-python message class of ``kind`` ("request" or "response") by API key."""
-    found: dict[int, type] = {}
-    stack = list(ApiMessage.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        if getattr(cls, "_class_version", None) is None and getattr(cls, "_json", None) and cls._json["type"] == kind:
-            found[cls.API_KEY] = cls
-    return found
-
-
-#: API key -> kafka-python request class; API key -> response class
-REQUEST_CLASSES: dict[int, type] = _message_classes("request")
-RESPONSE_CLASSES: dict[int, type] = _message_classes("response")
-
-
-def schema_versions(api_key: int) -> tuple[int, int] | None:
-    """The ``(min, max)`` versions of Kafka's schema for ``api_key`` as kafka-python ships it, or None."""
-    cls = REQUEST_CLASSES.get(api_key)
-    if cls is None:
-        return None
-    low, _, high = cls._json["validVersions"].partition("-")  # "0-9", or one version: "0"
-    return int(low), int(high or low)
 
 
 @dataclass

@@ -131,3 +131,47 @@ def test_old_requests_are_dropped_unrun_and_old_claims_removed(store):
     assert len(store.list(CLAIMS_PREFIX)) == 1
     assert holder.run_pending(now_ms=int(time.time() * 1000) + CLAIM_RETENTION_MS + 60_000) == 0
     assert store.list(HANDOFF_PREFIX) == []
+
+
+# ---------------------------------------------------------------- Kafka requests (engine/apis/handoff.py)
+_KAFKA_HOLDER = """
+import sys
+from txlake import AdminClient, NewTopic
+admin = AdminClient({"storage.url": sys.argv[1], "storage.handoff.poll.ms": 50})
+admin.create_topics([NewTopic("t", 1)])["t"].result()   # takes the writer lease
+print("ready", flush=True)
+sys.stdin.read()   # hold the lease (and answer hand-overs) until the test closes stdin
+"""
+
+
+def test_a_kafka_request_handed_over_is_answered_by_the_holders_request_surface(tmp_path):
+    """Any Kafka request, not only a kind written for it: the holder's KafkaApis answers a
+    CreatePartitions and a request with a bad body exactly as it would answer the wire."""
+    import base64
+    import subprocess
+    import sys
+
+    from kafka.protocol.admin import CreatePartitionsRequest
+
+    from txlake.catalog.catalog import Catalog
+    from txlake.engine.apis.handoff import KAFKA_REQUEST, hand_over
+
+    url = f"file://{tmp_path}/root"
+    holder = subprocess.Popen([sys.executable, "-c", _KAFKA_HOLDER, url], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        store = ObjectStore(url)
+        topic = CreatePartitionsRequest.CreatePartitionsTopic
+        request = CreatePartitionsRequest[3](topics=[topic(name="t", count=3, assignments=None),
+                                                     topic(name="nope", count=2, assignments=None)],
+                                             timeout_ms=10_000, validate_only=False)
+        answer = hand_over(store, request, timeout_s=30)
+        assert [(r.name, r.error_code) for r in answer.results] == [("t", 0), ("nope", 3)]  # UNKNOWN_TOPIC_OR_PARTITION
+        assert len(Catalog.open(store).state.topics["t"].partitions) == 3
+        with pytest.raises(HandoffError, match="unknown API key 999"):
+            submit(store, KAFKA_REQUEST, {"api_key": 999, "api_version": 0,
+                                          "request": base64.b64encode(b"").decode()}, timeout_s=30)
+    finally:
+        holder.stdin.close()
+        holder.wait(30)

@@ -35,12 +35,12 @@ from kafka.protocol.admin import (CreatePartitionsRequest, CreateTopicsRequest, 
                                   DeleteTopicsRequest, DescribeClusterRequest, DescribeConfigsRequest,
                                   DescribeProducersRequest, IncrementalAlterConfigsRequest)
 from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.producer import WriteTxnMarkersRequest
 
 from txlake.engine.apis import UnsupportedRequest, local_apis
 from txlake.engine.broker import Broker
 from txlake.engine.errors import ApiError, Errors
 from txlake.engine.registry import acquire_broker, release_broker
-from txlake.engine.requests import TxnMarker
 from txlake.engine.transaction_admin import COORDINATOR_ID, ActiveProducer, TransactionAdmin
 from txlake.engine.transaction_metadata import TransactionState
 
@@ -649,10 +649,12 @@ class AdminClient:
             holds the writer lease and did not take the hand-over in time); REQUEST_TIMED_OUT;
             UNKNOWN_SERVER_ERROR (the lease holder failed while writing the marker).
 
-        When another process holds the writer lease (a running application, the usual case for
-        a hanging transaction), the abort is handed to it through the storage root
-        (engine/handoff.py, kind ``txn.abort``) and written by its engine: the same marker
-        and answers, as Kafka's WriteTxnMarkers goes to whichever broker leads the partition.
+        The marker is Kafka's WriteTxnMarkers request, answered by the engine's request
+        surface. When another process holds the writer lease (a running application, the usual
+        case for a hanging transaction), the same request is handed to it through the storage
+        root (engine/apis/handoff.py, hand-over kind ``kafka.request``) and answered by its
+        engine: the same marker and answers, as Kafka's WriteTxnMarkers goes to whichever
+        broker leads the partition.
 
         Raises:
             TypeError: ``partition`` is not a TopicPartition.
@@ -660,39 +662,40 @@ class AdminClient:
         if not isinstance(partition, TopicPartition):
             raise TypeError("Expected a TopicPartition")
         timeout_ms = 30_000 if request_timeout is None or request_timeout < 0 else int(request_timeout * 1000)
-        marker = TxnMarker(int(producer_id), int(producer_epoch), int(coordinator_epoch), False,
-                           ((partition.topic, partition.partition),))
-        error, message = self._write_abort_marker(marker, timeout_ms)
-        if error == Errors.NOT_LEADER_OR_FOLLOWER:
-            error, message = self._hand_over_abort_marker(marker, timeout_ms, message)
-        if error == Errors.NO_ERROR:
+        marker = WriteTxnMarkersRequest.WritableTxnMarker(
+            producer_id=int(producer_id), producer_epoch=int(producer_epoch), transaction_result=False,
+            topics=[WriteTxnMarkersRequest.WritableTxnMarker.WritableTxnMarkerTopic(
+                name=partition.topic, partition_indexes=[partition.partition])],
+            coordinator_epoch=int(coordinator_epoch))
+        request = WriteTxnMarkersRequest[1](markers=[marker])
+        where = f"{partition.topic} [{partition.partition}]"
+        answer = _call(self._broker, request, f"abort_transaction({where})")
+        if _marker_error(answer) == Errors.NOT_LEADER_OR_FOLLOWER:
+            answer = self._hand_over(request, timeout_ms)
+            if isinstance(answer, KafkaError):
+                return _failed(KafkaException(answer))
+        error = _error(_marker_error(answer), where=where)
+        if error is None:
             fut: Future = Future()
             fut.set_result(None)
             return fut
-        return _failed(KafkaException(KafkaError(error, message)))
+        return _failed(KafkaException(error))
 
-    def _write_abort_marker(self, marker: TxnMarker, timeout_ms: int) -> tuple[Errors, str]:
-        """WriteTxnMarkers of one ABORT marker to its one partition, on this process's engine."""
-        (answer,) = self._transactions().handle_write_txn_markers([marker], timeout_ms)
-        return answer[marker.partitions[0]]
+    def _hand_over(self, request: Any, timeout_ms: int) -> Any:
+        """Have the writer-lease holder answer ``request`` (engine/apis/handoff.py): its
+        response, or the KafkaError saying why no holder answered."""
+        from txlake.engine.apis.handoff import hand_over
+        from txlake.engine.handoff import HandoffCancelled, HandoffError
 
-    def _hand_over_abort_marker(self, marker: TxnMarker, timeout_ms: int, held: str) -> tuple[Errors, str]:
-        """Have the writer-lease holder write the ABORT marker (``held``: why this process could not)."""
-        from txlake.engine.handoff import HandoffCancelled, HandoffError, submit
-        from txlake.handoff_handlers import TXN_ABORT
-
-        (topic, partition), = marker.partitions
-        payload = {"topic": topic, "partition": partition, "producer_id": marker.producer_id,
-                   "producer_epoch": marker.producer_epoch, "coordinator_epoch": marker.coordinator_epoch,
-                   "timeout_ms": timeout_ms}
+        url = self._broker.store.url
         try:
-            answer = submit(self._broker.store, TXN_ABORT, payload, timeout_ms / 1000)
+            return hand_over(self._broker.store, request, timeout_ms / 1000)
         except HandoffCancelled:
-            return Errors.NOT_LEADER_OR_FOLLOWER, (f"{held}; the abort was handed to that process, which did not "
-                                                   f"take it within {timeout_ms / 1000:.0f} s")
+            return KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, (
+                f"another process holds the writer lease of {url}; the request was handed to that process, "
+                f"which did not take it within {timeout_ms / 1000:.0f} s"))
         except HandoffError as exc:
-            return Errors.UNKNOWN_SERVER_ERROR, f"the writer-lease holder failed to write the ABORT marker: {exc}"
-        return Errors(answer["error"]), answer["message"]
+            return KafkaError(Errors.UNKNOWN_SERVER_ERROR, f"the writer-lease holder of {url} failed to answer: {exc}")
 
     def find_hanging_transactions(self, partitions: list[TopicPartition] | None = None,
                                   max_transaction_timeout_ms: int | None = None) -> list[HangingTransaction]:
@@ -776,12 +779,7 @@ def _producer_state(a: ActiveProducer) -> ProducerState:
                          a.current_txn_start_offset)
 
 
-def abort_handed_over(conf: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
-    """The writer-lease holder's side of a handed-over :meth:`AdminClient.abort_transaction`
-    (engine/handoff.py kind ``txn.abort``): write the ABORT marker with this process's engine
-    (``conf`` names the holder's storage root) and answer ``{"error": code, "message": str}``."""
-    marker = TxnMarker(int(payload["producer_id"]), int(payload["producer_epoch"]), int(payload["coordinator_epoch"]),
-                       False, ((str(payload["topic"]), int(payload["partition"])),))
-    with AdminClient(conf) as admin:
-        error, message = admin._write_abort_marker(marker, int(payload["timeout_ms"]))
-    return {"error": int(error), "message": message}
+def _marker_error(answer: Any) -> int:
+    """The error code of the one partition of a one-marker WriteTxnMarkers response."""
+    ((partition,),) = [t.partitions for m in answer.markers for t in m.topics]
+    return partition.error_code

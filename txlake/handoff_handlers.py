@@ -10,13 +10,18 @@ handlers are registered here, when txlake is imported, so that any process using
 * ``spark.compaction_swap`` -- the retention step and the segment swaps of a compaction run
   as a Spark job (txlake/spark_connector/compaction_job.py), committed on this process's
   engine; needs no pyspark here.
-* ``txn.abort`` -- the ABORT marker of ``AdminClient.abort_transaction`` (``txlake
-  transactions abort``, KIP-664) run from another process, written by this process's engine.
+
+Kafka requests (an ``AdminClient.abort_transaction``'s WriteTxnMarkers, KIP-664) are handed
+over as Kafka requests, kind ``kafka.request``, and answered by the holder's request surface
+(engine/apis/handoff.py) -- by the holding broker's own, or, when that broker has none,
+this process's shared broker's (registered here); only the two Spark operations above,
+which have no Kafka API, remain kinds of their own.
 """
 
 from __future__ import annotations
 
 from txlake.catalog.storage import ObjectStore
+from txlake.engine.apis.handoff import KAFKA_REQUEST
 from txlake.engine.handoff import register_handler
 
 SPARK_COMMIT_STAGED = "spark.commit_staged"
@@ -45,13 +50,20 @@ def _spark_compaction_swap(store: ObjectStore, payload: dict) -> dict:
 register_handler(SPARK_COMPACTION_SWAP, _spark_compaction_swap)
 
 
-TXN_ABORT = "txn.abort"
+def _kafka_request(store: ObjectStore, payload: dict) -> dict:
+    """A Kafka request handed over to a lease holder whose broker has no request surface yet
+    (a process that took the lease through the engine alone, e.g. ``txlake compact``): it is
+    answered by the request surface of this process's shared broker of the root. (A broker
+    with a request surface answers the kind itself: :meth:`Broker.serve_handoff`.)"""
+    from txlake.engine.apis import local_apis
+    from txlake.engine.apis.handoff import answer_handed_over
+    from txlake.engine.registry import acquire_broker, release_broker
+
+    broker = acquire_broker(store.url, dict(store.storage_options))
+    try:
+        return answer_handed_over(local_apis(broker).call, payload)
+    finally:
+        release_broker(broker)
 
 
-def _txn_abort(store: ObjectStore, payload: dict) -> dict:
-    from txlake.admin import abort_handed_over
-
-    return abort_handed_over({"storage.url": store.url, "storage.options": dict(store.storage_options)}, payload)
-
-
-register_handler(TXN_ABORT, _txn_abort)
+register_handler(KAFKA_REQUEST, _kafka_request)

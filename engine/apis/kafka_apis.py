@@ -38,6 +38,7 @@ from typing import Any, Iterable
 from ..broker import Broker
 from ..errors import Errors
 from .api_spec import ApiSpec, HandlerResult, RequestContext, UnsupportedRequest
+from .handoff import KAFKA_REQUEST, answer_handed_over
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class KafkaApis:
             assert spec.key not in self.specs, f"two handlers for {spec.key.name}"
             assert 0 <= spec.min_version <= spec.max_version
             self.specs[int(spec.key)] = spec
+        # Kafka requests other processes hand to this root's writer (engine/apis/handoff.py)
+        broker.serve_handoff(KAFKA_REQUEST, lambda _store, payload: answer_handed_over(self.call, payload))
 
     # ------------------------------------------------------------------ shared facts
     @property
