@@ -348,8 +348,9 @@ class TopicPartitionInfo:
 
 
 class Uuid:
-    """A 128-bit id such as a topic id (confluent-kafka's ``Uuid``): ``str()`` is Kafka's
-    ``Uuid.toString``, 22 url-safe base64 characters.
+    """A 128-bit id such as a topic id (confluent-kafka's ``Uuid``): ``str()`` is librdkafka's
+    ``rd_kafka_Uuid_base64str``, the 16 bytes in 22 characters of standard base64 without padding
+    (Kafka's own ``Uuid.toString`` uses the url-safe alphabet: ``-_`` where this has ``+/``).
 
     Args:
         most_significant_bits / least_significant_bits: the two signed 64-bit halves (Java's).
@@ -375,7 +376,7 @@ class Uuid:
 
     def __str__(self) -> str:
         raw = (self._msb & ((1 << 64) - 1)).to_bytes(8, "big") + (self._lsb & ((1 << 64) - 1)).to_bytes(8, "big")
-        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        return base64.b64encode(raw).decode().rstrip("=")
 
     __repr__ = __str__
 
