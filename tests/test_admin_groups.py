@@ -14,44 +14,20 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from test_groups import BROKER_CONF, MEMBER_CONF, Env, Member, wait_stable
+from test_admin_apis import error_of
+from test_groups import Member, backend, env, wait_stable, wait_until  # noqa: F401 - fixtures
 
-from txlake import (ConsumerGroupState, ConsumerGroupTopicPartitions, ConsumerGroupType, Consumer, ElectionType,
-                    IsolationLevel, KafkaError, KafkaException, NewTopic, Node, Producer, TopicCollection,
+from txlake import (ConsumerGroupState, ConsumerGroupTopicPartitions, ConsumerGroupType, ElectionType,
+                    IsolationLevel, KafkaError, NewTopic, Node, Producer, TopicCollection,
                     TopicPartition, Uuid)
 from txlake.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient, ConfigResource,
                           ConsumerGroupDescription, ListConsumerGroupsResult, ListOffsetsResultInfo, OffsetSpec,
                           ResourcePatternType, ResourceType, ScramCredentialInfo, ScramMechanism, TopicDescription,
                           UserScramCredentialDeletion, UserScramCredentialUpsertion)
-from txlake.engine.registry import acquire_broker, close_all, release_broker
+from txlake.engine.registry import close_all
 
 GROUP = "g"
 RANGE = {"partition.assignment.strategy": "range"}
-
-
-@pytest.fixture(params=["file", "memory"])
-def backend(request):
-    return request.param
-
-
-@pytest.fixture
-def env(storage):
-    conf = {**storage.conf(), **BROKER_CONF}
-    admin = AdminClient(conf)
-    broker = acquire_broker(storage.url, dict(storage.options))
-    yield Env(conf, admin, broker)
-    for member in list(Member.running):
-        member.stop()
-    admin.close()
-    release_broker(broker)
-    close_all()
-
-
-def error_of(future) -> tuple[int, str]:
-    with pytest.raises(KafkaException) as failed:
-        future.result(10)
-    err = failed.value.args[0]
-    return err.code(), err.str()
 
 
 def offsets_of(result) -> list[tuple]:
@@ -120,8 +96,7 @@ def test_offsets_are_listed_altered_resumed_from_and_deleted_with_the_group(env)
     # a consumer of the group resumes at the altered offsets
     member = Member(env, "c1", ["t"])
     wait_stable(env, [member], 2)
-    import test_groups
-    test_groups.wait_until(lambda: len(member.consumed()) == 9, "the records past the altered offsets")
+    wait_until(lambda: len(member.consumed()) == 9, "the records past the altered offsets")
     assert sorted((p, o) for p, o, _ in member.consumed()) == [(0, 7), (0, 8), (0, 9)] + [(1, o) for o in range(4, 10)]
     member.stop()
     # the group is Empty again: delete it, and its offsets are gone
@@ -298,70 +273,53 @@ def test_confluent_kafka_over_the_wire_gets_the_in_process_answers(serve_root):
     wire.alter_consumer_group_offsets([confluent_kafka.ConsumerGroupTopicPartitions(
         GROUP, [confluent_kafka.TopicPartition("t", 0, 2), confluent_kafka.TopicPartition("t", 1, 0)])])[GROUP].result(20)
 
-    def over_the_wire() -> dict:
-        out: dict = {}
-        g = wire.list_consumer_groups().result(20)
-        out["groups"] = [(x.group_id, x.is_simple_consumer_group, x.state.name, x.type.name) for x in g.valid]
-        d = wire.describe_consumer_groups([GROUP, "missing"])
-        out["described"] = [(x.group_id, x.is_simple_consumer_group, x.state.name, x.partition_assignor, x.members,
-                             x.coordinator.id) for x in (f.result(20) for f in d.values())]
-        r = wire.list_consumer_group_offsets([confluent_kafka.ConsumerGroupTopicPartitions(GROUP)])[GROUP].result(20)
-        out["offsets"] = sorted((tp.topic, tp.partition, tp.offset) for tp in r.topic_partitions)
-        out["list_offsets"] = []
-        for spec in (cadmin.OffsetSpec.latest(), cadmin.OffsetSpec.for_timestamp(1005), cadmin.OffsetSpec.max_timestamp()):
-            (key, future), = wire.list_offsets({confluent_kafka.TopicPartition("t", 0): spec}).items()
-            info = future.result(20)
-            out["list_offsets"].append((key.offset, info.offset, info.timestamp))
-        t = wire.describe_topics(confluent_kafka.TopicCollection(["t"]))["t"].result(20)
-        out["topic"] = (t.name, str(t.topic_id), t.is_internal, [(p.id, p.leader.id, [n.id for n in p.replicas])
-                                                                 for p in t.partitions])
-        e = wire.elect_leaders(confluent_kafka.ElectionType.PREFERRED, [confluent_kafka.TopicPartition("t", 0)])
-        out["elect"] = [(tp.topic, tp.partition, err.code(), err.str()) for tp, err in e.result(20).items()]
-        acl = cadmin.AclBinding(cadmin.ResourceType.TOPIC, "t", cadmin.ResourcePatternType.LITERAL, "User:alice",
-                                "*", cadmin.AclOperation.READ, cadmin.AclPermissionType.ALLOW)
-        out["create_acls"] = _wire_error(wire.create_acls([acl])[acl])
-        out["describe_acls"] = wire.describe_acls(cadmin.AclBindingFilter(
-            cadmin.ResourceType.ANY, None, cadmin.ResourcePatternType.ANY, None, None, cadmin.AclOperation.ANY,
-            cadmin.AclPermissionType.ANY)).result(20)
-        out["scram"] = wire.describe_user_scram_credentials().result(20)
-        out["scram_alice"] = _wire_error(wire.describe_user_scram_credentials(["alice"])["alice"])
-        deletion = cadmin.UserScramCredentialDeletion("bob", cadmin.ScramMechanism.SCRAM_SHA_256)
-        out["scram_delete"] = _wire_error(wire.alter_user_scram_credentials([deletion])["bob"])
-        return out
-
-    wire_answers = over_the_wire()
+    wire_answers = tour(wire, confluent_kafka, cadmin, _wire_error, 20)
     serve_root.stop()
     with AdminClient({**serve_root.storage.conf(), **settings}) as admin:
-        local: dict = {}
-        g = admin.list_consumer_groups().result(10)
-        local["groups"] = [(x.group_id, x.is_simple_consumer_group, x.state.name, x.type.name) for x in g.valid]
-        d = admin.describe_consumer_groups([GROUP, "missing"])
-        local["described"] = [(x.group_id, x.is_simple_consumer_group, x.state.name, x.partition_assignor, x.members,
-                               x.coordinator.id) for x in (f.result(10) for f in d.values())]
-        r = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(GROUP)])[GROUP].result(10)
-        local["offsets"] = sorted((tp.topic, tp.partition, tp.offset) for tp in r.topic_partitions)
-        local["list_offsets"] = []
-        for spec in (OffsetSpec.latest(), OffsetSpec.for_timestamp(1005), OffsetSpec.max_timestamp()):
-            (key, future), = admin.list_offsets({TopicPartition("t", 0): spec}).items()
-            info = future.result(10)
-            local["list_offsets"].append((key.offset, info.offset, info.timestamp))
-        t = admin.describe_topics(TopicCollection(["t"]))["t"].result(10)
-        local["topic"] = (t.name, str(t.topic_id), t.is_internal, [(p.id, p.leader.id, [n.id for n in p.replicas])
-                                                                   for p in t.partitions])
-        e = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition("t", 0)])
-        local["elect"] = [(tp.topic, tp.partition, err.code(), err.str()) for tp, err in e.result(10).items()]
-        local["create_acls"] = error_of(admin.create_acls([ACL])[ACL])
-        local["describe_acls"] = admin.describe_acls(ANY_ACL).result(10)
-        local["scram"] = admin.describe_user_scram_credentials().result(10)
-        local["scram_alice"] = error_of(admin.describe_user_scram_credentials(["alice"])["alice"])
-        deletion = UserScramCredentialDeletion("bob", ScramMechanism.SCRAM_SHA_256)
-        local["scram_delete"] = error_of(admin.alter_user_scram_credentials([deletion])["bob"])
+        import txlake
+        import txlake.admin
+        local = tour(admin, txlake, txlake.admin, error_of, 10)
     close_all()
     assert local == wire_answers
     assert wire_answers["groups"] == [(GROUP, True, "EMPTY", "CLASSIC")]
     assert wire_answers["offsets"] == [("t", 0, 2), ("t", 1, 0)]
     assert wire_answers["list_offsets"] == [(-1, 3, -1), (1005, 1, 1010), (-3, 2, 1020)]
     assert wire_answers["create_acls"] == (KafkaError.SECURITY_DISABLED, "No Authorizer is configured.")
+
+
+def tour(admin, ck, cka, failure, timeout: float) -> dict:
+    """The answers of ``admin`` -- confluent-kafka's (``ck`` = confluent_kafka, ``cka`` =
+    confluent_kafka.admin) or txlake's (``ck`` = txlake, ``cka`` = txlake.admin), written once as
+    confluent-kafka code -- to the calls of this module on a root with group g's offsets and topic t."""
+    out: dict = {}
+    g = admin.list_consumer_groups().result(timeout)
+    out["groups"] = [(x.group_id, x.is_simple_consumer_group, x.state.name, x.type.name) for x in g.valid]
+    d = admin.describe_consumer_groups([GROUP, "missing"])
+    out["described"] = [(x.group_id, x.is_simple_consumer_group, x.state.name, x.partition_assignor, x.members,
+                         x.coordinator.id) for x in (f.result(timeout) for f in d.values())]
+    r = admin.list_consumer_group_offsets([ck.ConsumerGroupTopicPartitions(GROUP)])[GROUP].result(timeout)
+    out["offsets"] = sorted((tp.topic, tp.partition, tp.offset) for tp in r.topic_partitions)
+    out["list_offsets"] = []
+    for spec in (cka.OffsetSpec.latest(), cka.OffsetSpec.for_timestamp(1005), cka.OffsetSpec.max_timestamp()):
+        (key, future), = admin.list_offsets({ck.TopicPartition("t", 0): spec}).items()
+        info = future.result(timeout)
+        out["list_offsets"].append((key.offset, info.offset, info.timestamp))
+    t = admin.describe_topics(ck.TopicCollection(["t"]))["t"].result(timeout)
+    out["topic"] = (t.name, str(t.topic_id), t.is_internal, [(p.id, p.leader.id, [n.id for n in p.replicas])
+                                                             for p in t.partitions])
+    e = admin.elect_leaders(ck.ElectionType.PREFERRED, [ck.TopicPartition("t", 0)]).result(timeout)
+    out["elect"] = [(tp.topic, tp.partition, err.code(), err.str()) for tp, err in e.items()]
+    acl = cka.AclBinding(cka.ResourceType.TOPIC, "t", cka.ResourcePatternType.LITERAL, "User:alice", "*",
+                         cka.AclOperation.READ, cka.AclPermissionType.ALLOW)
+    out["create_acls"] = failure(admin.create_acls([acl])[acl])
+    out["describe_acls"] = admin.describe_acls(cka.AclBindingFilter(
+        cka.ResourceType.ANY, None, cka.ResourcePatternType.ANY, None, None, cka.AclOperation.ANY,
+        cka.AclPermissionType.ANY)).result(timeout)
+    out["scram"] = admin.describe_user_scram_credentials().result(timeout)
+    out["scram_alice"] = failure(admin.describe_user_scram_credentials(["alice"])["alice"])
+    deletion = cka.UserScramCredentialDeletion("bob", cka.ScramMechanism.SCRAM_SHA_256)
+    out["scram_delete"] = failure(admin.alter_user_scram_credentials([deletion])["bob"])
+    return out
 
 
 def _wire_error(future) -> tuple[int, str]:

@@ -27,9 +27,10 @@ IncrementalAlterConfigs 1, DeleteRecords 2; kafka-python 3 and the Java client t
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from kafka.protocol.admin import (AlterConfigsResponse, CreatePartitionsResponse, CreateTopicsResponse, DeleteRecordsResponse,
                                   DeleteTopicsResponse, DescribeConfigsResponse, DescribeProducersResponse,
@@ -603,6 +604,36 @@ def handle_incremental_alter_configs(apis: ApiNode, context: RequestContext, req
     "Cannot update these configs dynamically: Set(...)" (a wrong or non-numeric node id first:
     "Unexpected broker id, ..." / "Node id must be an integer, ...").
     """
+    def check(resource: Any) -> None:
+        if len({c.name for c in resource.configs}) != len(resource.configs):
+            raise ApiError(Errors.INVALID_REQUEST, "Error due to duplicate config keys")
+        nulls = [c.name for c in resource.configs if c.config_operation != OP_DELETE and c.value is None]
+        if nulls:
+            raise ApiError(Errors.INVALID_REQUEST, f"Null value not supported for : {', '.join(nulls)}")
+        bad_op = next((c.config_operation for c in resource.configs if c.config_operation not in OP_NAMES), None)
+        if bad_op is not None:
+            raise ApiError(Errors.INVALID_REQUEST, f"Unknown operations type {bad_op}")
+
+    return _alter_resources(apis, request, IncrementalAlterConfigsResponse, check,
+                            lambda resource: [(c.name, c.config_operation, c.value) for c in resource.configs])
+
+
+def _alter_error(response: Any, request: Any, version: int, error: Errors) -> Any:
+    """An (Incremental)AlterConfigs ``response`` answering ``error`` for every resource."""
+    return response(throttle_time_ms=0, responses=[response.AlterConfigsResourceResponse(
+        error_code=int(error), error_message=None, resource_type=r.resource_type, resource_name=r.resource_name)
+        for r in request.resources])
+
+
+_incremental_alter_configs_error = functools.partial(_alter_error, IncrementalAlterConfigsResponse)
+
+
+def _alter_resources(apis: ApiNode, request: Any, response: Any, check: Callable[[Any], None],
+                     topic_ops: Callable[[Any], list]) -> Any:
+    """Answer an (Incremental)AlterConfigs ``request`` with ``response``: per resource, INVALID_REQUEST
+    for one given twice, then ``check(resource)`` (raises ApiError), then INVALID_REQUEST for the
+    empty topic name or an unknown type; a TOPIC's ``topic_ops(resource)`` are committed with the
+    other topics' (:func:`_alter_topics`); the BROKER gets :func:`_check_broker_alteration`."""
     answers: dict[int, tuple[Errors, str | None]] = {}
     keys = Counter((r.resource_type, r.resource_name) for r in request.resources)
     topic_changes: list[tuple[int, str, list[tuple[str, int, str | None]]]] = []
@@ -611,18 +642,11 @@ def handle_incremental_alter_configs(apis: ApiNode, context: RequestContext, req
         try:
             if keys[(rtype, name)] > 1:
                 raise ApiError(Errors.INVALID_REQUEST, "Each resource must appear at most once.")
-            if len({c.name for c in resource.configs}) != len(resource.configs):
-                raise ApiError(Errors.INVALID_REQUEST, "Error due to duplicate config keys")
-            nulls = [c.name for c in resource.configs if c.config_operation != OP_DELETE and c.value is None]
-            if nulls:
-                raise ApiError(Errors.INVALID_REQUEST, f"Null value not supported for : {', '.join(nulls)}")
-            bad_op = next((c.config_operation for c in resource.configs if c.config_operation not in OP_NAMES), None)
-            if bad_op is not None:
-                raise ApiError(Errors.INVALID_REQUEST, f"Unknown operations type {bad_op}")
+            check(resource)
             if rtype == RESOURCE_TOPIC:
                 if not name:
                     raise ApiError(Errors.INVALID_REQUEST, "Default topic resources are not allowed.")
-                topic_changes.append((index, name, [(c.name, c.config_operation, c.value) for c in resource.configs]))
+                topic_changes.append((index, name, topic_ops(resource)))
                 continue
             if rtype == RESOURCE_BROKER:
                 _check_broker_alteration(apis, name, [c.name for c in resource.configs])
@@ -631,25 +655,24 @@ def handle_incremental_alter_configs(apis: ApiNode, context: RequestContext, req
             raise ApiError(Errors.INVALID_REQUEST, f"Unknown resource type {rtype}")
         except ApiError as exc:
             answers[index] = (exc.error, exc.message)
-    if topic_changes:
-        try:
-            altered = apis.broker.alter_topic_configs([(name, ops) for _, name, ops in topic_changes],
-                                                      request.validate_only)
-        except ApiError as exc:
-            altered = [_wire_error(exc)] * len(topic_changes)
-        for (index, _, _), answer in zip(topic_changes, altered):
-            answers[index] = answer
-    return IncrementalAlterConfigsResponse(throttle_time_ms=0, responses=[
-        IncrementalAlterConfigsResponse.AlterConfigsResourceResponse(
-            error_code=int(answers[i][0]), error_message=answers[i][1], resource_type=r.resource_type,
-            resource_name=r.resource_name) for i, r in enumerate(request.resources)])
+    _alter_topics(apis, topic_changes, request.validate_only, answers)
+    return response(throttle_time_ms=0, responses=[response.AlterConfigsResourceResponse(
+        error_code=int(answers[i][0]), error_message=answers[i][1], resource_type=r.resource_type,
+        resource_name=r.resource_name) for i, r in enumerate(request.resources)])
 
 
-def _incremental_alter_configs_error(request: Any, version: int, error: Errors) -> Any:
-    return IncrementalAlterConfigsResponse(throttle_time_ms=0, responses=[
-        IncrementalAlterConfigsResponse.AlterConfigsResourceResponse(
-            error_code=int(error), error_message=None, resource_type=r.resource_type, resource_name=r.resource_name)
-        for r in request.resources])
+def _alter_topics(apis: ApiNode, changes: list[tuple[int, str, list[tuple[str, int, str | None]]]],
+                  validate_only: bool, answers: dict[int, tuple[Errors, str | None]]) -> None:
+    """Commit the topics' config ``changes`` (``(resource index, topic, ops)``) together
+    (:meth:`Broker.alter_topic_configs`) and put each one's ``(error, message)`` in ``answers``."""
+    if not changes:
+        return
+    try:
+        altered = apis.broker.alter_topic_configs([(name, ops) for _, name, ops in changes], validate_only)
+    except ApiError as exc:
+        altered = [_wire_error(exc)] * len(changes)
+    for (index, _, _), answer in zip(changes, altered):
+        answers[index] = answer
 
 
 def _check_broker_alteration(apis: ApiNode, name: str, config_names: list[str]) -> None:
@@ -683,47 +706,14 @@ def handle_alter_configs(apis: ApiNode, context: RequestContext, request: Any) -
     resource type ("Unknown resource type N"); INVALID_CONFIG (Kafka's messages, e.g. "Unknown topic
     config name: x"); UNKNOWN_TOPIC_OR_PARTITION "The topic 'T' does not exist."
     """
-    answers: dict[int, tuple[Errors, str | None]] = {}
-    keys = Counter((r.resource_type, r.resource_name) for r in request.resources)
-    topic_changes: list[tuple[int, str, list[tuple[str, int, str | None]]]] = []
-    for index, resource in enumerate(request.resources):
-        rtype, name = resource.resource_type, resource.resource_name
-        try:
-            if keys[(rtype, name)] > 1:
-                raise ApiError(Errors.INVALID_REQUEST, "Each resource must appear at most once.")
-            if rtype == RESOURCE_TOPIC:
-                if not name:
-                    raise ApiError(Errors.INVALID_REQUEST, "Default topic resources are not allowed.")
-                wanted = {c.name: c.value for c in resource.configs if c.value is not None}
-                ops = [(n, OP_DELETE, None) for n in TOPIC_CONFIGS if n not in wanted]
-                topic_changes.append((index, name, ops + [(n, OP_SET, v) for n, v in wanted.items()]))
-                continue
-            if rtype == RESOURCE_BROKER:
-                _check_broker_alteration(apis, name, [c.name for c in resource.configs])
-                answers[index] = (Errors.NO_ERROR, None)
-                continue
-            raise ApiError(Errors.INVALID_REQUEST, f"Unknown resource type {rtype}")
-        except ApiError as exc:
-            answers[index] = (exc.error, exc.message)
-    if topic_changes:
-        try:
-            altered = apis.broker.alter_topic_configs([(name, ops) for _, name, ops in topic_changes],
-                                                      request.validate_only)
-        except ApiError as exc:
-            altered = [_wire_error(exc)] * len(topic_changes)
-        for (index, _, _), answer in zip(topic_changes, altered):
-            answers[index] = answer
-    return AlterConfigsResponse(throttle_time_ms=0, responses=[
-        AlterConfigsResponse.AlterConfigsResourceResponse(
-            error_code=int(answers[i][0]), error_message=answers[i][1], resource_type=r.resource_type,
-            resource_name=r.resource_name) for i, r in enumerate(request.resources)])
+    def topic_ops(resource: Any) -> list[tuple[str, int, str | None]]:
+        wanted = {c.name: c.value for c in resource.configs if c.value is not None}
+        return [(n, OP_DELETE, None) for n in TOPIC_CONFIGS if n not in wanted] + [(n, OP_SET, v) for n, v in wanted.items()]
+
+    return _alter_resources(apis, request, AlterConfigsResponse, lambda resource: None, topic_ops)
 
 
-def _alter_configs_error(request: Any, version: int, error: Errors) -> Any:
-    return AlterConfigsResponse(throttle_time_ms=0, responses=[
-        AlterConfigsResponse.AlterConfigsResourceResponse(
-            error_code=int(error), error_message=None, resource_type=r.resource_type, resource_name=r.resource_name)
-        for r in request.resources])
+_alter_configs_error = functools.partial(_alter_error, AlterConfigsResponse)
 
 
 # ---------------------------------------------------------------------------- DeleteRecords
