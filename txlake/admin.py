@@ -7,8 +7,10 @@ INVALID_TOPIC_EXCEPTION, INVALID_PARTITIONS, INVALID_CONFIG, UNKNOWN_TOPIC_OR_PA
 **One request surface.** Every call that has a Kafka API sends that API's request to the
 engine's request surface, :func:`txlake.engine.apis.local_apis` -- the handlers ``txlake serve``
 answers its network clients with -- and reads the response: CreateTopics, DeleteTopics,
-CreatePartitions, Metadata (``list_topics``), DescribeConfigs, IncrementalAlterConfigs,
-DescribeCluster, DeleteRecords, DescribeProducers. So an embedded AdminClient gets the answers,
+CreatePartitions, Metadata (``list_topics``, ``describe_topics``), DescribeConfigs, AlterConfigs,
+IncrementalAlterConfigs, DescribeCluster, DeleteRecords, DescribeProducers, ListOffsets, ListGroups,
+DescribeGroups, DeleteGroups, OffsetFetch, OffsetCommit, ElectLeaders, the ACL and SCRAM APIs (no
+authorizer, no SASL: docs/server.md). So an embedded AdminClient gets the answers,
 error codes and messages a confluent-kafka client of the server gets; where a response carries
 no message (DeleteRecords, DescribeProducers, Metadata), the error's text is Kafka's description
 of the code. Metadata names the one in-process broker: node 1 at ``localhost:0``.
