@@ -8,6 +8,8 @@ change::
 
 from .admin import (AdminClient, ClusterMetadata, DeletedRecords, HangingTransaction, NewTopic, PartitionMetadata, PartitionProducerState,
                     ProducerState, TopicMetadata, TransactionDescription, TransactionListing)
+from .admin_group_types import (ConsumerGroupState, ConsumerGroupTopicPartitions, ConsumerGroupType, ElectionType,
+                                IsolationLevel, TopicCollection, TopicPartitionInfo, Uuid)
 from .admin_types import (AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, DescribeClusterResult,
                           NewPartitions, Node, ResourceType)
 from .consumer import Consumer
@@ -34,7 +36,9 @@ def __getattr__(name: str):
 
 __all__ = [
     "AdminClient", "AlterConfigOpType", "BulkResult", "ClusterMetadata", "ConfigEntry", "ConfigResource",
-    "ConfigSource", "Consumer", "ConsumerGroupMetadata", "DeletedRecords", "DescribeClusterResult",
+    "ConfigSource", "Consumer", "ConsumerGroupMetadata", "ConsumerGroupState", "ConsumerGroupTopicPartitions",
+    "ConsumerGroupType", "DeletedRecords", "DescribeClusterResult", "ElectionType", "IsolationLevel", "TopicCollection",
+    "TopicPartitionInfo", "Uuid",
     "DeserializingConsumer", "HangingTransaction", "NewPartitions", "Node", "ResourceType", "SerializingProducer",
     "KafkaError", "KafkaException", "Message", "NewTopic", "PartitionMetadata", "PartitionProducerState", "Producer",
     "ProducerState", "ThrottleEvent", "TopicMetadata", "TopicPartition", "TransactionDescription", "TransactionListing",

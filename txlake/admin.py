@@ -7,8 +7,10 @@ INVALID_TOPIC_EXCEPTION, INVALID_PARTITIONS, INVALID_CONFIG, UNKNOWN_TOPIC_OR_PA
 **One request surface.** Every call that has a Kafka API sends that API's request to the
 engine's request surface, :func:`txlake.engine.apis.local_apis` -- the handlers ``txlake serve``
 answers its network clients with -- and reads the response: CreateTopics, DeleteTopics,
-CreatePartitions, Metadata (``list_topics``), DescribeConfigs, IncrementalAlterConfigs,
-DescribeCluster, DeleteRecords, DescribeProducers. So an embedded AdminClient gets the answers,
+CreatePartitions, Metadata (``list_topics``, ``describe_topics``), DescribeConfigs, AlterConfigs,
+IncrementalAlterConfigs, DescribeCluster, DeleteRecords, DescribeProducers, ListOffsets, ListGroups,
+DescribeGroups, DeleteGroups, OffsetFetch, OffsetCommit, ElectLeaders, the ACL and SCRAM APIs (no
+authorizer, no SASL: docs/server.md). So an embedded AdminClient gets the answers,
 error codes and messages a confluent-kafka client of the server gets; where a response carries
 no message (DeleteRecords, DescribeProducers, Metadata), the error's text is Kafka's description
 of the code. Metadata names the one in-process broker: node 1 at ``localhost:0``.
@@ -26,35 +28,58 @@ names. See docs/operations.md.
 from __future__ import annotations
 
 import uuid
+import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from kafka.errors import for_code
-from kafka.protocol.admin import (CreatePartitionsRequest, CreateTopicsRequest, DeleteRecordsRequest,
-                                  DeleteTopicsRequest, DescribeClusterRequest, DescribeConfigsRequest,
-                                  DescribeProducersRequest, IncrementalAlterConfigsRequest)
-from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.admin import (AlterConfigsRequest, AlterUserScramCredentialsRequest, CreateAclsRequest,
+                                  CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest, DeleteGroupsRequest,
+                                  DeleteRecordsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeClusterRequest,
+                                  DescribeConfigsRequest, DescribeGroupsRequest, DescribeProducersRequest,
+                                  DescribeUserScramCredentialsRequest, ElectLeadersRequest,
+                                  IncrementalAlterConfigsRequest, ListGroupsRequest)
+from kafka.protocol.consumer import ListOffsetsRequest
+from kafka.protocol.consumer.group import OffsetCommitRequest, OffsetFetchRequest
+from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment
+from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.producer import WriteTxnMarkersRequest
 
 from txlake.engine.apis import UnsupportedRequest, local_apis
 from txlake.engine.broker import Broker
 from txlake.engine.errors import ApiError, Errors
+from txlake.engine.group_metadata import CONSUMER_PROTOCOL_TYPE
 from txlake.engine.registry import acquire_broker, release_broker
 from txlake.engine.transaction_admin import COORDINATOR_ID, ActiveProducer, TransactionAdmin
 from txlake.engine.transaction_metadata import TransactionState
 
+from .admin_acl_types import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType,
+                              ScramCredentialInfo, ScramMechanism, UserScramCredentialAlteration,
+                              UserScramCredentialDeletion, UserScramCredentialsDescription,
+                              UserScramCredentialUpsertion)
+from .admin_group_types import (ConsumerGroupDescription, ConsumerGroupListing, ConsumerGroupState,
+                                ConsumerGroupTopicPartitions, ConsumerGroupType, ElectionType, IsolationLevel,
+                                ListConsumerGroupsResult, ListOffsetsResultInfo, MemberAssignment, MemberDescription,
+                                OffsetSpec, TopicCollection, TopicDescription, TopicPartitionInfo, Uuid)
 from .admin_types import (AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, DescribeClusterResult,
                           NewPartitions, Node, ResourceType, kafka_resource_type)
+from .assignors import ConsumerProtocolError, decode_assignment
 from .config import parse_config
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors
-from .types import TopicPartition
+from .types import OFFSET_INVALID, TopicPartition
 
 __all__ = [
-    "AdminClient", "AlterConfigOpType", "BrokerMetadata", "ClusterMetadata", "ConfigEntry", "ConfigResource",
-    "ConfigSource", "DeletedRecords", "DescribeClusterResult", "HangingTransaction", "NewPartitions", "NewTopic",
-    "Node", "PartitionMetadata", "PartitionProducerState", "ProducerState", "ResourceType", "TopicMetadata",
-    "TransactionDescription", "TransactionListing",
+    "AclBinding", "AclBindingFilter", "AclOperation", "AclPermissionType", "AdminClient", "AlterConfigOpType",
+    "BrokerMetadata", "ClusterMetadata", "ConfigEntry", "ConfigResource", "ConfigSource", "ConsumerGroupDescription",
+    "ConsumerGroupListing", "ConsumerGroupState", "ConsumerGroupTopicPartitions", "ConsumerGroupType",
+    "DeletedRecords", "DescribeClusterResult", "ElectionType", "HangingTransaction", "IsolationLevel",
+    "ListConsumerGroupsResult", "ListOffsetsResultInfo", "MemberAssignment", "MemberDescription", "NewPartitions",
+    "NewTopic", "Node", "OffsetSpec", "PartitionMetadata", "PartitionProducerState", "ProducerState",
+    "ResourcePatternType", "ResourceType", "ScramCredentialInfo", "ScramMechanism", "TopicCollection",
+    "TopicDescription", "TopicMetadata", "TopicPartitionInfo", "TransactionDescription", "TransactionListing",
+    "UserScramCredentialAlteration", "UserScramCredentialDeletion", "UserScramCredentialsDescription",
+    "UserScramCredentialUpsertion", "Uuid",
 ]
 
 #: the request versions sent: the newest the engine answers (engine/apis)
@@ -67,6 +92,21 @@ _DeleteRecords = DeleteRecordsRequest[2]
 _DescribeProducers = DescribeProducersRequest[0]
 _DescribeCluster = DescribeClusterRequest[1]
 _Metadata = MetadataRequest[12]
+_FindCoordinator = FindCoordinatorRequest[4]
+_ListGroups = ListGroupsRequest[5]
+#: v5, as librdkafka asks: a group that does not exist is described Dead (v6 answers GROUP_ID_NOT_FOUND)
+_DescribeGroups = DescribeGroupsRequest[5]
+_DeleteGroups = DeleteGroupsRequest[2]
+_OffsetFetch = OffsetFetchRequest[8]
+_OffsetCommit = OffsetCommitRequest[9]
+_ListOffsets = ListOffsetsRequest[8]
+_AlterConfigs = AlterConfigsRequest[2]
+_ElectLeaders = ElectLeadersRequest[2]
+_CreateAcls = CreateAclsRequest[3]
+_DescribeAcls = DescribeAclsRequest[3]
+_DeleteAcls = DeleteAclsRequest[3]
+_DescribeUserScramCredentials = DescribeUserScramCredentialsRequest[0]
+_AlterUserScramCredentials = AlterUserScramCredentialsRequest[0]
 #: DeleteTopics v6 names a topic by name with the zero topic id
 _NO_TOPIC_ID = uuid.UUID(int=0)
 
@@ -520,6 +560,478 @@ class AdminClient:
             out[tp] = _answer(error, DeletedRecords(p.low_watermark))
         return out
 
+    # ------------------------------------------------------------------ consumer groups
+    def _coordinator_node(self) -> Node:
+        """The group coordinator (FindCoordinator: this node for every group)."""
+        answer = _call(self._broker, _FindCoordinator(key_type=0, coordinator_keys=[""]), "describe_consumer_groups()")
+        (c,) = answer.coordinators
+        return Node(c.node_id, c.host, c.port)
+
+    def list_consumer_groups(self, request_timeout: float = -1, states: set | None = None,
+                             types: set | None = None) -> Future:
+        """ListGroups (KIP-518 states filter, KIP-848 types filter; confluent-kafka's
+        ``AdminClient.list_consumer_groups``).
+
+        Args:
+            states: a set of :class:`ConsumerGroupState`: keep only groups in these states; None = all.
+            types: a set of :class:`ConsumerGroupType`: keep only groups of these types (every
+                group here is CLASSIC); None = all.
+
+        Returns:
+            A future of :class:`ListConsumerGroupsResult`: ``valid`` lists every group sorted by id
+            as :class:`ConsumerGroupListing` (a group that only has committed offsets is a simple
+            group, Empty); ``errors`` holds the coordinator's error (COORDINATOR_LOAD_IN_PROGRESS)
+            beside the groups listed so far.
+
+        Raises:
+            TypeError: ``states``/``types`` not a set of ConsumerGroupState/ConsumerGroupType.
+        """
+        for value, kind, name in ((states, ConsumerGroupState, "states"), (types, ConsumerGroupType, "types")):
+            if value is not None:
+                if not isinstance(value, set):
+                    raise TypeError(f"'{name}' must be a set")
+                if not all(isinstance(v, kind) for v in value):
+                    raise TypeError(f"All elements of {name} must be of type {kind.__name__}")
+        request = _ListGroups(states_filter=[s.kafka_name for s in states or ()],
+                              types_filter=[t.kafka_name for t in types or ()])
+        answer = _call(self._broker, request, "list_consumer_groups()")
+        valid = [ConsumerGroupListing(g.group_id, not g.protocol_type, ConsumerGroupState.from_kafka_name(g.group_state),
+                                      ConsumerGroupType.from_kafka_name(g.group_type)) for g in answer.groups]
+        errors = [] if answer.error_code == Errors.NO_ERROR else [KafkaException(KafkaError(answer.error_code))]
+        return _done(ListConsumerGroupsResult(valid, errors))
+
+    def describe_consumer_groups(self, group_ids: list[str], request_timeout: float = -1,
+                                 include_authorized_operations: bool = False) -> dict[str, Future]:
+        """DescribeGroups (confluent-kafka's ``AdminClient.describe_consumer_groups``).
+
+        Returns:
+            One future per group id; its result is a :class:`ConsumerGroupDescription`: state,
+            protocol (``partition_assignor``, e.g. "range"), members with their assignments
+            (while the group is Stable), the coordinator :class:`Node`. A group that does not exist
+            is described DEAD with no members, as confluent-kafka reports it. With
+            ``include_authorized_operations`` the operations are READ, DELETE, DESCRIBE (no
+            authorizer). A future raises KafkaException with the coordinator's error.
+
+        Raises:
+            TypeError: ``group_ids`` is not a list. ValueError: it is empty.
+        """
+        if not isinstance(group_ids, list):
+            raise TypeError("Expected input to be list of group ids to be described")
+        if not group_ids:
+            raise ValueError("Expected at least one group to be described")
+        request = _DescribeGroups(groups=list(dict.fromkeys(group_ids)),
+                                  include_authorized_operations=bool(include_authorized_operations))
+        answer = _call(self._broker, request, "describe_consumer_groups()")
+        coordinator = self._coordinator_node()
+        by_id = {g.group_id: g for g in answer.groups}
+        out: dict[str, Future] = {}
+        for group_id in group_ids:
+            g = by_id[group_id]
+            if g.error_code != Errors.NO_ERROR:
+                out[group_id] = _answer(KafkaError(g.error_code, g.error_message or None))
+                continue
+            consumer = g.protocol_type == CONSUMER_PROTOCOL_TYPE
+            members = [MemberDescription(m.member_id, m.client_id, m.client_host,
+                                         MemberAssignment(_assigned(m.member_assignment) if consumer else []),
+                                         m.group_instance_id) for m in g.members]
+            operations = sorted(g.authorized_operations) if isinstance(g.authorized_operations, (set, frozenset)) \
+                else None
+            out[group_id] = _done(ConsumerGroupDescription(
+                g.group_id, not g.protocol_type, members, g.protocol_data or "",
+                ConsumerGroupState.from_kafka_name(g.group_state), coordinator, operations, ConsumerGroupType.CLASSIC))
+        return out
+
+    def delete_consumer_groups(self, group_ids: list[str], request_timeout: float = -1) -> dict[str, Future]:
+        """DeleteGroups (confluent-kafka's ``AdminClient.delete_consumer_groups``): an Empty group is
+        removed with its committed offsets.
+
+        Returns:
+            One future per group id; its result is None, or it raises KafkaException
+            NON_EMPTY_GROUP (it has members), GROUP_ID_NOT_FOUND, INVALID_GROUP_ID, or the write's
+            error (NOT_COORDINATOR when another process holds the writer lease).
+
+        Raises:
+            TypeError: ``group_ids`` is not a list of str. ValueError: it is empty.
+        """
+        if not isinstance(group_ids, list):
+            raise TypeError("Expected input to be list of group ids to be deleted")
+        if not group_ids:
+            raise ValueError("Expected at least one group to be deleted")
+        if not all(isinstance(g, str) for g in group_ids):
+            raise ValueError(f"Expected list of {str!r}")
+        answer = _call(self._broker, _DeleteGroups(groups_names=list(dict.fromkeys(group_ids))),
+                       "delete_consumer_groups()")
+        by_id = {r.group_id: r.error_code for r in answer.results}
+        return {g: _answer(None if by_id[g] == Errors.NO_ERROR else KafkaError(by_id[g])) for g in group_ids}
+
+    def list_consumer_group_offsets(self, list_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
+                                    request_timeout: float = -1, require_stable: bool = False) -> dict[str, Future]:
+        """OffsetFetch (confluent-kafka's ``AdminClient.list_consumer_group_offsets``) of one group.
+
+        Args:
+            list_consumer_group_offsets_request: one :class:`ConsumerGroupTopicPartitions`; its
+                ``topic_partitions`` None asks for every partition the group has an offset for.
+            require_stable: KIP-447: a partition with a pending transactional commit answers
+                UNSTABLE_OFFSET_COMMIT (its ``error``) instead of the last committed offset.
+
+        Returns:
+            ``{group_id: future}``; the result is a :class:`ConsumerGroupTopicPartitions` whose
+            TopicPartitions carry the committed offset (OFFSET_INVALID -1001 when none), the
+            metadata (None when empty), the leader epoch (None when none) and a per-partition
+            ``error``; the future raises KafkaException for a group-level error (INVALID_GROUP_ID,
+            NOT_COORDINATOR, ...).
+
+        Raises:
+            TypeError / ValueError: as confluent-kafka checks the request (one group, a non-empty
+                group id, partitions without offsets).
+        """
+        _check_group_request(list_consumer_group_offsets_request, "listing", offsets_allowed=False)
+        (req,) = list_consumer_group_offsets_request
+        G = _OffsetFetch.OffsetFetchRequestGroup
+        topics = None if req.topic_partitions is None else [
+            G.OffsetFetchRequestTopics(name=name, partition_indexes=[tp.partition for tp in tps])
+            for name, tps in _by_topic(req.topic_partitions).items()]
+        answer = _call(self._broker, _OffsetFetch(groups=[G(group_id=req.group_id, topics=topics)],
+                                                  require_stable=bool(require_stable)),
+                       "list_consumer_group_offsets()")
+        (group,) = answer.groups
+        if group.error_code != Errors.NO_ERROR:
+            return {req.group_id: _answer(KafkaError(group.error_code))}
+        partitions = []
+        for t in group.topics:
+            for p in t.partitions:
+                tp = TopicPartition(t.name, p.partition_index,
+                                    p.committed_offset if p.committed_offset >= 0 else OFFSET_INVALID,
+                                    p.metadata or None,
+                                    p.committed_leader_epoch if p.committed_leader_epoch >= 0 else None)
+                tp.error = None if p.error_code == Errors.NO_ERROR else KafkaError(p.error_code)
+                partitions.append(tp)
+        return {req.group_id: _done(ConsumerGroupTopicPartitions(req.group_id, partitions))}
+
+    def alter_consumer_group_offsets(self, alter_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
+                                     request_timeout: float = -1) -> dict[str, Future]:
+        """OffsetCommit as an admin (generation -1, no member: Kafka's commit for a group without
+        members; confluent-kafka's ``AdminClient.alter_consumer_group_offsets``) of one group: each
+        partition's offset, metadata and leader epoch. A consumer of the group that starts (or
+        rejoins) afterwards resumes at these offsets.
+
+        Returns:
+            ``{group_id: future}``; the result is a :class:`ConsumerGroupTopicPartitions` with each
+            partition's ``error`` (None, or UNKNOWN_TOPIC_OR_PART for a partition the catalog
+            does not have, ...). A group with members answers UNKNOWN_MEMBER_ID (Kafka's
+            answer to a commit from outside a live group).
+
+        Raises:
+            TypeError / ValueError: as confluent-kafka checks the request (one group, a non-empty
+                group id, partitions with non-negative offsets).
+        """
+        _check_group_request(alter_consumer_group_offsets_request, "altering", offsets_allowed=True)
+        (req,) = alter_consumer_group_offsets_request
+        T = _OffsetCommit.OffsetCommitRequestTopic
+        topics = [T(name=name, partitions=[T.OffsetCommitRequestPartition(
+            partition_index=tp.partition, committed_offset=tp.offset,
+            committed_leader_epoch=-1 if tp.leader_epoch is None else tp.leader_epoch,
+            committed_metadata=tp.metadata) for tp in tps]) for name, tps in _by_topic(req.topic_partitions).items()]
+        answer = _call(self._broker, _OffsetCommit(group_id=req.group_id, generation_id_or_member_epoch=-1,
+                                                   member_id="", group_instance_id=None, topics=topics),
+                       "alter_consumer_group_offsets()")
+        errors = {(t.name, p.partition_index): p.error_code for t in answer.topics for p in t.partitions}
+        partitions = []
+        for given in req.topic_partitions:
+            tp = TopicPartition(given.topic, given.partition, given.offset, given.metadata, given.leader_epoch)
+            code = errors[(given.topic, given.partition)]
+            tp.error = None if code == Errors.NO_ERROR else KafkaError(code)
+            partitions.append(tp)
+        return {req.group_id: _done(ConsumerGroupTopicPartitions(req.group_id, partitions))}
+
+    # ------------------------------------------------------------------ offsets and topics
+    def list_offsets(self, topic_partition_offsets: dict[TopicPartition, OffsetSpec], request_timeout: float = -1,
+                     isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED) -> dict[TopicPartition, Future]:
+        """ListOffsets (KIP-734 max timestamp; confluent-kafka's ``AdminClient.list_offsets``).
+
+        Args:
+            topic_partition_offsets: ``{TopicPartition: OffsetSpec}``: earliest (the log start
+                offset), latest (the high watermark; under READ_COMMITTED the last stable offset,
+                which an open transaction holds back), max_timestamp, for_timestamp(ms).
+            isolation_level: an :class:`IsolationLevel` (default READ_UNCOMMITTED, as confluent-kafka).
+
+        Returns:
+            One future per TopicPartition (keyed by ``TopicPartition(topic, partition, spec value)``,
+            as confluent-kafka keys them); its result is a :class:`ListOffsetsResultInfo`, or it
+            raises KafkaException UNKNOWN_TOPIC_OR_PART for a partition the catalog does not have.
+
+        Raises:
+            TypeError / ValueError: as confluent-kafka checks the argument.
+        """
+        if not isinstance(topic_partition_offsets, dict):
+            raise TypeError("Expected topic_partition_offsets to be dict of [TopicPartitions,OffsetSpec] for list "
+                            "offsets request")
+        for tp, spec in topic_partition_offsets.items():
+            if not isinstance(tp, TopicPartition):
+                raise TypeError("partition must be a TopicPartition")
+            if not tp.topic:
+                raise ValueError("partition topic name cannot be empty")
+            if tp.partition < 0:
+                raise ValueError("partition index must be non-negative")
+            if not isinstance(spec, OffsetSpec):
+                raise TypeError("Value must be a OffsetSpec")
+        if not isinstance(isolation_level, IsolationLevel):
+            raise TypeError("isolation_level argument should be an IsolationLevel")
+        keys = [TopicPartition(tp.topic, tp.partition, int(spec._value)) for tp, spec in topic_partition_offsets.items()]
+        T = _ListOffsets.ListOffsetsTopic
+        request = _ListOffsets(replica_id=-1, isolation_level=isolation_level.value, topics=[
+            T(name=name, partitions=[T.ListOffsetsPartition(partition_index=tp.partition, current_leader_epoch=-1,
+                                                            timestamp=tp.offset) for tp in tps])
+            for name, tps in _by_topic(keys).items()])
+        answer = _call(self._broker, request, "list_offsets()")
+        results = {(t.name, p.partition_index): p for t in answer.topics for p in t.partitions}
+        out: dict[TopicPartition, Future] = {}
+        for key in keys:
+            p = results[(key.topic, key.partition)]
+            out[key] = _answer(None if p.error_code == Errors.NO_ERROR else KafkaError(p.error_code),
+                               ListOffsetsResultInfo(p.offset, p.timestamp, p.leader_epoch))
+        return out
+
+    def describe_topics(self, topics: TopicCollection, request_timeout: float = -1,
+                        include_authorized_operations: bool = False) -> dict[str, Future]:
+        """Metadata of the named topics as confluent-kafka's ``AdminClient.describe_topics`` gives it.
+
+        Returns:
+            One future per name; its result is a :class:`TopicDescription` (the topic id as a
+            :class:`Uuid`, ``is_internal``, one :class:`TopicPartitionInfo` per partition whose leader,
+            replicas and ISR are the one :class:`Node`; ``authorized_operations`` None: no
+            authorizer), or it raises KafkaException UNKNOWN_TOPIC_OR_PART.
+
+        Raises:
+            TypeError: not a TopicCollection of a list of names.
+        """
+        if not isinstance(topics, TopicCollection):
+            raise TypeError("Expected input to be instance of TopicCollection")
+        names = topics.topic_names
+        if not isinstance(names, list):
+            raise TypeError("Expected list of topic names to be described")
+        if not all(isinstance(n, str) for n in names):
+            raise TypeError("Expected list of topic names to be described")
+        if not names:
+            return {}
+        request = _Metadata(topics=[_Metadata.MetadataRequestTopic(name=n) for n in dict.fromkeys(names)],
+                            allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+        answer = _call(self._broker, request, "describe_topics()")
+        nodes = {b.node_id: Node(b.node_id, b.host, b.port, b.rack) for b in answer.brokers}
+        out: dict[str, Future] = {}
+        for t in answer.topics:
+            if t.error_code != Errors.NO_ERROR:
+                out[t.name] = _answer(KafkaError(t.error_code))
+                continue
+            partitions = [TopicPartitionInfo(p.partition_index, nodes.get(p.leader_id),
+                                             [nodes[n] for n in p.replica_nodes if n in nodes],
+                                             [nodes[n] for n in p.isr_nodes if n in nodes])
+                          for p in sorted(t.partitions, key=lambda p: p.partition_index)]
+            out[t.name] = _done(TopicDescription(t.name, Uuid._from_uuid(t.topic_id), bool(t.is_internal), partitions))
+        return out
+
+    def alter_configs(self, resources: list[ConfigResource], request_timeout: float = -1,
+                      validate_only: bool = False) -> dict[ConfigResource, Future]:
+        """AlterConfigs, the deprecated whole replacement (confluent-kafka's ``AdminClient.alter_configs``;
+        warns DeprecationWarning as it does): each TOPIC resource's overrides become exactly its
+        ``set_config`` -- every config it does not name goes back to its default -- as Kafka 4.3
+        answers it. Nothing changes with ``validate_only``. Prefer :meth:`incremental_alter_configs`.
+
+        Returns:
+            One future per resource; its result is None, or it raises KafkaException INVALID_CONFIG
+            (Kafka's message, e.g. "Unknown topic config name: x"), UNKNOWN_TOPIC_OR_PART
+            ("The topic 'T' does not exist."), INVALID_REQUEST (a BROKER resource with configs:
+            none can change while the engine runs).
+
+        Raises:
+            ValueError: not a list of ConfigResource (as confluent-kafka).
+        """
+        warnings.warn("alter_configs has been deprecated. Use incremental_alter_configs instead.",
+                      category=DeprecationWarning, stacklevel=2)
+        if not isinstance(resources, list) or not all(isinstance(r, ConfigResource) for r in resources):
+            raise ValueError(f"Expected list of {ConfigResource!r}")
+        R = _AlterConfigs.AlterConfigsResource
+        wire = [R(resource_type=kafka_resource_type(r.restype), resource_name=r.name, configs=[
+            R.AlterableConfig(name=k, value=None if v is None else str(v)) for k, v in r.set_config_dict.items()])
+            for r in resources]
+        answer = _call(self._broker, _AlterConfigs(resources=wire, validate_only=bool(validate_only)), "alter_configs()")
+        return {r: _answer(_error(result.error_code, result.error_message))
+                for r, result in zip(resources, answer.responses)}
+
+    def elect_leaders(self, election_type: ElectionType, partitions: list[TopicPartition] | None = None,
+                      request_timeout: float = -1, operation_timeout: float = -1) -> Future:
+        """ElectLeaders (KIP-460; confluent-kafka's ``AdminClient.elect_leaders``): every partition has
+        one replica, the one node, which leads it, so no election is ever needed.
+
+        Returns:
+            A future of ``dict[TopicPartition, KafkaError | None]``: ELECTION_NOT_NEEDED (84) for
+            each partition named, UNKNOWN_TOPIC_OR_PART ("No such topic as T" / "No such partition
+            as T-P") for one that does not exist; ``{}`` for ``partitions`` None (every partition:
+            Kafka lists only the partitions that needed an election).
+
+        Raises:
+            TypeError: ``election_type`` not an ElectionType, ``partitions`` not a list of
+                TopicPartition. ValueError: a negative partition.
+        """
+        if not isinstance(election_type, ElectionType):
+            raise TypeError("Expected 'election_type' to be of type 'ElectionType'")
+        if partitions is not None:
+            if not isinstance(partitions, list):
+                raise TypeError(f"Expected 'partitions' to be a list, got '{type(partitions).__name__}'")
+            for tp in partitions:
+                if not isinstance(tp, TopicPartition):
+                    raise TypeError(f"Element of the 'partitions' list must be of type 'TopicPartition' got "
+                                    f"'{type(tp).__name__}' ")
+                if tp.partition < 0:
+                    raise ValueError("Elements of the 'partitions' list must not have negative value for "
+                                     "'partition' field")
+        T = _ElectLeaders.TopicPartitions
+        wanted = None if partitions is None else [T(topic=name, partitions=[tp.partition for tp in tps])
+                                                  for name, tps in _by_topic(partitions).items()]
+        answer = _call(self._broker, _ElectLeaders(election_type=election_type.value, topic_partitions=wanted,
+                                                   timeout_ms=_timeout_ms(operation_timeout)), "elect_leaders()")
+        if answer.error_code != Errors.NO_ERROR:
+            return _answer(KafkaError(answer.error_code))
+        return _done({TopicPartition(r.topic, p.partition_id): None if p.error_code == Errors.NO_ERROR
+                      else KafkaError(p.error_code, p.error_message or None)
+                      for r in answer.replica_election_results for p in r.partition_result})
+
+    # ------------------------------------------------------------------ ACLs and SCRAM (no authorizer, no SASL)
+    def create_acls(self, acls: list[AclBinding], request_timeout: float = -1) -> dict[AclBinding, Future]:
+        """CreateAcls (confluent-kafka's ``AdminClient.create_acls``). There is no authorizer: every
+        future raises KafkaException SECURITY_DISABLED (54) "No Authorizer is configured.", as
+        Kafka without ``authorizer.class.name`` answers.
+
+        Raises:
+            ValueError: duplicate bindings, or not a list of AclBinding (as confluent-kafka).
+        """
+        _check_unique(acls, AclBinding, "ACL bindings")
+        C = _CreateAcls.AclCreation
+        answer = _call(self._broker, _CreateAcls(creations=[C(
+            resource_type=a.restype_int, resource_name=a.name, resource_pattern_type=a.resource_pattern_type_int,
+            principal=a.principal, host=a.host, operation=a.operation_int, permission_type=a.permission_type_int)
+            for a in acls]), "create_acls()")
+        return {a: _answer(_error(r.error_code, r.error_message)) for a, r in zip(acls, answer.results)}
+
+    def describe_acls(self, acl_binding_filter: AclBindingFilter, request_timeout: float = -1) -> Future:
+        """DescribeAcls (confluent-kafka's ``AdminClient.describe_acls``): a future of ``[]``. There
+        is no authorizer: the response says SECURITY_DISABLED "No Authorizer is configured on the
+        broker", which confluent-kafka reports as an empty list of bindings (checked against Apache
+        Kafka 4.3); so does this call.
+
+        Raises:
+            TypeError: not an AclBindingFilter.
+        """
+        if not isinstance(acl_binding_filter, AclBindingFilter):
+            raise TypeError("Expected an AclBindingFilter")
+        f = acl_binding_filter
+        answer = _call(self._broker, _DescribeAcls(
+            resource_type_filter=f.restype_int, resource_name_filter=f.name, pattern_type_filter=f.resource_pattern_type_int,
+            principal_filter=f.principal, host_filter=f.host, operation=f.operation_int,
+            permission_type=f.permission_type_int), "describe_acls()")
+        if answer.error_code not in (Errors.NO_ERROR, Errors.SECURITY_DISABLED):
+            return _answer(_error(answer.error_code, answer.error_message))
+        return _done([AclBinding(r.resource_type, r.resource_name, r.pattern_type, a.principal, a.host, a.operation,
+                                 a.permission_type) for r in answer.resources for a in r.acls])
+
+    def delete_acls(self, acl_binding_filters: list[AclBindingFilter],
+                    request_timeout: float = -1) -> dict[AclBindingFilter, Future]:
+        """DeleteAcls (confluent-kafka's ``AdminClient.delete_acls``). There is no authorizer: every
+        future raises KafkaException SECURITY_DISABLED (54) "No Authorizer is configured.".
+
+        Raises:
+            ValueError: duplicate filters, or not a list of AclBindingFilter (as confluent-kafka).
+        """
+        _check_unique(acl_binding_filters, AclBindingFilter, "ACL binding filters")
+        F = _DeleteAcls.DeleteAclsFilter
+        answer = _call(self._broker, _DeleteAcls(filters=[F(
+            resource_type_filter=f.restype_int, resource_name_filter=f.name,
+            pattern_type_filter=f.resource_pattern_type_int, principal_filter=f.principal, host_filter=f.host,
+            operation=f.operation_int, permission_type=f.permission_type_int) for f in acl_binding_filters]),
+            "delete_acls()")
+        return {f: _answer(_error(r.error_code, r.error_message),
+                           [AclBinding(m.resource_type, m.resource_name, m.pattern_type, m.principal, m.host,
+                                       m.operation, m.permission_type) for m in r.matching_acls])
+                for f, r in zip(acl_binding_filters, answer.filter_results)}
+
+    def describe_user_scram_credentials(self, users: list[str] | None = None,
+                                        request_timeout: float = -1) -> Future | dict[str, Future]:
+        """DescribeUserScramCredentials (confluent-kafka's ``AdminClient.describe_user_scram_credentials``).
+        There are no SCRAM credentials (no SASL): for ``users`` None a future of ``{}``; else one
+        future per user raising KafkaException RESOURCE_NOT_FOUND (91) "Attempt to describe a user
+        credential that does not exist: U" (DUPLICATE_RESOURCE for a user named twice), as Kafka
+        with no credentials answers.
+
+        Raises:
+            TypeError / ValueError: as confluent-kafka checks ``users``.
+        """
+        if users is not None:
+            if not isinstance(users, list):
+                raise TypeError("Expected input to be list of String")
+            for user in users:
+                if user is None:
+                    raise TypeError("'user' cannot be None")
+                if not isinstance(user, str):
+                    raise TypeError("Each value should be a string")
+                if not user:
+                    raise ValueError("'user' cannot be empty")
+        U = _DescribeUserScramCredentials.UserName
+        answer = _call(self._broker, _DescribeUserScramCredentials(
+            users=None if users is None else [U(name=u) for u in users]), "describe_user_scram_credentials()")
+        if answer.error_code != Errors.NO_ERROR:
+            failed = _answer(_error(answer.error_code, answer.error_message))
+            return failed if users is None else {u: failed for u in users}
+        results = {r.user: _answer(_error(r.error_code, r.error_message), UserScramCredentialsDescription(
+            r.user, [ScramCredentialInfo(ScramMechanism(c.mechanism), c.iterations) for c in r.credential_infos]))
+            for r in answer.results}
+        if users is None:
+            return _done({user: fut.result() for user, fut in results.items()})
+        return {u: results[u] for u in users}
+
+    def alter_user_scram_credentials(self, alterations: list[UserScramCredentialAlteration],
+                                     request_timeout: float = -1) -> dict[str, Future]:
+        """AlterUserScramCredentials (confluent-kafka's ``AdminClient.alter_user_scram_credentials``).
+        There is no SASL, so no credential is ever stored: one future per user raising
+        KafkaException -- a deletion RESOURCE_NOT_FOUND (91) "Attempt to delete a user credential
+        that does not exist" (as Kafka with no credentials); an upsertion UNSUPPORTED_SASL_MECHANISM
+        (33), after Kafka's own checks (UNACCEPTABLE_CREDENTIAL "Too few iterations" below 4096,
+        DUPLICATE_RESOURCE for a user and mechanism altered twice). See docs/server.md.
+
+        Raises:
+            TypeError / ValueError: as confluent-kafka checks the alterations.
+        """
+        _check_scram_alterations(alterations)
+        A = _AlterUserScramCredentials
+        upserts = [a for a in alterations if isinstance(a, UserScramCredentialUpsertion)]
+        deletes = [a for a in alterations if isinstance(a, UserScramCredentialDeletion)]
+        answer = _call(self._broker, A(
+            deletions=[A.ScramCredentialDeletion(name=d.user, mechanism=d.mechanism.value) for d in deletes],
+            upsertions=[A.ScramCredentialUpsertion(
+                name=u.user, mechanism=u.scram_credential_info.mechanism.value,
+                iterations=u.scram_credential_info.iterations, salt=u.salt or b"", salted_password=u.password)
+                for u in upserts]), "alter_user_scram_credentials()")
+        first_error: dict[str, KafkaError | None] = {}
+        for r in answer.results:
+            error = _error(r.error_code, r.error_message)
+            if first_error.get(r.user) is None:
+                first_error[r.user] = error
+        return {user: _answer(first_error.get(user)) for user in dict.fromkeys(a.user for a in alterations)}
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """confluent-kafka's ``set_sasl_credentials``: accepted with no effect (there is no SASL
+        against object storage; docs/confluent-kafka.md).
+
+        Raises:
+            TypeError: ``username`` or ``password`` is not a str.
+        """
+        if not isinstance(username, str) or not isinstance(password, str):
+            raise TypeError("username and password must be strings")
+
+    def poll(self, timeout: float | None = None) -> int:
+        """confluent-kafka's ``AdminClient.poll``: serves callbacks; the in-process AdminClient has
+        none (every future completes before its call returns), so it returns 0 at once."""
+        return 0
+
     # ------------------------------------------------------------------ transactions (KIP-664)
     def _transactions(self) -> TransactionAdmin:
         return TransactionAdmin(self._broker)
@@ -772,6 +1284,122 @@ def _by_topic(partitions: list[TopicPartition]) -> dict[str, list[TopicPartition
     for tp in partitions:
         out.setdefault(tp.topic, []).append(tp)
     return out
+
+
+def _assigned(data: bytes) -> list[TopicPartition]:
+    """The partitions of a consumer-protocol member assignment: Kafka's ``ConsumerProtocol``
+    Assignment (what network clients send) or txlake's in-process consumer's JSON form
+    (:func:`txlake.assignors.decode_assignment`, which starts with ``{``); [] when it is neither."""
+    if not data:
+        return []
+    data = bytes(data)
+    try:
+        if data[:1] == b"{":
+            return [TopicPartition(t, p) for t, p in decode_assignment(data).partitions]
+        decoded = ConsumerProtocolAssignment.decode(data)
+        return [TopicPartition(t.topic, p) for t in decoded.assigned_partitions for p in t.partitions]
+    except (ConsumerProtocolError, ValueError, TypeError, EOFError, IndexError, KeyError):
+        return []
+
+
+def _check_group_request(request: Any, verb: str, offsets_allowed: bool) -> None:
+    """confluent-kafka's checks of a list/alter_consumer_group_offsets request (one group).
+
+    Raises:
+        TypeError / ValueError: with confluent-kafka's messages.
+    """
+    if request is None:
+        raise TypeError("request cannot be None")
+    if not isinstance(request, list):
+        raise TypeError("request must be a list")
+    if len(request) != 1:
+        raise ValueError(f"Currently we support {verb} offsets for a single consumer group only")
+    (req,) = request
+    if not isinstance(req, ConsumerGroupTopicPartitions):
+        raise TypeError("Expected list of 'ConsumerGroupTopicPartitions'")
+    if req.group_id is None:
+        raise TypeError("'group_id' cannot be None")
+    if not isinstance(req.group_id, str):
+        raise TypeError("'group_id' must be a string")
+    if not req.group_id:
+        raise ValueError("'group_id' cannot be empty")
+    if req.topic_partitions is None:
+        if offsets_allowed:
+            raise ValueError("'topic_partitions' cannot be null")
+        return
+    if not isinstance(req.topic_partitions, list):
+        raise TypeError("'topic_partitions' must be a list" + ("" if offsets_allowed else " or None"))
+    if not req.topic_partitions:
+        raise ValueError("'topic_partitions' cannot be empty")
+    for tp in req.topic_partitions:
+        if tp is None:
+            raise ValueError("Element of 'topic_partitions' cannot be None")
+        if not isinstance(tp, TopicPartition):
+            raise TypeError("Element of 'topic_partitions' must be of type TopicPartition")
+        if not tp.topic:
+            raise ValueError("Element of 'topic_partitions' must not have 'topic' attribute as Empty")
+        if tp.partition < 0:
+            raise ValueError("Element of 'topic_partitions' must not have negative 'partition' value")
+        if offsets_allowed and tp.offset < 0:
+            raise ValueError("Element of 'topic_partitions' must not have negative value for 'offset' field")
+        if not offsets_allowed and tp.offset != OFFSET_INVALID:
+            raise ValueError("Element of 'topic_partitions' must not have 'offset' value")
+
+
+def _check_unique(items: Any, kind: type, what: str) -> None:
+    """confluent-kafka's checks of create_acls/delete_acls' list.
+
+    Raises:
+        ValueError: not a list of ``kind``, or an item twice ("duplicate ACL bindings not allowed").
+    """
+    if not isinstance(items, list) or not all(isinstance(i, kind) for i in items):
+        raise ValueError(f"Expected list of {kind!r}")
+    if len(set(items)) != len(items):
+        raise ValueError(f"duplicate {what} not allowed")
+
+
+def _check_scram_alterations(alterations: Any) -> None:
+    """confluent-kafka's checks of alter_user_scram_credentials' list.
+
+    Raises:
+        TypeError / ValueError: with confluent-kafka's messages.
+    """
+    if not isinstance(alterations, list):
+        raise TypeError("Expected input to be list")
+    if not alterations:
+        raise ValueError("Expected at least one alteration")
+    for a in alterations:
+        if not isinstance(a, UserScramCredentialAlteration):
+            raise TypeError("Expected each element of list to be subclass of UserScramCredentialAlteration")
+        if a.user is None:
+            raise TypeError("'user' cannot be None")
+        if not isinstance(a.user, str):
+            raise TypeError("'user' must be a string")
+        if not a.user:
+            raise ValueError("'user' cannot be empty")
+        if isinstance(a, UserScramCredentialUpsertion):
+            if a.password is None:
+                raise TypeError("'password' cannot be None")
+            if not isinstance(a.password, bytes):
+                raise TypeError("'password' must be bytes")
+            if not a.password:
+                raise ValueError("'password' cannot be empty")
+            if a.salt is not None and not a.salt:
+                raise ValueError("'salt' can be None but cannot be empty")
+            if a.salt and not isinstance(a.salt, bytes):
+                raise TypeError("'salt' must be bytes")
+            if not isinstance(a.scram_credential_info, ScramCredentialInfo):
+                raise TypeError("Expected credential_info to be ScramCredentialInfo Type")
+            if a.scram_credential_info.iterations < 1:
+                raise ValueError("Iterations should be positive")
+            if not isinstance(a.scram_credential_info.mechanism, ScramMechanism):
+                raise TypeError("Expected the mechanism to be ScramMechanism Type")
+        elif isinstance(a, UserScramCredentialDeletion):
+            if not isinstance(a.mechanism, ScramMechanism):
+                raise TypeError("Expected the mechanism to be ScramMechanism Type")
+        else:
+            raise TypeError("Expected each element of list 'alterations' to be either a UserScramCredentialUpsertion "
+                            "or a UserScramCredentialDeletion")
 
 
 def _producer_state(a: ActiveProducer) -> ProducerState:

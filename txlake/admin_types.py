@@ -204,7 +204,8 @@ class ConfigResource:
 
 
 class Node:
-    """A broker as DescribeCluster names it (confluent-kafka's ``Node``)."""
+    """A broker as DescribeCluster, DescribeGroups' coordinator and describe_topics' partitions
+    name it (confluent-kafka's ``Node``)."""
 
     def __init__(self, id: int, host: str, port: int, rack: str | None = None):
         self.id = id
@@ -215,6 +216,10 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node(id={self.id}, host={self.host!r}, port={self.port}, rack={self.rack!r})"
+
+    def __str__(self) -> str:
+        """confluent-kafka's form: ``"(1) localhost:0 "`` (the rack in parentheses when set)."""
+        return f"({self.id}) {self.host}:{self.port} {f'(Rack - {self.rack})' if self.rack else ''}"
 
 
 class DescribeClusterResult:

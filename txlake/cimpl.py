@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from txlake.engine.partitioner import consistent_partition, fnv1a_partition, partition_for_key
 
+from .admin_group_types import Uuid
 from .consumer import Consumer
 from .error import KafkaError, KafkaException
 from .producer import Producer
@@ -35,7 +36,7 @@ def fnv1a(key: bytes, partition_count: int) -> int:
 
 
 __all__ = [
-    "Consumer", "KafkaError", "KafkaException", "Message", "Producer", "TopicPartition",
+    "Consumer", "KafkaError", "KafkaException", "Message", "Producer", "TopicPartition", "Uuid",
     "OFFSET_BEGINNING", "OFFSET_END", "OFFSET_INVALID", "OFFSET_STORED", "TIMESTAMP_CREATE_TIME",
     "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE", "consistent", "fnv1a", "libversion", "murmur2", "version",
 ]

@@ -3,7 +3,7 @@
 handler is given.
 
 Handler modules (:mod:`.cluster`, :mod:`.log_apis`, :mod:`.topic_apis`, :mod:`.group_apis`,
-:mod:`.txn_apis`)
+:mod:`.txn_apis`, :mod:`.acl_apis`)
 import this module, never :mod:`.kafka_apis`, which imports them to list their APIs: the
 engine has no import circle (``tests/test_engine_layering.py``).
 """

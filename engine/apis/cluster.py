@@ -1,5 +1,6 @@
-"""Cluster APIs: ApiVersions, Metadata, DescribeCluster (Kafka's ``KafkaApis.handleApiVersionsRequest``,
-``handleTopicMetadataRequest``, ``handleDescribeCluster``).
+"""Cluster APIs: ApiVersions, Metadata, DescribeCluster, ElectLeaders (Kafka's
+``KafkaApis.handleApiVersionsRequest``, ``handleTopicMetadataRequest``, ``handleDescribeCluster``,
+the controller's ``ReplicationControlManager.electLeaders``).
 
 txlake is one broker node over one storage root: Metadata names exactly that node (the
 advertised listener) as the leader and only replica of every partition, with the writer
@@ -11,7 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from kafka.protocol.admin import DescribeClusterResponse
+from kafka.protocol.admin import DescribeClusterResponse, ElectLeadersResponse
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
 
@@ -98,8 +99,49 @@ def _describe_cluster_error(request: Any, version: int, error: Errors) -> Any:
     return DescribeClusterResponse(throttle_time_ms=0, error_code=int(error), error_message=None, brokers=[])
 
 
+#: ElectLeaders' election types (Kafka's ``ElectionType``: PREFERRED 0, UNCLEAN 1)
+ELECTION_TYPES = (0, 1)
+ELECTION_NOT_NEEDED_MESSAGE = "Leader election not needed for topic partition."
+
+
+def handle_elect_leaders(apis: ApiNode, context: RequestContext, request: Any) -> Any:
+    """ElectLeaders (KIP-183, KIP-460): every partition has one replica, this node, which leads it,
+    so no election is ever needed. A named partition answers ELECTION_NOT_NEEDED (84) "Leader
+    election not needed for topic partition.", or UNKNOWN_TOPIC_OR_PARTITION "No such topic as T" /
+    "No such partition as T-P"; a null partition list (every partition) answers each topic with no
+    partition results, as Kafka leaves out the partitions that needed no election. An election
+    type other than PREFERRED (0) or UNCLEAN (1) (v1+) answers INVALID_REQUEST."""
+    version = context.api_version
+    if version >= 1 and request.election_type not in ELECTION_TYPES:
+        return _elect_leaders_error(request, version, Errors.INVALID_REQUEST)
+    topics = apis.broker.topics()
+    R = ElectLeadersResponse.ReplicaElectionResult
+    if request.topic_partitions is None:
+        results = [R(topic=name, partition_result=[]) for name in sorted(topics)]
+    else:
+        results = []
+        for entry in request.topic_partitions:
+            topic = topics.get(entry.topic)
+            parts = []
+            for p in entry.partitions:
+                if topic is None:
+                    error, message = Errors.UNKNOWN_TOPIC_OR_PART, f"No such topic as {entry.topic}"
+                elif not 0 <= p < len(topic.partitions):
+                    error, message = Errors.UNKNOWN_TOPIC_OR_PART, f"No such partition as {entry.topic}-{p}"
+                else:
+                    error, message = Errors.ELECTION_NOT_NEEDED, ELECTION_NOT_NEEDED_MESSAGE
+                parts.append(R.PartitionResult(partition_id=p, error_code=int(error), error_message=message))
+            results.append(R(topic=entry.topic, partition_result=parts))
+    return ElectLeadersResponse(throttle_time_ms=0, error_code=0, replica_election_results=results)
+
+
+def _elect_leaders_error(request: Any, version: int, error: Errors) -> Any:
+    return ElectLeadersResponse(throttle_time_ms=0, error_code=int(error), replica_election_results=[])
+
+
 APIS = [
     ApiSpec(ApiKey.ApiVersions, 0, 4, handle_api_versions, any_version=True),
     ApiSpec(ApiKey.Metadata, 0, 12, handle_metadata),
     ApiSpec(ApiKey.DescribeCluster, 0, 1, handle_describe_cluster, _describe_cluster_error),
+    ApiSpec(ApiKey.ElectLeaders, 0, 2, handle_elect_leaders, _elect_leaders_error),
 ]

@@ -17,12 +17,14 @@ in it knows what a request means, and nothing here knows sockets.
 The shapes a handler module needs (:class:`RequestContext`, :class:`ApiSpec`, the
 :class:`~.api_spec.ApiNode` it is handed) are in :mod:`.api_spec`, so the handler modules
 never import this one (which lists them). The handlers live by area: :mod:`.cluster`
-(ApiVersions, Metadata, DescribeCluster), :mod:`.log_apis` (Produce, Fetch, ListOffsets,
+(ApiVersions, Metadata, DescribeCluster, ElectLeaders), :mod:`.log_apis` (Produce, Fetch, ListOffsets,
 OffsetForLeaderEpoch, InitProducerId), :mod:`.topic_apis` (CreateTopics, DeleteTopics,
-CreatePartitions, DescribeConfigs, IncrementalAlterConfigs, DeleteRecords,
+CreatePartitions, DescribeConfigs, AlterConfigs, IncrementalAlterConfigs, DeleteRecords,
 DescribeProducers), :mod:`.group_apis` (FindCoordinator and the consumer-group APIs),
 :mod:`.txn_apis` (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit,
-DescribeTransactions, ListTransactions, WriteTxnMarkers).
+DescribeTransactions, ListTransactions, WriteTxnMarkers), :mod:`.acl_apis` (CreateAcls,
+DescribeAcls, DeleteAcls, DescribeUserScramCredentials, AlterUserScramCredentials: no
+authorizer, no SASL).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class KafkaApis:
         host / port: the advertised listener, the one broker Metadata names.
         node_id: this broker's node id (Kafka's ``node.id``).
         specs: the APIs; default every module's (``cluster``, ``log_apis``, ``topic_apis``, ``group_apis``,
-            ``txn_apis``).
+            ``txn_apis``, ``acl_apis``).
         metadata_refresh_ms: ms; Metadata and DescribeConfigs look for commits of other processes
             (:meth:`Broker.refresh`) at most once per this interval (the network server: 1000, so
             clients polling metadata cost no storage request each; the in-process surface: 0, every
@@ -200,8 +202,8 @@ def local_apis(broker: Broker) -> KafkaApis:
 
 def default_specs() -> list[ApiSpec]:
     """Every API of every handler module."""
-    from . import cluster, group_apis, log_apis, topic_apis, txn_apis
+    from . import acl_apis, cluster, group_apis, log_apis, topic_apis, txn_apis
     specs: list[ApiSpec] = []
-    for module in (cluster, log_apis, topic_apis, group_apis, txn_apis):
+    for module in (cluster, log_apis, topic_apis, group_apis, txn_apis, acl_apis):
         specs.extend(module.APIS)
     return specs

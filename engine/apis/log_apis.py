@@ -372,7 +372,8 @@ def _fetch_error(request: Any, version: int, error: Errors) -> Any:
 def handle_list_offsets(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """ListOffsets: per partition the offset for a timestamp (ms) or for -2 (earliest), -1
     (latest: the high watermark, or the LSO under read_committed), -3 (the record with the
-    largest timestamp, KIP-734), -4 (earliest local: the log start offset, KIP-405)."""
+    largest timestamp, KIP-734), -4 (earliest local: the log start offset, KIP-405). A timestamp
+    past every record answers offset -1, timestamp -1, leader epoch -1."""
     isolation = "read_committed" if getattr(request, "isolation_level", 0) == READ_COMMITTED else "read_uncommitted"
     topics = []
     for topic in request.topics:
@@ -389,7 +390,9 @@ def handle_list_offsets(apis: ApiNode, context: RequestContext, request: Any) ->
             error, offset, ts = apis.broker.list_offsets(topic.name, p.partition_index, timestamp, isolation)
             part.error_code = int(error)
             if error == Errors.NO_ERROR:
-                part.offset, part.timestamp, part.leader_epoch = offset, ts, apis.leader_epoch
+                # no record at or after the timestamp: offset -1, timestamp -1 and no leader epoch (Kafka's
+                # ``TimestampAndOffset(-1, -1, Optional.empty())``)
+                part.offset, part.timestamp, part.leader_epoch = offset, ts, apis.leader_epoch if offset >= 0 else -1
         topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=topic.name, partitions=parts))
     return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 

@@ -1,5 +1,5 @@
 """Topic and admin APIs: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs,
-IncrementalAlterConfigs, DeleteRecords, DescribeProducers.
+AlterConfigs, IncrementalAlterConfigs, DeleteRecords, DescribeProducers.
 
 Kafka answers the first five on its controller (``ControllerApis`` with
 ``ReplicationControlManager`` and ``ConfigurationControlManager``) after the broker's own
@@ -20,24 +20,25 @@ resource answers INVALID_REQUEST "Cannot update these configs dynamically: Set(.
 answer for a non-dynamic broker config).
 
 Versions are Kafka 4's: CreateTopics 2-7, DeleteTopics 1-6, CreatePartitions 0-3,
-DescribeConfigs 1-4, IncrementalAlterConfigs 0-1, DeleteRecords 0-2, DescribeProducers 0
+DescribeConfigs 1-4, AlterConfigs 0-2, IncrementalAlterConfigs 0-1, DeleteRecords 0-2, DescribeProducers 0
 (librdkafka 2.x asks CreateTopics 4, DeleteTopics 4, CreatePartitions 2, DescribeConfigs 1,
 IncrementalAlterConfigs 1, DeleteRecords 2; kafka-python 3 and the Java client the newest).
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
-from kafka.protocol.admin import (CreatePartitionsResponse, CreateTopicsResponse, DeleteRecordsResponse,
+from kafka.protocol.admin import (AlterConfigsResponse, CreatePartitionsResponse, CreateTopicsResponse, DeleteRecordsResponse,
                                   DeleteTopicsResponse, DescribeConfigsResponse, DescribeProducersResponse,
                                   IncrementalAlterConfigsResponse)
 from kafka.protocol.api_key import ApiKey
 
 from txlake.catalog.errors import InvalidTopicError
-from txlake.catalog.topic_config import OP_DELETE, OP_NAMES, TOPIC_CONFIGS, effective_config
+from txlake.catalog.topic_config import OP_DELETE, OP_NAMES, OP_SET, TOPIC_CONFIGS, effective_config
 from txlake.catalog.topic_names import is_internal, validate_topic_name
 
 from ..errors import ApiError, Errors
@@ -603,6 +604,36 @@ def handle_incremental_alter_configs(apis: ApiNode, context: RequestContext, req
     "Cannot update these configs dynamically: Set(...)" (a wrong or non-numeric node id first:
     "Unexpected broker id, ..." / "Node id must be an integer, ...").
     """
+    def check(resource: Any) -> None:
+        if len({c.name for c in resource.configs}) != len(resource.configs):
+            raise ApiError(Errors.INVALID_REQUEST, "Error due to duplicate config keys")
+        nulls = [c.name for c in resource.configs if c.config_operation != OP_DELETE and c.value is None]
+        if nulls:
+            raise ApiError(Errors.INVALID_REQUEST, f"Null value not supported for : {', '.join(nulls)}")
+        bad_op = next((c.config_operation for c in resource.configs if c.config_operation not in OP_NAMES), None)
+        if bad_op is not None:
+            raise ApiError(Errors.INVALID_REQUEST, f"Unknown operations type {bad_op}")
+
+    return _alter_resources(apis, request, IncrementalAlterConfigsResponse, check,
+                            lambda resource: [(c.name, c.config_operation, c.value) for c in resource.configs])
+
+
+def _alter_error(response: Any, request: Any, version: int, error: Errors) -> Any:
+    """An (Incremental)AlterConfigs ``response`` answering ``error`` for every resource."""
+    return response(throttle_time_ms=0, responses=[response.AlterConfigsResourceResponse(
+        error_code=int(error), error_message=None, resource_type=r.resource_type, resource_name=r.resource_name)
+        for r in request.resources])
+
+
+_incremental_alter_configs_error = functools.partial(_alter_error, IncrementalAlterConfigsResponse)
+
+
+def _alter_resources(apis: ApiNode, request: Any, response: Any, check: Callable[[Any], None],
+                     topic_ops: Callable[[Any], list]) -> Any:
+    """Answer an (Incremental)AlterConfigs ``request`` with ``response``: per resource, INVALID_REQUEST
+    for one given twice, then ``check(resource)`` (raises ApiError), then INVALID_REQUEST for the
+    empty topic name or an unknown type; a TOPIC's ``topic_ops(resource)`` are committed with the
+    other topics' (:func:`_alter_topics`); the BROKER gets :func:`_check_broker_alteration`."""
     answers: dict[int, tuple[Errors, str | None]] = {}
     keys = Counter((r.resource_type, r.resource_name) for r in request.resources)
     topic_changes: list[tuple[int, str, list[tuple[str, int, str | None]]]] = []
@@ -611,50 +642,78 @@ def handle_incremental_alter_configs(apis: ApiNode, context: RequestContext, req
         try:
             if keys[(rtype, name)] > 1:
                 raise ApiError(Errors.INVALID_REQUEST, "Each resource must appear at most once.")
-            if len({c.name for c in resource.configs}) != len(resource.configs):
-                raise ApiError(Errors.INVALID_REQUEST, "Error due to duplicate config keys")
-            nulls = [c.name for c in resource.configs if c.config_operation != OP_DELETE and c.value is None]
-            if nulls:
-                raise ApiError(Errors.INVALID_REQUEST, f"Null value not supported for : {', '.join(nulls)}")
-            bad_op = next((c.config_operation for c in resource.configs if c.config_operation not in OP_NAMES), None)
-            if bad_op is not None:
-                raise ApiError(Errors.INVALID_REQUEST, f"Unknown operations type {bad_op}")
+            check(resource)
             if rtype == RESOURCE_TOPIC:
                 if not name:
                     raise ApiError(Errors.INVALID_REQUEST, "Default topic resources are not allowed.")
-                topic_changes.append((index, name, [(c.name, c.config_operation, c.value) for c in resource.configs]))
+                topic_changes.append((index, name, topic_ops(resource)))
                 continue
             if rtype == RESOURCE_BROKER:
-                if name and _broker_id(name, f"Node id must be an integer, but it is: {name}") != apis.node_id:
-                    raise ApiError(Errors.INVALID_REQUEST,
-                                   f"Unexpected broker id, expected {apis.node_id}, but received {name}")
-                if resource.configs:
-                    raise ApiError(Errors.INVALID_REQUEST, "Cannot update these configs dynamically: "
-                                                           f"Set({', '.join(c.name for c in resource.configs)})")
+                _check_broker_alteration(apis, name, [c.name for c in resource.configs])
                 answers[index] = (Errors.NO_ERROR, None)
                 continue
             raise ApiError(Errors.INVALID_REQUEST, f"Unknown resource type {rtype}")
         except ApiError as exc:
             answers[index] = (exc.error, exc.message)
-    if topic_changes:
-        try:
-            altered = apis.broker.alter_topic_configs([(name, ops) for _, name, ops in topic_changes],
-                                                      request.validate_only)
-        except ApiError as exc:
-            altered = [_wire_error(exc)] * len(topic_changes)
-        for (index, _, _), answer in zip(topic_changes, altered):
-            answers[index] = answer
-    return IncrementalAlterConfigsResponse(throttle_time_ms=0, responses=[
-        IncrementalAlterConfigsResponse.AlterConfigsResourceResponse(
-            error_code=int(answers[i][0]), error_message=answers[i][1], resource_type=r.resource_type,
-            resource_name=r.resource_name) for i, r in enumerate(request.resources)])
+    _alter_topics(apis, topic_changes, request.validate_only, answers)
+    return response(throttle_time_ms=0, responses=[response.AlterConfigsResourceResponse(
+        error_code=int(answers[i][0]), error_message=answers[i][1], resource_type=r.resource_type,
+        resource_name=r.resource_name) for i, r in enumerate(request.resources)])
 
 
-def _incremental_alter_configs_error(request: Any, version: int, error: Errors) -> Any:
-    return IncrementalAlterConfigsResponse(throttle_time_ms=0, responses=[
-        IncrementalAlterConfigsResponse.AlterConfigsResourceResponse(
-            error_code=int(error), error_message=None, resource_type=r.resource_type, resource_name=r.resource_name)
-        for r in request.resources])
+def _alter_topics(apis: ApiNode, changes: list[tuple[int, str, list[tuple[str, int, str | None]]]],
+                  validate_only: bool, answers: dict[int, tuple[Errors, str | None]]) -> None:
+    """Commit the topics' config ``changes`` (``(resource index, topic, ops)``) together
+    (:meth:`Broker.alter_topic_configs`) and put each one's ``(error, message)`` in ``answers``."""
+    if not changes:
+        return
+    try:
+        altered = apis.broker.alter_topic_configs([(name, ops) for _, name, ops in changes], validate_only)
+    except ApiError as exc:
+        altered = [_wire_error(exc)] * len(changes)
+    for (index, _, _), answer in zip(changes, altered):
+        answers[index] = answer
+
+
+def _check_broker_alteration(apis: ApiNode, name: str, config_names: list[str]) -> None:
+    """Kafka's answer to altering this node's configs: none can change while it runs.
+
+    Raises:
+        ApiError: INVALID_REQUEST "Node id must be an integer, ..." / "Unexpected broker id, ..."
+            for a name that is not this node, "Cannot update these configs dynamically: Set(...)"
+            when ``config_names`` is not empty.
+    """
+    if name and _broker_id(name, f"Node id must be an integer, but it is: {name}") != apis.node_id:
+        raise ApiError(Errors.INVALID_REQUEST, f"Unexpected broker id, expected {apis.node_id}, but received {name}")
+    if config_names:
+        raise ApiError(Errors.INVALID_REQUEST, f"Cannot update these configs dynamically: Set({', '.join(config_names)})")
+
+
+# ---------------------------------------------------------------------------- AlterConfigs
+
+def handle_alter_configs(apis: ApiNode, context: RequestContext, request: Any) -> Any:
+    """AlterConfigs, the legacy whole-replacement form (Kafka 4.3 still answers it: the broker
+    forwards it to the controller's ``ConfigurationControlManager.legacyAlterConfigs``): each TOPIC
+    resource's overrides become exactly the configs given -- every override not named goes back to
+    its default -- validated and committed as IncrementalAlterConfigs' SET and DELETE
+    (:meth:`Broker.alter_topic_configs`; nothing changes with ``validate_only``). A null value
+    leaves the config at its default.
+
+    Per resource: INVALID_REQUEST for a resource given twice ("Each resource must appear at most
+    once."), the empty topic name ("Default topic resources are not allowed."), a BROKER resource
+    with configs (none can change while the node runs: "Cannot update these configs dynamically:
+    Set(...)"; with none it answers NO_ERROR, as Kafka with no dynamic broker configs) or an unknown
+    resource type ("Unknown resource type N"); INVALID_CONFIG (Kafka's messages, e.g. "Unknown topic
+    config name: x"); UNKNOWN_TOPIC_OR_PARTITION "The topic 'T' does not exist."
+    """
+    def topic_ops(resource: Any) -> list[tuple[str, int, str | None]]:
+        wanted = {c.name: c.value for c in resource.configs if c.value is not None}
+        return [(n, OP_DELETE, None) for n in TOPIC_CONFIGS if n not in wanted] + [(n, OP_SET, v) for n, v in wanted.items()]
+
+    return _alter_resources(apis, request, AlterConfigsResponse, lambda resource: None, topic_ops)
+
+
+_alter_configs_error = functools.partial(_alter_error, AlterConfigsResponse)
 
 
 # ---------------------------------------------------------------------------- DeleteRecords
@@ -735,6 +794,7 @@ APIS = [
     ApiSpec(ApiKey.DeleteTopics, 1, 6, handle_delete_topics, _delete_topics_error),
     ApiSpec(ApiKey.CreatePartitions, 0, 3, handle_create_partitions, _create_partitions_error),
     ApiSpec(ApiKey.DescribeConfigs, 1, 4, handle_describe_configs, _describe_configs_error),
+    ApiSpec(ApiKey.AlterConfigs, 0, 2, handle_alter_configs, _alter_configs_error),
     ApiSpec(ApiKey.IncrementalAlterConfigs, 0, 1, handle_incremental_alter_configs, _incremental_alter_configs_error),
     ApiSpec(ApiKey.DeleteRecords, 0, 2, handle_delete_records, _delete_records_error),
     ApiSpec(ApiKey.DescribeProducers, 0, 0, handle_describe_producers, _describe_producers_error),
