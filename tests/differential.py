@@ -15,7 +15,9 @@ import uuid
 from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from server_support import decode_response, roundtrip
 
 #: how long one client call may take before the scenario gives up on it (s)
 CALL_TIMEOUT_S = 30.0
@@ -27,8 +29,18 @@ def error_name(err: KafkaError | None) -> str | None:
     return None if err is None else err.name()
 
 
-def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
-    """Run one client call: ``("ok", its result)`` or ``("error", KafkaError name)``.
+def error_flags(err: KafkaError | None) -> tuple[str, bool, bool, bool] | None:
+    """``KafkaError`` -> ``(name, fatal(), retriable(), txn_requires_abort())``: what a
+    transactional application decides on (KIP-98's error classes as librdkafka raises them);
+    None for no error."""
+    if err is None:
+        return None
+    return err.name(), err.fatal(), err.retriable(), err.txn_requires_abort()
+
+
+def outcome(fn: Callable[[], Any], flags: bool = False) -> tuple[str, Any]:
+    """Run one client call: ``("ok", its result)`` or ``("error", KafkaError name)`` -- with
+    ``flags``, ``("error", error_flags(...))``.
 
     ``KafkaException`` (a future's or a call's) gives the name of the ``KafkaError`` it
     carries; any other exception propagates (a scenario bug, not an outcome)."""
@@ -36,7 +48,9 @@ def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
         return "ok", fn()
     except KafkaException as e:
         err = e.args[0]
-        return "error", error_name(err) if isinstance(err, KafkaError) else str(err)
+        if not isinstance(err, KafkaError):
+            return "error", str(err)
+        return "error", error_flags(err) if flags else error_name(err)
 
 
 def outcome_message(fn: Callable[[], Any]) -> str | None:
@@ -79,9 +93,41 @@ class Run:
     def producer(self, **conf: Any) -> Producer:
         return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5, **conf})
 
+    def txn_producer(self, transactional_id: str, **conf: Any) -> Producer:
+        """A transactional producer of the logical ``transactional_id`` (not yet initialised)."""
+        return self.producer(**{"transactional.id": self.name(transactional_id), **conf})
+
     def consumer(self, group: str | None = None, **conf: Any) -> Consumer:
         return Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.name(group or "reader"),
                          "enable.auto.commit": False, "auto.offset.reset": "error", **conf})
+
+    def create_topics(self, topics: dict[str, int | tuple[int, dict[str, str]]]) -> None:
+        """Create logical topics (name -> partitions, or (partitions, topic configs)) and wait
+        until Metadata names each (raises what CreateTopics answered otherwise)."""
+        specs = {name: spec if isinstance(spec, tuple) else (spec, {}) for name, spec in topics.items()}
+        futures = self.admin.create_topics([NewTopic(self.name(name), n, config=config)
+                                            for name, (n, config) in specs.items()], operation_timeout=CALL_TIMEOUT_S)
+        for future in futures.values():
+            future.result(CALL_TIMEOUT_S)
+        for name, (n, _) in specs.items():
+            self.wait_for_topic(name, n)
+
+    def watermarks(self, logical: str, partitions: int, isolation: str) -> list[tuple[int, int]]:
+        """``(low, high)`` per partition as a consumer with ``isolation.level=isolation`` queries
+        them (ListOffsets: the high watermark for read_uncommitted, the LSO for read_committed)."""
+        consumer = self.consumer(**{"isolation.level": isolation})
+        try:
+            return [consumer.get_watermark_offsets(TopicPartition(self.name(logical), p), timeout=CALL_TIMEOUT_S)
+                    for p in range(partitions)]
+        finally:
+            consumer.close()
+
+    def raw(self, request: Any, version: int, response_cls: Any) -> Any:
+        """One kafka-python request message at ``version`` on a fresh connection, its decoded
+        response (for the APIs confluent-kafka's AdminClient does not offer, and for error
+        codes the client hides)."""
+        port = int(self.bootstrap.rsplit(":", 1)[1])
+        return decode_response(response_cls, roundtrip(port, request, version, timeout_s=CALL_TIMEOUT_S), version)
 
     def wait_for_topic(self, logical: str, partitions: int) -> None:
         """Until Metadata names the topic with all its partitions (Kafka's brokers learn a new

@@ -1,0 +1,308 @@
+"""Differential tests, transactions: confluent-kafka transactional scenarios run against Apache
+Kafka 4.3.1 (the ``apache_kafka`` fixture) and against ``txlake serve``; every observable
+outcome must be equal (issue 18, "Differential tests").
+
+Each scenario function takes a bootstrap address and returns a plain dict of outcomes
+(tests/differential.py): delivery offsets, high watermarks and LSOs (a read_committed
+consumer's ListOffsets), the exact records read_committed and read_uncommitted consumers
+return, committed offsets, and the error each client call raises as ``(name, fatal,
+retriable, txn_requires_abort)``. Producer ids and timestamps are left out (they legitimately
+differ). The scenarios:
+
+* :func:`transactions_scenario` -- commit; abort; interleaved open, committed and aborted
+  transactions of several producers and an idempotent one; the LSO while one is open and
+  after it commits; DescribeTransactions, ListTransactions and DescribeProducers (KIP-664,
+  raw requests: confluent-kafka's AdminClient does not offer them) while it is open.
+* :func:`fencing_scenario` -- zombie fencing (KIP-98): a second producer with the same
+  transactional id fences the first during its transaction; the first then sends, commits
+  or sends offsets.
+* :func:`timeout_scenario` -- a transaction past ``transaction.timeout.ms`` is aborted by the
+  coordinator with an epoch bump; what the old producer then sees.
+* :func:`group_scenario` -- consume-transform-produce with a consumer group and
+  ``send_offsets_to_transaction(..., consumer_group_metadata())`` (KIP-447); the committed
+  offsets after commit and abort; UNSTABLE_OFFSET_COMMIT while offsets are pending
+  (``committed()`` and a raw OffsetFetch with ``require_stable``); TxnOffsetCommit with the
+  generation of before a rebalance (ILLEGAL_GENERATION).
+* :func:`recovery_scenario` -- the epoch bump after an abortable error (KIP-360: a record
+  the broker refuses, then ``abort_transaction``); DeleteRecords under an open transaction.
+
+Transaction version: Kafka 4.3.1 formats with ``transaction.version=2`` (KIP-890 part 2),
+but part 2 holds only for clients that send EndTxn v5+ / Produce v12+; librdkafka 2.16 sends
+InitProducerId v4, AddPartitionsToTxn v0, EndTxn v1 and Produce v10, so the reference answers
+it with part 1's semantics (no epoch bump at each EndTxn) -- the same as txlake, which
+advertises part 1 only. The reference broker therefore keeps Kafka's default format, and
+:func:`test_the_reference_outcomes_are_the_expected_ones` pins the epochs that show it.
+
+Both brokers look for timed-out transactions every 200 ms
+(``transaction.abort.timed.out.transaction.cleanup.interval.ms``; Kafka's default is 10 s).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaException, TopicPartition
+from kafka.protocol.admin import (DescribeProducersRequest, DescribeProducersResponse, DescribeTransactionsRequest,
+                                  DescribeTransactionsResponse, ListTransactionsRequest, ListTransactionsResponse)
+from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
+
+from conftest import StorageTarget
+from differential import CALL_TIMEOUT_S, Run, error_flags, outcome
+from server_support import ServedRoot
+
+#: the coordinator's timed-out-transaction scan (both brokers, ms)
+ABORT_INTERVAL_MS = 200
+#: the short transaction timeout of :func:`timeout_scenario` (ms; librdkafka's minimum is 1000)
+SHORT_TXN_TIMEOUT_MS = 1000
+
+
+# ---------------------------------------------------------------------------- helpers
+def _deliver(run: Run, producer, records: list[tuple[str, int, bytes]]) -> dict[str, Any]:
+    """Produce ``(logical topic, partition, value)`` records and flush: ``{"reports": their
+    delivery reports in order, (error flags, partition, offset) (offset -1001 on error)}``,
+    plus ``"raised"``: the error flags of what ``flush()`` raised, when it did (confluent-kafka
+    raises a fatal error there, after the delivery reports)."""
+    reports: list[Any] = [None] * len(records)
+    for i, (topic, partition, value) in enumerate(records):
+        def report(err, msg, i=i):
+            # no call in here: confluent-kafka runs the callback with the fatal error already
+            # raised, and any call made then fails with SystemError
+            reports[i] = (err, msg)
+        producer.produce(run.name(topic), value=value, partition=partition, on_delivery=report)
+    out: dict[str, Any] = {}
+    try:
+        remaining = producer.flush(CALL_TIMEOUT_S)
+        assert remaining == 0, f"{remaining} records undelivered after {CALL_TIMEOUT_S} s"
+    except KafkaException as e:
+        out["raised"] = error_flags(e.args[0])
+    out["reports"] = [None if r is None else (error_flags(r[0]), r[1].partition(),
+                                              r[1].offset() if r[0] is None else -1001) for r in reports]
+    return out
+
+
+def _values(records: list[tuple]) -> list[tuple]:
+    """``(partition, offset, value)`` of records as :meth:`Run.consume` returns them (error
+    events as they are)."""
+    return [r if r[0] == "error" else (r[0], r[1], r[3]) for r in records]
+
+
+def _read(run: Run, topic: str, start: dict[int, int], expected: int, isolation: str) -> list[tuple]:
+    return _values(run.consume(topic, start, expected, **{"isolation.level": isolation}))
+
+
+def _snapshot(run: Run, topic: str, partitions: int, committed: int, uncommitted: int,
+              start: dict[int, int] | None = None) -> dict[str, Any]:
+    """The watermarks under both isolation levels and the records each returns from ``start``
+    (default: every partition from 0), expecting ``committed`` / ``uncommitted`` records."""
+    start = start or {p: 0 for p in range(partitions)}
+    return {"high_watermarks": run.watermarks(topic, partitions, "read_uncommitted"),
+            "lso": run.watermarks(topic, partitions, "read_committed"),
+            "read_committed": _read(run, topic, start, committed, "read_committed"),
+            "read_uncommitted": _read(run, topic, start, uncommitted, "read_uncommitted")}
+
+
+def _modulo(value: int) -> int | str:
+    """A producer id or a timestamp as a comparable outcome: ``"set"`` when positive (its value
+    legitimately differs between brokers), else the value itself (0, -1: exactly Kafka's)."""
+    return "set" if value > 0 else value
+
+
+def _describe_transactions(run: Run, *logical_ids: str) -> list[tuple]:
+    """DescribeTransactions v0 (KIP-664): per id ``(logical id, error code, state, producer id,
+    epoch, timeout ms, start time ms, sorted (logical topic, partition))``, producer id and
+    start time :func:`_modulo`."""
+    answer = run.raw(DescribeTransactionsRequest[0](transactional_ids=[run.name(t) for t in logical_ids]), 0,
+                     DescribeTransactionsResponse)
+    return [(run.logical(s.transactional_id), s.error_code, s.transaction_state, _modulo(s.producer_id),
+             s.producer_epoch, s.transaction_timeout_ms, _modulo(s.transaction_start_time_ms),
+             sorted((run.logical(t.topic), p) for t in s.topics for p in t.partitions))
+            for s in answer.transaction_states]
+
+
+def _list_transactions(run: Run, states: list[str]) -> tuple:
+    """ListTransactions v1 filtered by ``states``: ``(error code, unknown state filters,
+    sorted (logical id, state))`` of this run's ids (the reference broker is shared)."""
+    answer = run.raw(ListTransactionsRequest[1](state_filters=states, producer_id_filters=[], duration_filter=-1), 1,
+                     ListTransactionsResponse)
+    return (answer.error_code, sorted(answer.unknown_state_filters),
+            sorted((run.logical(t.transactional_id), t.transaction_state) for t in answer.transaction_states
+                   if t.transactional_id.endswith(run.suffix)))
+
+
+def _describe_producers(run: Run, topic: str, partitions: int) -> list[tuple]:
+    """DescribeProducers v0 (KIP-664) of a topic's partitions: per partition ``(partition, error
+    code, sorted (epoch, last sequence, current transaction start offset))``; no producer
+    ids, timestamps or coordinator epochs (the coordinator's own numbering)."""
+    R = DescribeProducersRequest[0]
+    answer = run.raw(R(topics=[R.TopicRequest(name=run.name(topic), partition_indexes=list(range(partitions)))]), 0,
+                     DescribeProducersResponse)
+    return [(p.partition_index, p.error_code,
+             sorted((s.producer_epoch, s.last_sequence, s.current_txn_start_offset) for s in p.active_producers))
+            for t in answer.topics for p in sorted(t.partitions, key=lambda p: p.partition_index)]
+
+
+def _offset_fetch(run: Run, group: str, topic: str, partitions: int, require_stable: bool) -> tuple:
+    """OffsetFetch v8 (KIP-447's ``require_stable``): ``(group error code, [(partition,
+    committed offset, error code)])``."""
+    G = OffsetFetchRequest[8].OffsetFetchRequestGroup
+    answer = run.raw(OffsetFetchRequest[8](groups=[G(group_id=run.name(group), topics=[
+        G.OffsetFetchRequestTopics(name=run.name(topic), partition_indexes=list(range(partitions)))])],
+        require_stable=require_stable), 8, OffsetFetchResponse)
+    (g,) = answer.groups
+    return g.error_code, sorted((p.partition_index, p.committed_offset, p.error_code)
+                                for t in g.topics for p in t.partitions)
+
+
+def _wait_for_state(run: Run, logical_id: str, state: str) -> tuple:
+    """DescribeTransactions of ``logical_id`` until its state is ``state`` (the coordinator's
+    own work: a timeout abort, markers); the last answer."""
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while True:
+        (described,) = _describe_transactions(run, logical_id)
+        if described[2] == state or time.monotonic() > deadline:
+            return described
+        time.sleep(0.05)
+
+
+def _init(run: Run, transactional_id: str, **conf: Any):
+    producer = run.txn_producer(transactional_id, **conf)
+    producer.init_transactions(CALL_TIMEOUT_S)
+    return producer
+
+
+def _end(run: Run, producer, transactional_id: str, commit: bool) -> None:
+    """Commit or abort, then wait until the coordinator completed it (Kafka answers EndTxn
+    once PrepareCommit/PrepareAbort is logged and writes the markers after; txlake answers
+    after the markers), so the watermarks read next do not race the markers."""
+    if commit:
+        producer.commit_transaction(CALL_TIMEOUT_S)
+    else:
+        producer.abort_transaction(CALL_TIMEOUT_S)
+    _wait_for_state(run, transactional_id, "CompleteCommit" if commit else "CompleteAbort")
+
+
+# ---------------------------------------------------------------------------- scenarios
+def transactions_scenario(bootstrap: str) -> dict[str, Any]:
+    """Commit, abort, and interleaved transactions on topic ``txn`` (2 partitions).
+
+    In order: t1 commits 3 records to partition 0 and 2 to partition 1; t2 aborts 2 records on
+    partition 0; t3 sends 2 records to partition 0 and stays open; t4 commits 1 record on
+    partition 0; an idempotent producer appends 1; t5 aborts 1 record on each partition.
+    Snapshot "open" (t3 open: the LSO stops at its first record), then the KIP-664 views,
+    then t3 commits and snapshot "closed"."""
+    run = Run(bootstrap)
+    run.create_topics({"txn": 2})
+    out: dict[str, Any] = {}
+    t1 = _init(run, "t1")
+    t1.begin_transaction()
+    out["t1_deliveries"] = _deliver(run, t1, [("txn", 0, b"c1-%d" % i) for i in range(3)]
+                                    + [("txn", 1, b"c1-p1-%d" % i) for i in range(2)])
+    _end(run, t1, "t1", commit=True)
+    out["after_commit"] = _snapshot(run, "txn", 2, 5, 5)
+
+    t2 = _init(run, "t2")
+    t2.begin_transaction()
+    out["t2_deliveries"] = _deliver(run, t2, [("txn", 0, b"a2-%d" % i) for i in range(2)])
+    _end(run, t2, "t2", commit=False)
+    out["after_abort"] = _snapshot(run, "txn", 2, 5, 7)
+
+    t3, t4, t5 = (_init(run, t) for t in ("t3", "t4", "t5"))
+    t3.begin_transaction()
+    out["t3_deliveries"] = _deliver(run, t3, [("txn", 0, b"o3-%d" % i) for i in range(2)])
+    t4.begin_transaction()
+    out["t4_deliveries"] = _deliver(run, t4, [("txn", 0, b"c4")])
+    _end(run, t4, "t4", commit=True)
+    out["idempotent_deliveries"] = run.produce([dict(topic="txn", partition=0, value=b"plain")])
+    t5.begin_transaction()
+    out["t5_deliveries"] = _deliver(run, t5, [("txn", 0, b"a5"), ("txn", 1, b"a5-p1")])
+    _end(run, t5, "t5", commit=False)
+    out["open"] = _snapshot(run, "txn", 2, 5, 12)
+    out["describe_transactions"] = _describe_transactions(run, "t1", "t2", "t3", "t4", "never")
+    out["list_transactions"] = {
+        "all": _list_transactions(run, []),
+        "ongoing": _list_transactions(run, ["Ongoing"]),
+        "complete": _list_transactions(run, ["CompleteCommit", "CompleteAbort", "Bogus"])}
+    out["describe_producers"] = _describe_producers(run, "txn", 2)
+
+    _end(run, t3, "t3", commit=True)
+    out["closed"] = _snapshot(run, "txn", 2, 9, 12)
+    out["closed_from_8"] = _read(run, "txn", {0: 8}, 3, "read_committed")
+    out["describe_producers_closed"] = _describe_producers(run, "txn", 2)
+    out["describe_t3_closed"] = _describe_transactions(run, "t3")
+    for producer in (t1, t2, t3, t4, t5):
+        producer.flush(CALL_TIMEOUT_S)
+    return out
+
+
+def _flags_of(call) -> tuple[str, Any]:
+    return outcome(call, flags=True)
+
+
+def fencing_scenario(bootstrap: str) -> dict[str, Any]:
+    """Zombie fencing (KIP-98) on topic ``fence``: for each of send, commit and send_offsets,
+    an old producer delivers a record in a transaction, a new producer with the same
+    transactional id initialises (fencing it: its transaction is aborted), then the old one
+    sends a record, commits, or sends offsets -- the error each call raises, and what its
+    following calls raise. The new producer then commits a record; the records of the topic
+    under both isolation levels and the epochs."""
+    run = Run(bootstrap)
+    run.create_topics({"fence": 1, "fence-in": 1})
+    out: dict[str, Any] = {}
+    group = run.consumer("fence-group")
+    metadata = group.consumer_group_metadata()
+    try:
+        for case in ("send", "commit", "send_offsets"):
+            tid = "fenced-" + case
+            old = _init(run, tid)
+            old.begin_transaction()
+            first = _deliver(run, old, [("fence", 0, b"old-%s-1" % case.encode())])
+            new = _init(run, tid)
+            got: dict[str, Any] = {"first": first, "described": _describe_transactions(run, tid)}
+            if case == "send":
+                got["send"] = _deliver(run, old, [("fence", 0, b"old-send-2")])
+            elif case == "send_offsets":
+                got["send_offsets"] = _flags_of(lambda: old.send_offsets_to_transaction(
+                    [TopicPartition(run.name("fence-in"), 0, 1)], metadata, CALL_TIMEOUT_S))
+            got["commit"] = _flags_of(lambda: old.commit_transaction(CALL_TIMEOUT_S))
+            got["abort"] = _flags_of(lambda: old.abort_transaction(CALL_TIMEOUT_S))
+            got["begin"] = _flags_of(old.begin_transaction)
+            new.begin_transaction()
+            got["new"] = _deliver(run, new, [("fence", 0, b"new-%s" % case.encode())])
+            _end(run, new, tid, commit=True)
+            got["described_new"] = _describe_transactions(run, tid)
+            out[case] = got
+    finally:
+        group.close()
+    out["records"] = _snapshot(run, "fence", 1, 3, 6 + 1 - 1)
+    return out
+
+
+def timeout_scenario(bootstrap: str) -> dict[str, Any]:
+    """Transaction timeout on topic ``slow``: a producer with ``transaction.timeout.ms`` =
+    :data:`SHORT_TXN_TIMEOUT_MS` delivers a record and waits; the coordinator aborts the
+    transaction with an epoch bump (Kafka's ``abortTimedOutTransactions``). Then the old
+    producer sends a record, commits, aborts; a new producer of the id initialises and
+    commits. The coordinator's view at each step and the records."""
+    run = Run(bootstrap)
+    run.create_topics({"slow": 1})
+    out: dict[str, Any] = {}
+    conf = {"transaction.timeout.ms": SHORT_TXN_TIMEOUT_MS, "message.timeout.ms": SHORT_TXN_TIMEOUT_MS}
+    old = _init(run, "slow", **conf)
+    old.begin_transaction()
+    out["first"] = _deliver(run, old, [("slow", 0, b"late-1")])
+    out["described_open"] = _describe_transactions(run, "slow")
+    out["described_aborted"] = _wait_for_state(run, "slow", "CompleteAbort")
+    out["aborted"] = _snapshot(run, "slow", 1, 0, 1)
+    out["send"] = _deliver(run, old, [("slow", 0, b"late-2")])
+    out["commit"] = _flags_of(lambda: old.commit_transaction(CALL_TIMEOUT_S))
+    out["abort"] = _flags_of(lambda: old.abort_transaction(CALL_TIMEOUT_S))
+    out["begin_again"] = _flags_of(old.begin_transaction)
+    new = _init(run, "slow")
+    out["described_new"] = _describe_transactions(run, "slow")
+    new.begin_transaction()
+    out["new"] = _deliver(run, new, [("slow", 0, b"on-time")])
+    _end(run, new, "slow", commit=True)
+    out["records"] = _snapshot(run, "slow", 1, 1, 2)
+    return out
