@@ -112,12 +112,14 @@ def _modulo(value: int) -> int | str:
 def _describe_transactions(run: Run, *logical_ids: str) -> list[tuple]:
     """DescribeTransactions v0 (KIP-664): per id ``(logical id, error code, state, producer id,
     epoch, timeout ms, start time ms, sorted (logical topic, partition))``, producer id and
-    start time :func:`_modulo`."""
+    start time :func:`_modulo`, and the partition of ``__consumer_offsets`` as ``"group's"``
+    (the reference has 1 such partition, txlake Kafka's default 50)."""
     answer = run.raw(DescribeTransactionsRequest[0](transactional_ids=[run.name(t) for t in logical_ids]), 0,
                      DescribeTransactionsResponse)
     return [(run.logical(s.transactional_id), s.error_code, s.transaction_state, _modulo(s.producer_id),
              s.producer_epoch, s.transaction_timeout_ms, _modulo(s.transaction_start_time_ms),
-             sorted((run.logical(t.topic), p) for t in s.topics for p in t.partitions))
+             sorted((run.logical(t.topic), "group's" if t.topic == "__consumer_offsets" else p)
+                    for t in s.topics for p in t.partitions))
             for s in answer.transaction_states]
 
 
@@ -172,15 +174,17 @@ def _init(run: Run, transactional_id: str, **conf: Any):
     return producer
 
 
-def _end(run: Run, producer, transactional_id: str, commit: bool) -> None:
+def _end(run: Run, producer, transactional_id: str, commit: bool, settled: str | None = None) -> None:
     """Commit or abort, then wait until the coordinator completed it (Kafka answers EndTxn
     once PrepareCommit/PrepareAbort is logged and writes the markers after; txlake answers
-    after the markers), so the watermarks read next do not race the markers."""
+    after the markers), so the watermarks read next do not race the markers. ``settled``:
+    the state to wait for instead of CompleteCommit/CompleteAbort (Empty after an abort that
+    bumps the epoch)."""
     if commit:
         producer.commit_transaction(CALL_TIMEOUT_S)
     else:
         producer.abort_transaction(CALL_TIMEOUT_S)
-    _wait_for_state(run, transactional_id, "CompleteCommit" if commit else "CompleteAbort")
+    _wait_for_state(run, transactional_id, settled or ("CompleteCommit" if commit else "CompleteAbort"))
 
 
 # ---------------------------------------------------------------------------- scenarios
@@ -305,4 +309,156 @@ def timeout_scenario(bootstrap: str) -> dict[str, Any]:
     out["new"] = _deliver(run, new, [("slow", 0, b"on-time")])
     _end(run, new, "slow", commit=True)
     out["records"] = _snapshot(run, "slow", 1, 1, 2)
+    return out
+
+
+def _poll_until(consumers: list, done, what: str) -> list:
+    """Poll every consumer in turn (their group membership moves only when they poll) until
+    ``done(the records polled so far)``; those records, as (partition, offset, value)."""
+    got: list[tuple] = []
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while not done(got):
+        assert time.monotonic() < deadline, f"not within {CALL_TIMEOUT_S} s: {what}"
+        for consumer in consumers:
+            msg = consumer.poll(0.05)
+            if msg is not None and msg.error() is None:
+                got.append((msg.partition(), msg.offset(), msg.value()))
+    return got
+
+
+def group_scenario(bootstrap: str) -> dict[str, Any]:
+    """Consume-transform-produce (KIP-447) from ``in`` (2 partitions, 3 records each) to ``out``
+    with group ``ctp``: the committed offsets while the transaction is pending (``committed()``
+    of a read_committed consumer, which asks with ``require_stable``, and raw OffsetFetch v8
+    with and without it), after commit, after an aborted transaction that sent other offsets,
+    and TxnOffsetCommit with the consumer group metadata of before a rebalance (a second member
+    joined: the generation moved)."""
+    run = Run(bootstrap)
+    run.create_topics({"in": 2, "out": 1})
+    run.produce([dict(topic="in", partition=i % 2, value=b"in-%d" % i) for i in range(6)])
+    out: dict[str, Any] = {}
+    member_conf = {"isolation.level": "read_committed", "auto.offset.reset": "earliest"}
+    worker = run.consumer("ctp", **member_conf)
+    checker = run.consumer("ctp", **member_conf)   # same group, not a member: committed() only
+    joiner = run.consumer("ctp", **member_conf)
+    ins = [TopicPartition(run.name("in"), p) for p in range(2)]
+
+    def committed() -> tuple[str, Any]:
+        return _flags_of(lambda: [(tp.partition, tp.offset) for tp in checker.committed(ins, timeout=2)])
+
+    try:
+        worker.subscribe([run.name("in")])
+        polled = _poll_until([worker], lambda got: len(got) >= 6, "the worker reads in")
+        out["polled"] = sorted(polled)
+        positions = worker.position(worker.assignment())
+        out["positions"] = sorted((tp.partition, tp.offset) for tp in positions)
+        producer = _init(run, "ctp")
+        producer.begin_transaction()
+        out["transformed"] = _deliver(run, producer, [("out", 0, value.upper()) for _, _, value in sorted(polled)])
+        out["send_offsets"] = _flags_of(lambda: producer.send_offsets_to_transaction(
+            positions, worker.consumer_group_metadata(), CALL_TIMEOUT_S))
+        out["pending"] = {"committed": committed(),
+                          "offset_fetch_stable": _offset_fetch(run, "ctp", "in", 2, True),
+                          "offset_fetch": _offset_fetch(run, "ctp", "in", 2, False),
+                          "described": _describe_transactions(run, "ctp")}
+        _end(run, producer, "ctp", commit=True)
+        out["after_commit"] = {"committed": committed(),
+                               "offset_fetch_stable": _offset_fetch(run, "ctp", "in", 2, True)}
+
+        producer.begin_transaction()
+        out["aborted_send"] = _deliver(run, producer, [("out", 0, b"ABORTED")])
+        out["aborted_send_offsets"] = _flags_of(lambda: producer.send_offsets_to_transaction(
+            [TopicPartition(run.name("in"), 0, 1), TopicPartition(run.name("in"), 1, 2)],
+            worker.consumer_group_metadata(), CALL_TIMEOUT_S))
+        _end(run, producer, "ctp", commit=False)
+        out["after_abort"] = {"committed": committed(),
+                              "offset_fetch_stable": _offset_fetch(run, "ctp", "in", 2, True)}
+
+        # a rebalance: a second member joins, the generation moves on
+        stale = worker.consumer_group_metadata()
+        joiner.subscribe([run.name("in")])
+        _poll_until([worker, joiner], lambda _: len(joiner.assignment()) == 1 and len(worker.assignment()) == 1,
+                    "the second member's rebalance")
+        producer.begin_transaction()
+        out["stale_send"] = _deliver(run, producer, [("out", 0, b"STALE")])
+        out["stale_send_offsets"] = _flags_of(lambda: producer.send_offsets_to_transaction(
+            [TopicPartition(run.name("in"), 0, 2)], stale, CALL_TIMEOUT_S))
+        out["stale_commit"] = _flags_of(lambda: producer.commit_transaction(CALL_TIMEOUT_S))
+        out["stale_abort"] = _flags_of(lambda: _end(run, producer, "ctp", commit=False))
+        out["after_stale"] = {"committed": committed(), "described": _describe_transactions(run, "ctp")}
+        # the current generation: the worker reads a new record of its partition and sends its position
+        run.produce([dict(topic="in", partition=p, value=b"in-after-%d" % p) for p in range(2)])
+        out["polled_after_rebalance"] = sorted(_poll_until([worker, joiner], lambda got: len(got) >= 2,
+                                                           "the members read the new records"))
+        # which member gets which partition is librdkafka's range assignor over random member ids
+        (mine,) = [tp.partition for tp in worker.assignment()]
+        producer.begin_transaction()
+        out["fresh_send"] = _deliver(run, producer, [("out", 0, b"FRESH")])
+        out["fresh_send_offsets"] = _flags_of(lambda: producer.send_offsets_to_transaction(
+            worker.position(worker.assignment()), worker.consumer_group_metadata(), CALL_TIMEOUT_S))
+        out["fresh_commit"] = _flags_of(lambda: _end(run, producer, "ctp", commit=True))
+        status, offsets = committed()
+        out["after_fresh"] = {"committed": (status, {"worker's" if p == mine else "joiner's": o for p, o in offsets}),
+                              "described": _describe_transactions(run, "ctp")}
+    finally:
+        for consumer in (worker, checker, joiner):
+            consumer.close()
+    out["out"] = _snapshot(run, "out", 1, 7, 9)
+    return out
+
+
+def recovery_scenario(bootstrap: str) -> dict[str, Any]:
+    """The epoch bump after an abortable error (KIP-360) on topic ``bump``
+    (``max.message.bytes`` 1000): a transaction delivers a small record, then one the broker
+    refuses as too large (MESSAGE_TOO_LARGE); commit fails and must abort. librdkafka aborts
+    without a new epoch, so the next transaction's batch has a sequence gap
+    (OUT_OF_ORDER_SEQUENCE_NUMBER); that abort bumps the epoch (InitProducerId with the current
+    producer id and epoch) and the transaction after it commits under the new epoch. Then
+    DeleteRecords under an open transaction on topic ``del``: the low watermark, the LSO and
+    what each isolation level reads, before and after the transaction commits."""
+    run = Run(bootstrap)
+    run.create_topics({"bump": (1, {"max.message.bytes": "1000"}), "del": 1})
+    out: dict[str, Any] = {}
+    producer = _init(run, "bump")
+    producer.begin_transaction()
+    out["small"] = _deliver(run, producer, [("bump", 0, b"small-1")])
+    out["too_large"] = _deliver(run, producer, [("bump", 0, b"x" * 2000)])
+    out["commit"] = _flags_of(lambda: producer.commit_transaction(CALL_TIMEOUT_S))
+    out["abort"] = _flags_of(lambda: _end(run, producer, "bump", commit=False))
+    out["described_after_abort"] = _describe_transactions(run, "bump")
+    out["producers_after_abort"] = _describe_producers(run, "bump", 1)
+    out["begin"] = _flags_of(producer.begin_transaction)
+    # the refused record took a sequence number: the broker refuses the next batch of the epoch
+    out["next"] = _deliver(run, producer, [("bump", 0, b"small-2"), ("bump", 0, b"small-3")])
+    out["next_commit"] = _flags_of(lambda: producer.commit_transaction(CALL_TIMEOUT_S))
+    out["next_abort"] = _flags_of(lambda: _end(run, producer, "bump", commit=False, settled="Empty"))
+    out["described_after_bump"] = _describe_transactions(run, "bump")
+    producer.begin_transaction()
+    out["bumped"] = _deliver(run, producer, [("bump", 0, b"small-4"), ("bump", 0, b"small-5")])
+    out["bumped_commit"] = _flags_of(lambda: _end(run, producer, "bump", commit=True))
+    out["described_after_commit"] = _describe_transactions(run, "bump")
+    out["producers_after_commit"] = _describe_producers(run, "bump", 1)
+    out["bump"] = _snapshot(run, "bump", 1, 2, 3)
+
+    # DeleteRecords under an open transaction
+    run.produce([dict(topic="del", partition=0, value=b"before-%d" % i) for i in range(2)])
+    deleter = _init(run, "del")
+    deleter.begin_transaction()
+    out["del_open"] = _deliver(run, deleter, [("del", 0, b"open-%d" % i) for i in range(3)])
+
+    def delete_records(offset: int) -> tuple[str, Any]:
+        futures = run.admin.delete_records([TopicPartition(run.name("del"), 0, offset)],
+                                           request_timeout=CALL_TIMEOUT_S)
+        return outcome(lambda: list(futures.values())[0].result(CALL_TIMEOUT_S).low_watermark)
+
+    out["delete_into_open"] = delete_records(3)     # past the LSO (2), below the high watermark (5)
+    out["del_while_open"] = _snapshot(run, "del", 1, 0, 2, start={0: 3})
+    out["producers_while_open"] = _describe_producers(run, "del", 1)
+    out["delete_to_end"] = delete_records(-1)       # up to the high watermark
+    out["del_after_delete"] = _snapshot(run, "del", 1, 0, 0, start={0: 5})
+    out["del_commit"] = _flags_of(lambda: _end(run, deleter, "del", commit=True))
+    deleter.begin_transaction()
+    out["del_next"] = _deliver(run, deleter, [("del", 0, b"after")])
+    _end(run, deleter, "del", commit=True)
+    out["del_committed"] = _snapshot(run, "del", 1, 1, 1, start={0: 5})
     return out
