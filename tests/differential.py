@@ -12,15 +12,60 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from server_support import decode_response, roundtrip
+from conftest import StorageTarget
+from server_support import ServedRoot, decode_response, roundtrip
 
 #: how long one client call may take before the scenario gives up on it (s)
 CALL_TIMEOUT_S = 30.0
+
+#: ``txlake serve`` settings that match the reference broker's (tests/kafka_reference.py,
+#: ``SINGLE_NODE_SETTINGS``): no initial rebalance delay, timed-out transactions looked for
+#: every 200 ms
+TXLAKE_SETTINGS: dict[str, object] = {"group.initial.rebalance.delay.ms": 0,
+                                      "transaction.abort.timed.out.transaction.cleanup.interval.ms": 200}
+
+
+@contextmanager
+def served_txlake(tmp: Path) -> Iterator[ServedRoot]:
+    """``txlake serve`` on a fresh file:// root under ``tmp`` with :data:`TXLAKE_SETTINGS`, for
+    one test module; stopped with SIGTERM at the end, which must exit 0 (AssertionError with
+    its log otherwise)."""
+    served = ServedRoot(StorageTarget(url=f"file://{tmp}/root", backend="file"), tmp, settings=TXLAKE_SETTINGS)
+    served.start()
+    try:
+        yield served
+    finally:
+        code = served.stop()
+    assert code == 0, f"txlake serve exited {code}; log {served.log_path}:\n{served.log_text()[-3000:]}"
+
+
+class LazyOutcomes:
+    """The outcomes of named scenarios against one broker, each run at its first use and kept
+    (a module fixture): ``outcomes["name"]`` -> ``scenarios["name"](bootstrap)``. A scenario
+    that raised raises the same exception again instead of running twice."""
+
+    def __init__(self, bootstrap: str, scenarios: dict[str, Callable[[str], dict[str, Any]]]):
+        self.bootstrap = bootstrap
+        self.scenarios = scenarios
+        self._done: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        if name not in self._done:
+            try:
+                self._done[name] = self.scenarios[name](self.bootstrap)
+            except Exception as exc:  # noqa: BLE001 - kept and raised again at every use
+                self._done[name] = exc
+        found = self._done[name]
+        if isinstance(found, Exception):
+            raise found
+        return found
 
 
 def error_name(err: KafkaError | None) -> str | None:
