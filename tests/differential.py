@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -46,20 +47,29 @@ def served_txlake(tmp: Path) -> Iterator[ServedRoot]:
     assert code == 0, f"txlake serve exited {code}; log {served.log_path}:\n{served.log_text()[-3000:]}"
 
 
-class LazyOutcomes:
-    """The outcomes of named scenarios against one broker, each run at its first use and kept
-    (a module fixture): ``outcomes["name"]`` -> ``scenarios["name"](bootstrap)``. A scenario
-    that raised raises the same exception again instead of running twice."""
+class PairedOutcomes:
+    """The outcomes of named scenarios against Apache Kafka and against txlake (a module
+    fixture): ``outcomes["name"]`` -> ``(kafka's, txlake's)``, the two runs side by side on two
+    threads at the first use, then kept (the scenarios spend their time waiting on the brokers,
+    so the pair takes about as long as the slower run). A scenario that raised raises the same
+    exception again instead of running twice.
 
-    def __init__(self, bootstrap: str, scenarios: dict[str, Callable[[str], dict[str, Any]]]):
-        self.bootstrap = bootstrap
+    Args:
+        kafka, txlake: the brokers' ``bootstrap.servers``.
+        scenarios: name -> scenario function (bootstrap -> outcome dict).
+    """
+
+    def __init__(self, kafka: str, txlake: str, scenarios: dict[str, Callable[[str], dict[str, Any]]]):
+        self.bootstraps = (kafka, txlake)
         self.scenarios = scenarios
         self._done: dict[str, Any] = {}
 
-    def __getitem__(self, name: str) -> dict[str, Any]:
+    def __getitem__(self, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         if name not in self._done:
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"scenario-{name}") as pool:
+                runs = [pool.submit(self.scenarios[name], bootstrap) for bootstrap in self.bootstraps]
             try:
-                self._done[name] = self.scenarios[name](self.bootstrap)
+                self._done[name] = tuple(run.result() for run in runs)
             except Exception as exc:  # noqa: BLE001 - kept and raised again at every use
                 self._done[name] = exc
         found = self._done[name]

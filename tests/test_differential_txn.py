@@ -48,10 +48,14 @@ from kafka.protocol.admin import (DescribeProducersRequest, DescribeProducersRes
                                   DescribeTransactionsResponse, ListTransactionsRequest, ListTransactionsResponse)
 from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
 
-from differential import CALL_TIMEOUT_S, LazyOutcomes, Run, error_flags, outcome, served_txlake
+from differential import CALL_TIMEOUT_S, PairedOutcomes, Run, error_flags, outcome, served_txlake
 
-#: the short transaction timeout of :func:`timeout_scenario` (ms; librdkafka's minimum is 1000)
-SHORT_TXN_TIMEOUT_MS = 1000
+#: the short transaction timeout of :func:`timeout_scenario` (ms; librdkafka's minimum is 1000):
+#: long enough that the first record is delivered and the open transaction described before
+#: it runs out on a loaded machine
+SHORT_TXN_TIMEOUT_MS = 3000
+#: how long ``committed()`` may retry UNSTABLE_OFFSET_COMMIT before it gives up (s)
+UNSTABLE_WAIT_S = 2.0
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -342,8 +346,8 @@ def group_scenario(bootstrap: str) -> dict[str, Any]:
     joiner = run.consumer("ctp", **member_conf)
     ins = [TopicPartition(run.name("in"), p) for p in range(2)]
 
-    def committed() -> tuple[str, Any]:
-        return _flags_of(lambda: [(tp.partition, tp.offset) for tp in checker.committed(ins, timeout=2)])
+    def committed(timeout_s: float = CALL_TIMEOUT_S) -> tuple[str, Any]:
+        return _flags_of(lambda: [(tp.partition, tp.offset) for tp in checker.committed(ins, timeout=timeout_s)])
 
     try:
         worker.subscribe([run.name("in")])
@@ -356,7 +360,7 @@ def group_scenario(bootstrap: str) -> dict[str, Any]:
         out["transformed"] = _deliver(run, producer, [("out", 0, value.upper()) for _, _, value in sorted(polled)])
         out["send_offsets"] = _flags_of(lambda: producer.send_offsets_to_transaction(
             positions, worker.consumer_group_metadata(), CALL_TIMEOUT_S))
-        out["pending"] = {"committed": committed(),
+        out["pending"] = {"committed": committed(UNSTABLE_WAIT_S),
                           "offset_fetch_stable": _offset_fetch(run, "ctp", "in", 2, True),
                           "offset_fetch": _offset_fetch(run, "ctp", "in", 2, False),
                           "described": _describe_transactions(run, "ctp")}
@@ -486,13 +490,9 @@ def txlake_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def kafka_outcomes(apache_kafka) -> LazyOutcomes:
-    return LazyOutcomes(apache_kafka.bootstrap, SCENARIOS)
-
-
-@pytest.fixture(scope="module")
-def txlake_outcomes(txlake_server) -> LazyOutcomes:
-    return LazyOutcomes(txlake_server.bootstrap, SCENARIOS)
+def outcomes(apache_kafka, txlake_server) -> PairedOutcomes:
+    """Each scenario's outcomes, ``(Apache Kafka's, txlake's)``."""
+    return PairedOutcomes(apache_kafka.bootstrap, txlake_server.bootstrap, SCENARIOS)
 
 
 def _without_documented(scenario: str, kafka: dict[str, Any], ours: dict[str, Any]) -> tuple[dict, dict]:
@@ -508,9 +508,9 @@ def _without_documented(scenario: str, kafka: dict[str, Any], ours: dict[str, An
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_txlake_answers_as_apache_kafka(scenario, kafka_outcomes, txlake_outcomes):
+def test_txlake_answers_as_apache_kafka(scenario, outcomes):
     """Every part of the scenario's outcome is Apache Kafka's, but the documented differences."""
-    kafka, ours = _without_documented(scenario, kafka_outcomes[scenario], txlake_outcomes[scenario])
+    kafka, ours = _without_documented(scenario, *outcomes[scenario])
     assert sorted(ours) == sorted(kafka)
     differing = {part: {"Apache Kafka": kafka[part], "txlake": ours[part]}
                  for part in kafka if ours[part] != kafka[part]}
@@ -520,10 +520,10 @@ def test_txlake_answers_as_apache_kafka(scenario, kafka_outcomes, txlake_outcome
 FENCED = ("error", ("_FENCED", True, False, False))
 
 
-def test_the_reference_outcomes_are_the_expected_ones(kafka_outcomes):
+def test_the_reference_outcomes_are_the_expected_ones(outcomes):
     """The scenarios themselves are sound: Apache Kafka's outcomes are the ones Kafka's
     design gives (so two equally broken runs cannot pass the comparison)."""
-    out = kafka_outcomes["transactions"]
+    out, _ = outcomes["transactions"]
     # control records take offsets: t1's COMMIT at 2+1, t2's ABORT at 6, t4's COMMIT at 10, ...
     assert out["t1_deliveries"]["reports"] == [(None, 0, 0), (None, 0, 1), (None, 0, 2), (None, 1, 0), (None, 1, 1)]
     assert out["t2_deliveries"]["reports"] == [(None, 0, 4), (None, 0, 5)]
@@ -550,7 +550,7 @@ def test_the_reference_outcomes_are_the_expected_ones(kafka_outcomes):
     assert [s for s in out["describe_producers"][0][2] if s[2] >= 0] == [(0, 1, 7)]
     assert out["describe_t3_closed"] == [("t3", 0, "CompleteCommit", "set", 0, 60000, "set", [])]
 
-    out = kafka_outcomes["fencing"]
+    out, _ = outcomes["fencing"]
     for case in ("send", "commit", "send_offsets"):
         got = out[case]
         # the new producer's InitProducerId aborted the old transaction and bumped the epoch twice
@@ -564,7 +564,7 @@ def test_the_reference_outcomes_are_the_expected_ones(kafka_outcomes):
     assert [r[2] for r in out["records"]["read_committed"]] == [b"new-send", b"new-commit", b"new-send_offsets"]
     assert out["records"]["lso"] == out["records"]["high_watermarks"] == [(0, 12)]
 
-    out = kafka_outcomes["timeout"]
+    out, _ = outcomes["timeout"]
     assert out["described_open"] == [("slow", 0, "Ongoing", "set", 0, SHORT_TXN_TIMEOUT_MS, "set", [("slow", 0)])]
     assert out["described_aborted"] == ("slow", 0, "CompleteAbort", "set", 1, SHORT_TXN_TIMEOUT_MS, "set", [])
     assert out["aborted"] == {"high_watermarks": [(0, 2)], "lso": [(0, 2)], "read_committed": [],
@@ -574,7 +574,7 @@ def test_the_reference_outcomes_are_the_expected_ones(kafka_outcomes):
     assert out["described_new"] == [("slow", 0, "Empty", "set", 2, 60000, -1, [])]
     assert out["records"]["read_committed"] == [(0, 2, b"on-time")]
 
-    out = kafka_outcomes["group"]
+    out, _ = outcomes["group"]
     assert out["positions"] == [(0, 3), (1, 3)]
     # pending offsets: librdkafka's committed() retries UNSTABLE_OFFSET_COMMIT until its timeout
     assert out["pending"]["committed"] == ("error", ("_TIMED_OUT", False, False, False))
@@ -592,7 +592,7 @@ def test_the_reference_outcomes_are_the_expected_ones(kafka_outcomes):
     assert [r[2] for r in out["out"]["read_committed"]] == [b"IN-0", b"IN-2", b"IN-4", b"IN-1", b"IN-3", b"IN-5",
                                                             b"FRESH"]
 
-    out = kafka_outcomes["recovery"]
+    out, _ = outcomes["recovery"]
     assert out["too_large"]["reports"] == [(("MSG_SIZE_TOO_LARGE", False, False, False), 0, -1001)]
     assert out["commit"] == ("error", ("MSG_SIZE_TOO_LARGE", False, False, True))
     assert out["described_after_abort"][0][4] == 0                 # no new epoch after that abort
