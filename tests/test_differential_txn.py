@@ -282,7 +282,7 @@ def fencing_scenario(bootstrap: str) -> dict[str, Any]:
             out[case] = got
     finally:
         group.close()
-    out["records"] = _snapshot(run, "fence", 1, 3, 6 + 1 - 1)
+    out["records"] = _snapshot(run, "fence", 1, 3, 6)
     return out
 
 
