@@ -61,6 +61,10 @@ SINGLE_NODE_SETTINGS: dict[str, str] = {
     # a fraction of the time at start-up
     "offsets.topic.num.partitions": "1",
     "transaction.state.log.num.partitions": "1",
+    # the coordinator looks for timed-out transactions every 0.2 s instead of 10 s, so a test
+    # of transaction.timeout.ms waits for its timeout, not for the next round (txlake's
+    # differential server gets the same setting)
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "200",
 }
 
 

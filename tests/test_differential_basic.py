@@ -27,9 +27,7 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import ConfigResource, NewPartitions, NewTopic, OffsetSpec
 
-from conftest import StorageTarget
-from differential import CALL_TIMEOUT_S, Run, outcome, outcome_message
-from server_support import ServedRoot
+from differential import CALL_TIMEOUT_S, Run, outcome, outcome_message, served_txlake
 
 TS = 1_700_000_000_000
 PARTITIONS = 3
@@ -200,16 +198,9 @@ def basic_scenario(bootstrap: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def txlake_server(tmp_path_factory):
     """``txlake serve`` on a fresh file:// root for this module, as the reference broker is
-    configured (no initial rebalance delay)."""
-    tmp = tmp_path_factory.mktemp("differential")
-    served = ServedRoot(StorageTarget(url=f"file://{tmp}/root", backend="file"), tmp,
-                        settings={"group.initial.rebalance.delay.ms": 0})
-    served.start()
-    try:
+    configured (differential.TXLAKE_SETTINGS)."""
+    with served_txlake(tmp_path_factory.mktemp("differential")) as served:
         yield served
-    finally:
-        code = served.stop()
-    assert code == 0, f"txlake serve exited {code}; log {served.log_path}:\n{served.log_text()[-3000:]}"
 
 
 @pytest.fixture(scope="module")

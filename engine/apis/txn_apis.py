@@ -258,9 +258,17 @@ def handle_txn_offset_commit(apis: ApiNode, context: RequestContext, request: An
 
 # ---------------------------------------------------------------------------- DescribeTransactions / ListTransactions
 def _describe_transactions_response(described: list) -> Any:
+    """The response; an entry with an error carries only its code and transactional id, its
+    other fields at the schema's zero defaults (producer id 0, epoch 0, start time 0), as
+    Kafka's ``TransactionCoordinator.handleDescribeTransactions`` answers."""
     S = DescribeTransactionsResponse.TransactionState
     states = []
     for d in described:
+        if d.error != Errors.NO_ERROR:
+            states.append(S(error_code=int(_wire(d.error)), transactional_id=d.transactional_id, transaction_state="",
+                            transaction_timeout_ms=0, transaction_start_time_ms=0, producer_id=0, producer_epoch=0,
+                            topics=[]))
+            continue
         by_topic: dict[str, list[int]] = {}
         for topic, partition in d.topic_partitions:
             by_topic.setdefault(topic, []).append(partition)
