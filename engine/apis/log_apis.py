@@ -8,6 +8,14 @@ Record batches cross this layer as Kafka's wire bytes (message format v2): a Pro
 returns, batch by batch with their producer id, epoch, sequence and control flag, so
 clients see exactly the batches and offsets the log holds.
 
+In-process callers (the embedded clients, :meth:`KafkaApis.call`) pass records as objects
+instead, as Kafka's ``Records`` abstraction lets a request carry ``MemoryRecords`` rather
+than bytes: a Produce partition's ``records`` may be a :class:`ProduceBatch` (already in the
+log's columns), and a Fetch answered to a context with ``in_process`` carries
+:class:`FetchedRecords` (the same rows the wire would encode). Nothing is encoded only to be
+decoded again; everything else -- validation, idempotence, byte limits, LSO, aborted
+transactions, errors -- is the same code for both.
+
 Leader epochs: every partition's leader epoch is the writer lease's epoch
 (:attr:`KafkaApis.leader_epoch`). A Fetch or ListOffsets naming an older current leader
 epoch answers FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH (KIP-320). The log
@@ -30,9 +38,10 @@ from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 
 from txlake.formats.errors import RecordBatchError
 from txlake.formats.record_batch import decode_batches, encode_batches
+from txlake.formats.records import RECORD_SCHEMA
 
 from ..errors import Errors
-from ..requests import ProduceBatch, ProduceResult
+from ..requests import FetchedRecords, ProduceBatch, ProduceResult
 from .api_spec import ApiNode, ApiSpec, RequestContext
 
 #: Kafka's ``READ_COMMITTED`` isolation level in Fetch and ListOffsets
@@ -44,6 +53,8 @@ MAX_FETCH_RECORDS = 50_000
 #: bytes a record costs in a v2 batch besides its key and value (length, attributes, deltas)
 RECORD_OVERHEAD_BYTES = 20
 _ZERO_UUID = uuid.UUID(int=0)
+#: the records of an in-process Fetch partition without rows
+_NO_ROWS = RECORD_SCHEMA.empty_table()
 
 
 def _leader_epoch_error(apis: ApiNode, current_leader_epoch: int) -> Errors | None:
@@ -70,7 +81,8 @@ def _topic_name(apis: ApiNode, name: str | None, topic_id: Any) -> str | None:
 
 # ---------------------------------------------------------------------------------- Produce
 def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
-    """Produce: decode each partition's record batch, append it, answer after the catalog
+    """Produce: take each partition's record batch (wire bytes decoded, or an in-process
+    caller's :class:`ProduceBatch` as it is: :func:`_produce_batch`), append it, answer after the catalog
     commit that makes it durable (acks=1 and acks=all alike: the leader's log *is* object
     storage), or at once with no response for acks=0.
 
@@ -96,22 +108,13 @@ def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
                 error = Errors.UNKNOWN_TOPIC_ID if topic_id is not None else Errors.UNKNOWN_TOPIC_OR_PART
                 answers.append((*where, ProduceResult(error)))
                 continue
-            try:
-                decoded = decode_batches(part.records or b"", topic=name, partition=part.index)
-            except RecordBatchError as exc:
-                answers.append((*where, ProduceResult(Errors[exc.error_name], message=str(exc))))
-                continue
-            (wire,) = decoded  # decode_batches with client checks yields exactly one batch
-            if wire.compression == "zstd" and context.api_version < 7:
-                # KIP-110: zstd needs Produce v7+ (an older client cannot have negotiated it)
-                answers.append((*where, ProduceResult(Errors.UNSUPPORTED_COMPRESSION_TYPE, message=(
-                    f"zstd-compressed records need Produce v7 or later, the request is v{context.api_version}"))))
+            batch = _produce_batch(context, name, part)
+            if isinstance(batch, ProduceResult):
+                answers.append((*where, batch))
                 continue
             slots.append(len(answers))
             answers.append((*where, ProduceResult(Errors.NO_ERROR)))
-            batches.append(ProduceBatch(name, part.index, wire.records, wire.producer_id, wire.producer_epoch,
-                                        wire.base_sequence, wire.is_transactional,
-                                        size_in_bytes=wire.size_in_bytes))
+            batches.append(batch)
     futures = broker.produce_async(batches, internal_topics_allowed=context.client_id == ADMIN_CLIENT_ID) if batches else []
     for slot, fut in zip(slots, futures):
         answers[slot] = (*answers[slot][:3], fut)
@@ -165,6 +168,36 @@ def _when_all(answers: list[tuple], timeout_ms: int, build) -> Future:
     for fut in pending:
         fut.add_done_callback(one_done)
     return out
+
+
+def _produce_batch(context: RequestContext, topic: str, part: Any) -> ProduceBatch | ProduceResult:
+    """The batch a Produce partition carries, or the error answering it.
+
+    ``part.records`` is either a record batch v2 as the wire carries it (decoded here into the
+    log's Arrow columns: CORRUPT_MESSAGE / INVALID_RECORD for one that does not decode,
+    UNSUPPORTED_COMPRESSION_TYPE for zstd below v7, KIP-110) or, from an in-process caller, a
+    :class:`ProduceBatch` already in those columns (Kafka's ``MemoryRecords`` rather than bytes:
+    nothing is encoded to be decoded again). Either way the batch then goes through the same
+    validation, idempotence checks and append (:meth:`Broker.produce_async`). An in-process
+    batch must name the partition it is sent for (INVALID_REQUEST otherwise).
+    """
+    records = part.records
+    if isinstance(records, ProduceBatch):
+        if (records.topic, records.partition) != (topic, part.index):
+            return ProduceResult(Errors.INVALID_REQUEST, message=(
+                f"the batch for {records.topic} [{records.partition}] was sent as {topic} [{part.index}]"))
+        return records
+    try:
+        decoded = decode_batches(records or b"", topic=topic, partition=part.index)
+    except RecordBatchError as exc:
+        return ProduceResult(Errors[exc.error_name], message=str(exc))
+    (wire,) = decoded  # decode_batches with client checks yields exactly one batch
+    if wire.compression == "zstd" and context.api_version < 7:
+        # KIP-110: zstd needs Produce v7+ (an older client cannot have negotiated it)
+        return ProduceResult(Errors.UNSUPPORTED_COMPRESSION_TYPE, message=(
+            f"zstd-compressed records need Produce v7 or later, the request is v{context.api_version}"))
+    return ProduceBatch(topic, part.index, wire.records, wire.producer_id, wire.producer_epoch,
+                        wire.base_sequence, wire.is_transactional, size_in_bytes=wire.size_in_bytes)
 
 
 def _produce_response(apis: ApiNode, answers: list[tuple]) -> Any:
@@ -246,6 +279,11 @@ def handle_fetch(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     Waits up to ``max_wait_ms`` while fewer than ``min_bytes`` are available. At least one
     whole batch is returned even above ``max_bytes`` / ``partition_max_bytes`` (KIP-74).
     No fetch sessions (KIP-227): the response's session id is 0, so clients send full requests.
+
+    In-process (``context.in_process``) every answered partition's ``records`` is a
+    :class:`FetchedRecords`: the rows the wire would encode (no rows on an error or at the end),
+    the leader epoch its batch headers would carry, their size as counted against the byte
+    limits, and the engine's error message (e.g. CORRUPT_MESSAGE naming the object).
     """
     signal = _commit_signal(apis)
     deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
@@ -292,13 +330,18 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
             part.log_start_offset = result.log_start_offset
             if committed:
                 part.aborted_transactions = []
+            if context.in_process:
+                part.records = FetchedRecords(_NO_ROWS, apis.leader_epoch, 0, result.message)
             if result.error != Errors.NO_ERROR or result.records is None or result.records.num_rows == 0:
                 continue
             limit = min(p.partition_max_bytes, budget - total) if total else p.partition_max_bytes
-            rows = _within_bytes(result.records, limit)
-            data = encode_batches(rows, partition_leader_epoch=apis.leader_epoch)
-            part.records = data
-            total += len(data)
+            rows, size = _within_bytes(result.records, limit)
+            if context.in_process:
+                part.records = FetchedRecords(rows, apis.leader_epoch, size)
+            else:
+                part.records = encode_batches(rows, partition_leader_epoch=apis.leader_epoch)
+                size = len(part.records)
+            total += size
             if committed:
                 last = rows.column("offset")[rows.num_rows - 1].as_py()
                 part.aborted_transactions = [
@@ -313,8 +356,9 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
 
 
 def _within_bytes(rows, limit: int):
-    """The leading rows whose encoded size stays within ``limit`` bytes, but at least the whole
-    first batch (KIP-74: a fetch always makes progress)."""
+    """``(rows, size)``: the leading rows whose encoded size stays within ``limit`` bytes, but
+    at least the whole first batch (KIP-74: a fetch always makes progress), and their size
+    (bytes, about their v2 encoding: keys, values and :data:`RECORD_OVERHEAD_BYTES` each)."""
     import pyarrow.compute as pc
 
     keys = pc.fill_null(pc.binary_length(rows.column("key")), 0)
@@ -331,7 +375,7 @@ def _within_bytes(rows, limit: int):
         cut_base = bases[n].as_py()
         if n > first_batch and bases[n - 1].as_py() == cut_base:
             n = int(pc.sum(pc.less(bases, cut_base)).as_py())
-    return rows.slice(0, n)
+    return rows.slice(0, n), int(cumulative[n - 1]) if n else 0
 
 
 def _fetch_error(request: Any, version: int, error: Errors) -> Any:
