@@ -16,24 +16,26 @@ log's rows as :class:`~txlake.engine.requests.FetchedRecords` (see
 idempotence, the LSO and the aborted transactions are the handlers' own code for both.
 
 Versions: the newest each handler implements that still names topics (not topic ids).
+
+kafka-python and :mod:`txlake.engine.apis` are imported on a client's first request, not
+with ``import txlake`` (they cost about 130 ms, which every CLI command would pay).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import pyarrow as pa
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetCommitRequest, OffsetFetchRequest
-from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
 
-from txlake.engine.apis import local_apis
-from txlake.engine.broker import Broker
 from txlake.engine.errors import Errors
 from txlake.engine.log_reader import visible_records
 from txlake.engine.requests import FetchedRecords, ProduceBatch, ProduceResult
 from txlake.formats.records import CONTROL_ABORT
+
+if TYPE_CHECKING:
+    from txlake.engine.broker import Broker
 
 LIST_OFFSETS_VERSION = 8
 OFFSET_COMMIT_VERSION = 9
@@ -64,6 +66,9 @@ def list_offsets(broker: Broker, wanted: list[tuple[str, int, int]], isolation: 
     earliest / -1 latest / -3 max timestamp -- ``(error, offset, timestamp)`` in the same order
     (offset -1 when no record has a timestamp at or after it). One request names a partition
     once (Kafka refuses duplicates): a partition asked for again goes in a further request."""
+    from kafka.protocol.consumer import ListOffsetsRequest
+    from txlake.engine.apis import local_apis
+
     R = ListOffsetsRequest[LIST_OFFSETS_VERSION]
     T = R.ListOffsetsTopic
     out: list = [None] * len(wanted)
@@ -92,6 +97,9 @@ def offset_commit(broker: Broker, group_id: str, offsets: Iterable[Any], generat
     ``leader_epoch``: None is sent as -1, "no epoch") by the member ``(generation, member_id,
     group_instance_id)`` (generation -1 and member id "" for a consumer outside the group
     protocol): each partition's error code."""
+    from kafka.protocol.consumer import OffsetCommitRequest
+    from txlake.engine.apis import local_apis
+
     R = OffsetCommitRequest[OFFSET_COMMIT_VERSION]
     T = R.OffsetCommitRequestTopic
     P = T.OffsetCommitRequestPartition
@@ -111,6 +119,9 @@ def offset_fetch(broker: Broker, group_id: str, partitions: list[TopicPartitionK
     metadata, error)})`` -- offset -1, epoch None and metadata None where nothing is committed.
     ``require_stable`` (KIP-447): UNSTABLE_OFFSET_COMMIT where a transaction holds a pending
     offset."""
+    from kafka.protocol.consumer import OffsetFetchRequest
+    from txlake.engine.apis import local_apis
+
     R = OffsetFetchRequest[OFFSET_FETCH_VERSION]
     G = R.OffsetFetchRequestGroup
     request = R(require_stable=require_stable, groups=[G(group_id=group_id, topics=[
@@ -133,6 +144,9 @@ def fetch(broker: Broker, topic: str, partition: int, offset: int, isolation: st
     """Fetch one partition from ``offset`` without waiting (max wait 0, min bytes 1): ``(the
     response's partition data, its records)``, the records being the log's rows (control and
     aborted records included: see :func:`visible`) with the engine's error message."""
+    from kafka.protocol.consumer import FetchRequest
+    from txlake.engine.apis import local_apis
+
     R = FetchRequest[FETCH_VERSION]
     T = R.FetchTopic
     request = R(replica_id=NONE, max_wait_ms=0, min_bytes=1, max_bytes=max_bytes,
@@ -182,6 +196,9 @@ def produce(broker: Broker, batch: ProduceBatch, timeout_ms: int) -> Future:
     """Produce one batch with acks=all: a Future of its :class:`ProduceResult` (the base
     offset and log-append time once committed, or the error and the engine's message). A
     refusal (validation, idempotence) is answered before this returns."""
+    from kafka.protocol.producer import ProduceRequest
+    from txlake.engine.apis import local_apis
+
     R = ProduceRequest[PRODUCE_VERSION]
     T = R.TopicProduceData
     request = R(transactional_id=None, acks=-1, timeout_ms=timeout_ms, topic_data=[
@@ -204,6 +221,9 @@ def produce(broker: Broker, batch: ProduceBatch, timeout_ms: int) -> Future:
 
 def init_producer_id(broker: Broker) -> tuple[Errors, int, int]:
     """InitProducerId of an idempotent (non-transactional) producer: ``(error, producer id, epoch)``."""
+    from kafka.protocol.producer import InitProducerIdRequest
+    from txlake.engine.apis import local_apis
+
     request = InitProducerIdRequest[INIT_PRODUCER_ID_VERSION](transactional_id=None, transaction_timeout_ms=-1,
                                                               producer_id=NONE, producer_epoch=NONE)
     response = local_apis(broker).call(request)

@@ -25,11 +25,13 @@ the end offset of any epoch up to the current one: a client never has to truncat
 
 from __future__ import annotations
 
+import heapq
+import logging
 import threading
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Callable
 
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.consumer import (FetchResponse, ListOffsetsResponse,
@@ -40,9 +42,12 @@ from txlake.formats.errors import RecordBatchError
 from txlake.formats.record_batch import decode_batches, encode_batches
 from txlake.formats.records import RECORD_SCHEMA
 
-from ..errors import Errors
+from ..errors import ApiError, Errors
+from ..group_coordinator import append_error_to_response_error
 from ..requests import FetchedRecords, ProduceBatch, ProduceResult
 from .api_spec import ApiNode, ApiSpec, RequestContext
+
+log = logging.getLogger(__name__)
 
 #: Kafka's ``READ_COMMITTED`` isolation level in Fetch and ListOffsets
 READ_COMMITTED = 1
@@ -161,13 +166,75 @@ def _when_all(answers: list[tuple], timeout_ms: int, build) -> Future:
     if not pending:
         finish()
         return out
-    timer = threading.Timer(max(timeout_ms, 0) / 1000, finish)
-    timer.daemon = True
-    timer.start()
-    out.add_done_callback(lambda _: timer.cancel())
     for fut in pending:
         fut.add_done_callback(one_done)
+    if not out.done():   # refusals are answered at once: only a batch waiting for its commit waits here
+        expiry = _PURGATORY.call_at(time.monotonic() + max(timeout_ms, 0) / 1000, finish)
+        out.add_done_callback(lambda _: _PURGATORY.cancel(expiry))
     return out
+
+
+class _Purgatory:
+    """Runs each waiting request's expiry at its deadline from one thread (Kafka's
+    ``DelayedOperationPurgatory`` timer): a Produce waiting for its commit costs a heap entry,
+    not a thread of its own. Callbacks run on the purgatory's thread; a cancelled entry is
+    dropped when it reaches the head (or when cancelled ones are most of the heap)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[list] = []   # [deadline (monotonic s), sequence, callback or None]
+        self._seq = 0
+        self._cancelled = 0
+        self._thread: threading.Thread | None = None
+
+    def call_at(self, deadline: float, callback: Callable[[], None]) -> list:
+        """Run ``callback`` at ``deadline`` (``time.monotonic()`` s) unless cancelled; the entry."""
+        with self._cond:
+            self._seq += 1
+            entry = [deadline, self._seq, callback]
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="txlake-request-purgatory", daemon=True)
+                self._thread.start()
+            if self._heap[0] is entry:
+                self._cond.notify()
+        return entry
+
+    def cancel(self, entry: list) -> None:
+        """Forget ``entry`` (its callback will not run)."""
+        with self._cond:
+            if entry[2] is None:
+                return
+            entry[2] = None
+            self._cancelled += 1
+            if self._cancelled > 64 and self._cancelled * 2 > len(self._heap):
+                self._heap = [e for e in self._heap if e[2] is not None]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2] is None:
+                        heapq.heappop(self._heap)
+                        self._cancelled -= 1
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    wait = self._heap[0][0] - time.monotonic()
+                    if wait <= 0:
+                        entry = heapq.heappop(self._heap)
+                        callback, entry[2] = entry[2], None
+                        break
+                    self._cond.wait(wait)
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - the purgatory thread must survive one failed expiry
+                log.exception("a request's expiry failed")
+
+
+_PURGATORY = _Purgatory()
 
 
 def _produce_batch(context: RequestContext, topic: str, part: Any) -> ProduceBatch | ProduceResult:
@@ -458,7 +525,14 @@ def handle_init_producer_id(apis: ApiNode, context: RequestContext, request: Any
     transactional id, the transaction coordinator's answer (KIP-98, KIP-360 with the
     producer id and epoch of v3+)."""
     if request.transactional_id is None:
-        error, pid, epoch = apis.broker.init_producer_id()
+        try:
+            error, pid, epoch = apis.broker.init_producer_id()
+        except ApiError as exc:
+            # the producer ids cannot be allocated here (the writer lease is held elsewhere or
+            # lost, the catalog commit failed): answered as Kafka's coordinator answers, with the
+            # engine's reason logged (the response has no message)
+            log.warning("InitProducerId from %s: %s", context.client_host or "in-process", exc.message)
+            error, pid, epoch = append_error_to_response_error(exc.error), -1, -1
     else:
         from ..transaction_metadata import ProducerIdAndEpoch
 
