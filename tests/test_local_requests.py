@@ -12,10 +12,11 @@ import pytest
 from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.producer import ProduceRequest
 
+from helpers import hang_data_puts
+
 from txlake import AdminClient, NewTopic, Producer
 from txlake.engine.apis import RequestContext, local_apis
 from txlake.engine.errors import Errors
-from txlake.engine.group_commit import DATA_PREFIX
 from txlake.engine.registry import acquire_broker, close_all, release_broker
 from txlake.engine.requests import FetchedRecords, ProduceBatch
 from txlake.formats.record_batch import decode_batches
@@ -64,16 +65,7 @@ def test_a_produce_not_committed_in_time_answers_request_timed_out_without_a_thr
     """Produce requests waiting for a commit that does not come (every data PUT hangs, as a stuck
     object store would) answer REQUEST_TIMED_OUT once ``timeout_ms`` passes; they wait in one
     purgatory thread, not one thread each. The batches commit once the store recovers."""
-    store = broker.store
-    real_put = store.put
-    gate = threading.Event()
-
-    def hanging_put(key, data):
-        if key.startswith(DATA_PREFIX):
-            gate.wait(30)
-        return real_put(key, data)
-
-    monkeypatch.setattr(store, "put", hanging_put)
+    gate = hang_data_puts(monkeypatch, broker.store)
     threads_before = threading.active_count()
     started = time.monotonic()
     futures = [local_requests.produce(broker, ProduceBatch("t", i % 2, _payload([b"%d" % i])), 300) for i in range(20)]
