@@ -17,8 +17,8 @@ idempotence, the LSO and the aborted transactions are the handlers' own code for
 
 Versions: the newest each handler implements that still names topics (not topic ids).
 
-kafka-python and :mod:`txlake.engine.apis` are imported on a client's first request, not
-with ``import txlake`` (they cost about 130 ms, which every CLI command would pay).
+kafka-python and :mod:`txlake.engine.apis` are imported when a client is made (:func:`load`),
+not with ``import txlake`` (they cost about 130 ms, which every CLI command would pay).
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ ISOLATION_LEVELS = {"read_uncommitted": 0, "read_committed": 1}
 NONE = -1
 
 TopicPartitionKey = tuple[str, int]
+
+
+def load() -> None:
+    """Import kafka-python's protocol messages and the request surface now (the clients'
+    constructors call this, so that a first ``produce()`` or ``poll()`` does not pay for it)."""
+    import kafka.protocol.consumer  # noqa: F401
+    import kafka.protocol.producer  # noqa: F401
+
+    import txlake.engine.apis  # noqa: F401
 
 
 def _by_topic(items: Iterable[tuple[str, Any]]) -> dict[str, list]:
