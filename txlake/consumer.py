@@ -122,7 +122,7 @@ class Consumer:
         self._eof = self._cfg["enable.partition.eof"]
         with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
             self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
-        local_requests.load()
+        local_requests.load(self._broker)
         self._lock = threading.RLock()
         self._assignment: dict[tuple[str, int], _Fetch] = {}
         self._order: deque[tuple[str, int]] = deque()

@@ -51,13 +51,16 @@ NONE = -1
 TopicPartitionKey = tuple[str, int]
 
 
-def load() -> None:
-    """Import kafka-python's protocol messages and the request surface now (the clients'
-    constructors call this, so that a first ``produce()`` or ``poll()`` does not pay for it)."""
+def load(broker: Broker) -> None:
+    """Make ``broker``'s request surface and import kafka-python's protocol messages now (the
+    clients' constructors call this, so that a first ``produce()`` or ``poll()`` does not pay
+    for importing every handler module)."""
     import kafka.protocol.consumer  # noqa: F401
     import kafka.protocol.producer  # noqa: F401
 
-    import txlake.engine.apis  # noqa: F401
+    from txlake.engine.apis import local_apis
+
+    local_apis(broker)
 
 
 def _by_topic(items: Iterable[tuple[str, Any]]) -> dict[str, list]:

@@ -198,7 +198,7 @@ class Producer:
         self._only_errors = v["delivery.report.only.error"]
         with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
             self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
-        local_requests.load()
+        local_requests.load(self._broker)
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._buffers: dict[tuple[str, int], _Buffer] = {}

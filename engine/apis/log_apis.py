@@ -33,6 +33,7 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable
 
+import numpy as np
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.consumer import (FetchResponse, ListOffsetsResponse,
                                      OffsetForLeaderEpochResponse)
@@ -425,24 +426,43 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
 def _within_bytes(rows, limit: int):
     """``(rows, size)``: the leading rows whose encoded size stays within ``limit`` bytes, but
     at least the whole first batch (KIP-74: a fetch always makes progress), and their size
-    (bytes, about their v2 encoding: keys, values and :data:`RECORD_OVERHEAD_BYTES` each)."""
-    import pyarrow.compute as pc
-
-    keys = pc.fill_null(pc.binary_length(rows.column("key")), 0)
-    values = pc.fill_null(pc.binary_length(rows.column("value")), 0)
-    sizes = pc.add(pc.add(keys, values), RECORD_OVERHEAD_BYTES)
-    cumulative = pc.cumulative_sum(sizes).to_numpy()
-    n = int((cumulative <= max(limit, 0)).sum())
-    bases = rows.column("base_offset")
-    first_base = bases[0].as_py()
-    first_batch = int(pc.sum(pc.equal(bases, first_base)).as_py())
+    (bytes, about their v2 encoding: keys, values and :data:`RECORD_OVERHEAD_BYTES` each).
+    Rows are in offset order, so each batch's rows (one ``base_offset``) are contiguous."""
+    cumulative = _cumulative_bytes(rows.column("key")) + _cumulative_bytes(rows.column("value"))
+    cumulative += np.arange(1, rows.num_rows + 1, dtype=np.int64) * RECORD_OVERHEAD_BYTES
+    n = int(np.searchsorted(cumulative, max(limit, 0), side="right"))
+    bases = rows.column("base_offset").to_numpy()
+    first_batch = int(np.searchsorted(bases, bases[0], side="right"))
     n = max(n, first_batch)
-    if n < rows.num_rows:
+    if n < rows.num_rows and n > first_batch and bases[n - 1] == bases[n]:
         # end on a batch boundary when possible, so no batch is cut in two across responses
-        cut_base = bases[n].as_py()
-        if n > first_batch and bases[n - 1].as_py() == cut_base:
-            n = int(pc.sum(pc.less(bases, cut_base)).as_py())
+        n = int(np.searchsorted(bases, bases[n], side="left"))
     return rows.slice(0, n), int(cumulative[n - 1]) if n else 0
+
+
+def _cumulative_bytes(column) -> np.ndarray:
+    """The running total of a binary column's value lengths (bytes; null counts 0), read from
+    the arrays' offsets: the data itself is not touched."""
+    parts = []
+    total = 0
+    for chunk in column.chunks:
+        if not len(chunk):
+            continue
+        buffer = chunk.buffers()[1]
+        if buffer is None or chunk.null_count == len(chunk):
+            lengths = np.zeros(len(chunk), dtype=np.int64)
+        else:
+            offsets = np.frombuffer(buffer, dtype=np.int32, count=chunk.offset + len(chunk) + 1)[chunk.offset:]
+            lengths = np.diff(offsets).astype(np.int64)
+            if chunk.null_count:
+                lengths[~chunk.is_valid().to_numpy(zero_copy_only=False)] = 0
+        running = np.cumsum(lengths)
+        running += total
+        total = int(running[-1])
+        parts.append(running)
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _fetch_error(request: Any, version: int, error: Errors) -> Any:
