@@ -123,3 +123,31 @@ def test_an_in_process_fetch_carries_the_rows_the_wire_encodes(conf, broker, iso
     visible = local_requests.visible(records, local.aborted_transactions)
     expected = [b"a", b"c"] if isolation == "read_committed" else [b"a", b"b", b"c"]
     assert visible.column("value").to_pylist() == expected
+
+
+def test_fetch_byte_limits_count_keys_values_and_overhead_and_end_on_a_batch_boundary():
+    """_within_bytes (both the wire and in-process Fetch): each record costs its key, its value
+    (null: 0) and RECORD_OVERHEAD_BYTES (20); the rows end on a batch boundary, but the whole
+    first batch always goes (KIP-74). Two chunks, one sliced, as the log reader hands them over."""
+    from txlake.engine.apis.log_apis import _within_bytes
+
+    keys = [b"k", None, b"kk", b"", None, b"kkk"]
+    values = [b"v" * 10, b"v" * 5, None, b"v", b"v" * 7, b"v" * 2]
+    bases = [0, 0, 2, 2, 2, 5]             # batches: offsets 0-1, 2-4, 5
+    table = pa.table({"key": pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary()),
+                      "base_offset": pa.array(bases, pa.int64())})
+    rows = pa.concat_tables([table.slice(0, 3), table.slice(3)]).slice(0)
+    sizes = [31, 25, 22, 21, 27, 25]       # key + value + 20
+    cumulative = [31, 56, 78, 99, 126, 151]
+    assert [sum(sizes[:i + 1]) for i in range(6)] == cumulative
+
+    def cut(limit):
+        out, size = _within_bytes(rows, limit)
+        return out.num_rows, size
+
+    assert cut(0) == (2, 56)          # the first batch whatever the limit
+    assert cut(100) == (2, 56)        # 4 rows fit, but the 4th cuts batch 2-4: back to its start
+    assert cut(126) == (5, 126)       # batch 2-4 fits whole
+    assert cut(150) == (5, 126)
+    assert cut(151) == (6, 151)
+    assert cut(1 << 20) == (6, 151)
