@@ -151,3 +151,16 @@ def test_fetch_byte_limits_count_keys_values_and_overhead_and_end_on_a_batch_bou
     assert cut(150) == (5, 126)
     assert cut(151) == (6, 151)
     assert cut(1 << 20) == (6, 151)
+
+
+def test_a_fetch_reads_more_rows_while_they_all_fit_its_byte_limit(broker):
+    """_read_within first reads limit // 64 rows (500 here) and reads four times more while all
+    of them fit: 2,000 one-record batches of 30 bytes each (10-byte value, no key, 20 overhead)
+    fill a 32,000-byte limit with exactly 1,066 records, as reading everything would."""
+    results = broker.produce([ProduceBatch("t", 0, _payload([b"%010d" % i])) for i in range(2000)])
+    assert [r.base_offset for r in results] == list(range(2000))
+    part, records = local_requests.fetch(broker, "t", 0, 0, "read_uncommitted", 1 << 20, 32_000)
+    assert (part.error_code, records.rows.num_rows, records.size_in_bytes) == (0, 1066, 31_980)
+    assert records.rows.column("value").to_pylist() == [b"%010d" % i for i in range(1066)]
+    part, records = local_requests.fetch(broker, "t", 0, 1066, "read_uncommitted", 1 << 20, 32_000)
+    assert (records.rows.num_rows, records.rows.column("offset")[0].as_py()) == (934, 1066)

@@ -56,6 +56,10 @@ READ_COMMITTED = 1
 ADMIN_CLIENT_ID = "__admin_client"
 #: a Fetch reads at most this many records of a partition per request
 MAX_FETCH_RECORDS = 50_000
+#: a Fetch first reads ``limit // FETCH_READ_BYTES_PER_ROW`` rows of a partition (at least
+#: FETCH_READ_MIN_ROWS), and more only while they all fit the byte limit (:func:`_read_within`)
+FETCH_READ_BYTES_PER_ROW = 64
+FETCH_READ_MIN_ROWS = 500
 #: bytes a record costs in a v2 batch besides its key and value (length, attributes, deltas)
 RECORD_OVERHEAD_BYTES = 20
 _ZERO_UUID = uuid.UUID(int=0)
@@ -391,7 +395,8 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
             if epoch_error is not None:
                 part.error_code = int(epoch_error)
                 continue
-            result = broker.fetch(name, p.partition, p.fetch_offset, MAX_FETCH_RECORDS, isolation)
+            limit = min(p.partition_max_bytes, budget - total) if total else p.partition_max_bytes
+            result, rows, size = _read_within(broker, name, p.partition, p.fetch_offset, isolation, limit)
             part.error_code = int(result.error)
             part.high_watermark = result.high_watermark
             part.last_stable_offset = result.last_stable_offset
@@ -400,10 +405,8 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
                 part.aborted_transactions = []
             if context.in_process:
                 part.records = FetchedRecords(_NO_ROWS, apis.leader_epoch, 0, result.message)
-            if result.error != Errors.NO_ERROR or result.records is None or result.records.num_rows == 0:
+            if rows is None:
                 continue
-            limit = min(p.partition_max_bytes, budget - total) if total else p.partition_max_bytes
-            rows, size = _within_bytes(result.records, limit)
             if context.in_process:
                 part.records = FetchedRecords(rows, apis.leader_epoch, size)
             else:
@@ -423,13 +426,37 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
     return out, total
 
 
+def _read_within(broker, topic: str, partition: int, offset: int, isolation: str, limit: int):
+    """``(FetchResult, rows, size)``: a partition's rows from ``offset`` cut to ``limit`` bytes
+    (:func:`_within_bytes`; rows None on an error or with nothing to read).
+
+    Reads only about as many rows as the limit can take -- ``limit // ``:data:`FETCH_READ_BYTES_PER_ROW`
+    first, four times more while they all fit (or the first batch is not whole yet), at most
+    :data:`MAX_FETCH_RECORDS` -- rather than always the most, which for a log of small
+    objects meant slicing and joining segments the limit then dropped."""
+    want = min(MAX_FETCH_RECORDS, max(limit // FETCH_READ_BYTES_PER_ROW, FETCH_READ_MIN_ROWS))
+    while True:
+        result = broker.fetch(topic, partition, offset, want, isolation)
+        read = result.records
+        if result.error != Errors.NO_ERROR or read is None or read.num_rows == 0:
+            return result, None, 0
+        rows, size = _within_bytes(read, limit)
+        if read.num_rows < want or want >= MAX_FETCH_RECORDS or rows.num_rows < read.num_rows:
+            return result, rows, size
+        want = min(MAX_FETCH_RECORDS, want * 4)   # everything read fits: there may be more room
+
+
 def _within_bytes(rows, limit: int):
     """``(rows, size)``: the leading rows whose encoded size stays within ``limit`` bytes, but
     at least the whole first batch (KIP-74: a fetch always makes progress), and their size
     (bytes, about their v2 encoding: keys, values and :data:`RECORD_OVERHEAD_BYTES` each).
     Rows are in offset order, so each batch's rows (one ``base_offset``) are contiguous."""
-    cumulative = _cumulative_bytes(rows.column("key")) + _cumulative_bytes(rows.column("value"))
-    cumulative += np.arange(1, rows.num_rows + 1, dtype=np.int64) * RECORD_OVERHEAD_BYTES
+    cumulative = np.arange(RECORD_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES * (rows.num_rows + 1), RECORD_OVERHEAD_BYTES,
+                           dtype=np.int64)
+    for name in ("key", "value"):
+        lengths = _cumulative_bytes(rows.column(name))
+        if lengths is not None:
+            cumulative += lengths
     n = int(np.searchsorted(cumulative, max(limit, 0), side="right"))
     bases = rows.column("base_offset").to_numpy()
     first_batch = int(np.searchsorted(bases, bases[0], side="right"))
@@ -440,28 +467,32 @@ def _within_bytes(rows, limit: int):
     return rows.slice(0, n), int(cumulative[n - 1]) if n else 0
 
 
-def _cumulative_bytes(column) -> np.ndarray:
+def _cumulative_bytes(column) -> np.ndarray | None:
     """The running total of a binary column's value lengths (bytes; null counts 0), read from
-    the arrays' offsets: the data itself is not touched."""
+    the arrays' offsets (the data itself is not touched); None when every value is null."""
+    if column.null_count == len(column):
+        return None
     parts = []
     total = 0
     for chunk in column.chunks:
-        if not len(chunk):
+        size = len(chunk)
+        if not size:
             continue
         buffer = chunk.buffers()[1]
-        if buffer is None or chunk.null_count == len(chunk):
-            lengths = np.zeros(len(chunk), dtype=np.int64)
+        if buffer is None or chunk.null_count == size:
+            running = np.full(size, total, dtype=np.int64)
         else:
-            offsets = np.frombuffer(buffer, dtype=np.int32, count=chunk.offset + len(chunk) + 1)[chunk.offset:]
-            lengths = np.diff(offsets).astype(np.int64)
-            if chunk.null_count:
+            offsets = np.frombuffer(buffer, dtype=np.int32, count=chunk.offset + size + 1)[chunk.offset:]
+            if chunk.null_count:   # a null's slot may have a length: count it 0
+                lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
                 lengths[~chunk.is_valid().to_numpy(zero_copy_only=False)] = 0
-        running = np.cumsum(lengths)
-        running += total
+                running = np.cumsum(lengths)
+            else:
+                running = offsets[1:].astype(np.int64)
+                running -= int(offsets[0])
+            running += total
         total = int(running[-1])
         parts.append(running)
-    if not parts:
-        return np.zeros(0, dtype=np.int64)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
