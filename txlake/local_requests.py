@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 import pyarrow as pa
 
-from txlake.engine.errors import Errors
+from txlake.engine.errors import ApiError, Errors
 from txlake.engine.log_reader import visible_records
 from txlake.engine.requests import FetchedRecords, ProduceBatch, ProduceResult
 from txlake.formats.records import CONTROL_ABORT
@@ -155,7 +155,11 @@ def fetch(broker: Broker, topic: str, partition: int, offset: int, isolation: st
           partition_max_bytes: int) -> tuple[Any, FetchedRecords]:
     """Fetch one partition from ``offset`` without waiting (max wait 0, min bytes 1): ``(the
     response's partition data, its records)``, the records being the log's rows (control and
-    aborted records included: see :func:`visible`) with the engine's error message."""
+    aborted records included: see :func:`visible`) with the engine's error message.
+
+    Raises:
+        ApiError: the request failed as a whole (UNKNOWN_SERVER_ERROR: the handler failed).
+    """
     from kafka.protocol.consumer import FetchRequest
     from txlake.engine.apis import local_apis
 
@@ -166,7 +170,11 @@ def fetch(broker: Broker, topic: str, partition: int, offset: int, isolation: st
                     T(topic=topic, partitions=[T.FetchPartition(partition=partition, fetch_offset=offset,
                                                                 partition_max_bytes=partition_max_bytes)])],
                 forgotten_topics_data=[], rack_id="")
-    (answer,) = local_apis(broker).call(request).responses
+    response = local_apis(broker).call(request)
+    if response.error_code:   # the whole request failed (the engine logged why)
+        error = Errors(response.error_code)
+        raise ApiError(error, f"Fetch of {topic} [{partition}] answered {error.name}")
+    (answer,) = response.responses
     (part,) = answer.partitions
     return part, part.records
 

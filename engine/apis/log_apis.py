@@ -386,7 +386,8 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
         for p in topic.partitions:
             part = FetchResponse.FetchableTopicResponse.PartitionData(
                 partition_index=p.partition, error_code=0, high_watermark=-1, last_stable_offset=-1,
-                log_start_offset=-1, aborted_transactions=None, preferred_read_replica=-1, records=b"")
+                log_start_offset=-1, aborted_transactions=None, preferred_read_replica=-1,
+                records=FetchedRecords(_NO_ROWS, apis.leader_epoch) if context.in_process else b"")
             parts.append(part)
             if name is None:
                 part.error_code = int(Errors.UNKNOWN_TOPIC_ID if topic_id is not None else Errors.UNKNOWN_TOPIC_OR_PART)
@@ -404,7 +405,7 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
             if committed:
                 part.aborted_transactions = []
             if context.in_process:
-                part.records = FetchedRecords(_NO_ROWS, apis.leader_epoch, 0, result.message)
+                part.records.error_message = result.message
             if rows is None:
                 continue
             if context.in_process:
