@@ -141,6 +141,29 @@ class FetchResult:
     aborted_transactions: list = field(default_factory=list)
 
 
+@dataclass
+class FetchedRecords:
+    """A Fetch response partition's records for an in-process caller (Kafka's ``Records``
+    abstraction: the log's rows as they are, where the wire carries them encoded as record
+    batches v2; :func:`~txlake.engine.apis.log_apis.handle_fetch`).
+
+    Attributes:
+        rows: :data:`~txlake.formats.records.RECORD_SCHEMA` rows from the fetch offset, in
+            offset order, the same rows the wire encodes: control records and the records of
+            aborted transactions included (the caller drops them, as Kafka's consumer does).
+        partition_leader_epoch: the leader epoch the wire's batch headers carry (the records'
+            ``leader_epoch`` for a consumer, KIP-320).
+        size_in_bytes: the rows' size as the fetch's byte limits count it (about their v2 size).
+        error_message: the engine's message for the partition's error ("" without one; the
+            wire has no field for it).
+    """
+
+    rows: pa.Table
+    partition_leader_epoch: int = -1
+    size_in_bytes: int = 0
+    error_message: str = ""
+
+
 @dataclass(frozen=True)
 class TxnMarker:
     """One WriteTxnMarkers entry: end ``producer_id``'s transaction on ``partitions``.

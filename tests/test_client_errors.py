@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -228,7 +229,7 @@ def test_init_transactions_raises_kafka_exception_naming_an_unreadable_transacti
     p.close(5)
 
 
-def test_committed_raises_kafka_exception_naming_an_unreadable_offsets_partition(conf, root):
+def test_committed_raises_kafka_exception_naming_an_unreadable_offsets_partition(conf, root, caplog):
     create(conf, "t")
     c = Consumer({**conf, "group.id": "g"})
     c.commit(offsets=[TopicPartition("t", 0, 3)], asynchronous=False)
@@ -239,12 +240,17 @@ def test_committed_raises_kafka_exception_naming_an_unreadable_offsets_partition
     (segment,) = Catalog.open(store).state.partition("__consumer_offsets", partition).segments
     store.put(segment.path, b"not parquet at all")
     c = Consumer({**conf, "group.id": "g"})
-    with pytest.raises(KafkaException) as info:
-        c.committed([TopicPartition("t", 0)])
+    with caplog.at_level(logging.WARNING, logger="txlake.engine.apis.group_apis"):
+        with pytest.raises(KafkaException) as info:
+            c.committed([TopicPartition("t", 0)])
     err = kafka_error(info)
     assert err.code() == KafkaError.CORRUPT_MESSAGE
-    assert err.str().startswith(f"committed() of group g: cannot read __consumer_offsets-{partition}: cannot read "
-                                f"__consumer_offsets [{partition}] at offset 0: {store.uri(segment.path)}")
+    # OffsetFetch's response carries only the code (the in-process client calls engine/apis as
+    # a wire client does); the engine's log names the partition and the object
+    assert err.str() == "committed(): OffsetFetch of group g answered CORRUPT_MESSAGE (the engine's log says what failed)"
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "txlake.engine.apis.group_apis"]
+    assert line.startswith(f"OffsetFetch of group g: cannot read __consumer_offsets-{partition}: cannot read "
+                           f"__consumer_offsets [{partition}] at offset 0: {store.uri(segment.path)}")
     c.close()
 
 

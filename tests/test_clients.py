@@ -91,6 +91,39 @@ def test_consumer_seek_position_watermarks_and_times(conf):
     c.close()
 
 
+def test_consumed_records_commits_and_positions_keep_the_leader_epoch_in_process(conf):
+    """KIP-320: a consumed record carries its partition's leader epoch (the writer lease's epoch,
+    as the wire's batch headers say), position() reports it, and commit(message=...) and a
+    commit of the positions store it with the offset; committed() returns it (issue 16: the
+    in-process TopicPartition.leader_epoch is not dropped)."""
+    create(conf, "t", 2)
+    p = Producer(conf)
+    for i in range(4):
+        p.produce("t", value=b"%d" % i, partition=i % 2)
+    p.flush(10)
+    epoch = p._broker.lease.epoch
+    assert isinstance(epoch, int) and epoch >= 1
+    c = Consumer({**conf, "group.id": "g", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.assign([TopicPartition("t", 0), TopicPartition("t", 1)])
+    msgs = sorted(c.consume(4, 5), key=lambda m: (m.partition(), m.offset()))
+    assert [(m.partition(), m.offset(), m.leader_epoch()) for m in msgs] == [(0, 0, epoch), (0, 1, epoch),
+                                                                             (1, 0, epoch), (1, 1, epoch)]
+    assert [(tp.offset, tp.leader_epoch) for tp in c.position([TopicPartition("t", 0), TopicPartition("t", 1)])] == [
+        (2, epoch), (2, epoch)]
+    c.commit(message=msgs[0], asynchronous=False)       # partition 0: offset 1, by message
+    tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    assert [(tp.offset, tp.leader_epoch) for tp in c.committed(tps, 10)] == [(1, epoch), (-1001, None)]
+    c.commit(asynchronous=False)                        # the positions: 2 and 2
+    assert [(tp.offset, tp.leader_epoch) for tp in c.committed(tps, 10)] == [(2, epoch), (2, epoch)]
+    c.close()
+    # a new member starts from the committed offsets with their epochs
+    c = Consumer({**conf, "group.id": "g", "enable.auto.commit": False})
+    c.assign(tps)
+    assert [(tp.offset, tp.leader_epoch) for tp in c.position(tps)] == [(2, epoch), (2, epoch)]
+    c.close()
+    p.close()
+
+
 def test_auto_offset_reset(conf):
     create(conf, "t", 1)
     p = Producer(conf)

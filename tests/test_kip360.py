@@ -16,18 +16,16 @@ one batch with it -- exactly what a Kafka broker's answer would look like to the
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future
 
 import pyarrow as pa
 import pytest
 
-from helpers import TXN_CONF, read_values, transactional_conf  # noqa: F401 (fixture conf)
+from helpers import TXN_CONF, hang_data_puts, read_values, transactional_conf  # noqa: F401 (fixture conf)
 from txlake import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch, ProduceResult
 from txlake.engine.errors import Errors
-from txlake.engine.group_commit import DATA_PREFIX
 from txlake.engine.transaction_metadata import ProducerIdAndEpoch, TransactionState
 from txlake.formats.records import PAYLOAD_SCHEMA
 
@@ -262,16 +260,7 @@ def test_delivery_timeout_in_a_transaction(conf, monkeypatch):
     p.begin_transaction()
     p.produce("out", value="a0", partition=0)
     p.commit_transaction(10)
-    store = p._broker.store
-    real_put = store.put
-    gate = threading.Event()
-
-    def hanging_put(key, data):
-        if key.startswith(DATA_PREFIX):
-            gate.wait(30)
-        return real_put(key, data)
-
-    monkeypatch.setattr(store, "put", hanging_put)
+    gate = hang_data_puts(monkeypatch, p._broker.store)
     reports = []
     p.begin_transaction()
     started = time.monotonic()

@@ -27,10 +27,9 @@ from typing import Any, Callable
 
 from txlake.engine.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from txlake.engine.errors import ApiError, Errors
-from txlake.engine.group_offsets import OffsetAndMetadata
-from txlake.engine.log_reader import visible_records
 from txlake.engine.registry import acquire_broker, release_broker
 
+from . import local_requests
 from .config import parse_config
 from .consumer_coordinator import ConsumerCoordinator
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
@@ -40,7 +39,6 @@ from .types import (OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, OFFSET_STORED,
 
 _EARLIEST = {"smallest", "earliest", "beginning"}
 _LATEST = {"largest", "latest", "end"}
-FETCH_RECORDS = 10_000
 #: fetch position of a partition whose committed offset is held by a pending transaction
 _UNSTABLE = -2001
 #: how long a partition waits before asking again for an unstable committed offset (Kafka's retry.backoff.ms)
@@ -60,10 +58,12 @@ class _Fetch:
     consume() of many records is one slice).
     """
 
-    __slots__ = ("position", "messages", "next", "eof_sent", "retry_at")
+    __slots__ = ("position", "epoch", "messages", "next", "eof_sent", "retry_at")
 
-    def __init__(self, position: int):
+    def __init__(self, position: int, epoch: int | None = None):
         self.position = position
+        #: the leader epoch of the record before ``position`` (KIP-320), None when unknown
+        self.epoch = epoch
         self.messages: list[Message] = []
         self.next = 0
         self.eof_sent = False
@@ -122,6 +122,7 @@ class Consumer:
         self._eof = self._cfg["enable.partition.eof"]
         with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
             self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
+        local_requests.load(self._broker)
         self._lock = threading.RLock()
         self._assignment: dict[tuple[str, int], _Fetch] = {}
         self._order: deque[tuple[str, int]] = deque()
@@ -154,7 +155,7 @@ class Consumer:
             self._assignment_version += 1
             self._assignment = {}
             for tp in partitions:
-                self._assignment[(tp.topic, tp.partition)] = _Fetch(self._resolve(tp.topic, tp.partition, tp.offset))
+                self._assignment[(tp.topic, tp.partition)] = _Fetch(*self._resolve(tp.topic, tp.partition, tp.offset))
             self._order = deque(self._assignment)
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
@@ -164,7 +165,7 @@ class Consumer:
         with self._lock, kafka_errors("incremental_assign()"):
             self._assignment_version += 1
             for tp in partitions:
-                self._assignment[(tp.topic, tp.partition)] = _Fetch(self._resolve(tp.topic, tp.partition, tp.offset))
+                self._assignment[(tp.topic, tp.partition)] = _Fetch(*self._resolve(tp.topic, tp.partition, tp.offset))
             self._order = deque(self._assignment)
 
     def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
@@ -237,36 +238,57 @@ class Consumer:
             return ConsumerGroupMetadata(group, -1, "", self._cfg["group.instance.id"])
         return ConsumerGroupMetadata(*self._membership.group_metadata())
 
-    def _resolve(self, topic: str, partition: int, offset: int) -> int:
-        """A concrete fetch position for a logical offset (or OFFSET_INVALID when reset must fail).
+    def _resolve(self, topic: str, partition: int, offset: int) -> tuple[int, int | None]:
+        """A concrete fetch position for a logical offset (or OFFSET_INVALID when reset must
+        fail), with the leader epoch known for it (the committed one's, KIP-320; else None).
 
         OFFSET_INVALID/OFFSET_STORED start from the group's committed offset when there is
-        one (group.id set), else by ``auto.offset.reset``.
+        one (group.id set: OffsetFetch), else by ``auto.offset.reset`` (ListOffsets).
         """
         if (offset is None or offset in (OFFSET_INVALID, OFFSET_STORED)) and self._cfg["group.id"]:
-            answer = self._broker.group_offsets().fetch(self._cfg["group.id"], [(topic, partition)],
-                                                        self._isolation == "read_committed")
-            stored, error = answer[(topic, partition)]
+            stored, epoch, _, error = self._offset_fetch([(topic, partition)], f"{topic} [{partition}]")[(topic, partition)]
             if error == Errors.UNSTABLE_OFFSET_COMMIT:
-                return _UNSTABLE   # a transaction holds a pending offset: ask again at the next fetch (KIP-447)
-            if stored is not None and stored.offset >= 0:
+                return _UNSTABLE, None   # a transaction holds a pending offset: ask again at the next fetch (KIP-447)
+            if error != Errors.NO_ERROR:
+                raise kafka_exception(error, f"OffsetFetch of {topic} [{partition}] for group "
+                                             f"{self._cfg['group.id']} failed: {error.name}")
+            if stored >= 0:
                 with self._lock:
-                    self._committed[(topic, partition)] = stored.offset
-                return stored.offset
+                    self._committed[(topic, partition)] = stored
+                return stored, epoch
         if offset is None or offset in (OFFSET_INVALID, OFFSET_STORED):
             offset = OFFSET_BEGINNING if self._reset in _EARLIEST else OFFSET_END if self._reset in _LATEST else OFFSET_INVALID
         if offset == OFFSET_BEGINNING:
-            return self._list_offset(topic, partition, EARLIEST_TIMESTAMP)
+            return self._list_offset(topic, partition, EARLIEST_TIMESTAMP), None
         if offset == OFFSET_END:
-            return self._list_offset(topic, partition, LATEST_TIMESTAMP)
-        return offset
+            return self._list_offset(topic, partition, LATEST_TIMESTAMP), None
+        return offset, None
 
     def _list_offset(self, topic: str, partition: int, ts: int) -> int:
-        err, offset, _ = self._broker.list_offsets(topic, partition, ts, self._isolation)
+        """ListOffsets of one partition under the consumer's isolation level (after a catalog
+        refresh when the partition is not known yet); OFFSET_INVALID on an error."""
+        wanted = [(topic, partition, ts)]
+        ((err, offset, _),) = local_requests.list_offsets(self._broker, wanted, self._isolation)
         if err == Errors.UNKNOWN_TOPIC_OR_PART:
             self._broker.refresh()
-            err, offset, _ = self._broker.list_offsets(topic, partition, ts, self._isolation)
+            ((err, offset, _),) = local_requests.list_offsets(self._broker, wanted, self._isolation)
         return offset if err == Errors.NO_ERROR else OFFSET_INVALID
+
+    def _offset_fetch(self, partitions: list[tuple[str, int]], what: str) -> dict:
+        """OffsetFetch of the group's committed offsets of ``partitions`` (stable ones under
+        read_committed): ``{(topic, partition): (offset, leader epoch, metadata, error)}``.
+
+        Raises:
+            KafkaException: the group's error, the message starting with ``what`` (e.g.
+                CORRUPT_MESSAGE when its ``__consumer_offsets`` partition cannot be read: the
+                response has no message, the engine logs which object failed).
+        """
+        group = self._group()
+        error, answer = local_requests.offset_fetch(self._broker, group, partitions, self._isolation == "read_committed")
+        if error != Errors.NO_ERROR:
+            raise kafka_exception(error, f"{what}: OffsetFetch of group {group} answered {error.name} "
+                                         f"(the engine's log says what failed)")
+        return answer
 
     def seek(self, partition: TopicPartition) -> None:
         """Set the fetch position of an assigned partition (logical offsets allowed).
@@ -281,7 +303,7 @@ class Consumer:
             state = self._assignment.get((partition.topic, partition.partition))
             if state is None:
                 raise kafka_exception(KafkaError._STATE, f"Partition {partition.topic} [{partition.partition}] is not assigned")
-            state.position = self._resolve(partition.topic, partition.partition, partition.offset)
+            state.position, state.epoch = self._resolve(partition.topic, partition.partition, partition.offset)
             state.clear()
             state.eof_sent = False
 
@@ -293,12 +315,15 @@ class Consumer:
             out = []
             for tp in partitions:
                 state = self._assignment.get((tp.topic, tp.partition))
-                pos = OFFSET_INVALID
+                pos, epoch = OFFSET_INVALID, None
                 if state is not None:
                     queued = state.queued()
-                    pos = queued.offset() if queued is not None and queued.error() is None else state.position
+                    if queued is not None and queued.error() is None:
+                        pos, epoch = queued.offset(), queued.leader_epoch()
+                    else:
+                        pos, epoch = state.position, state.epoch
                     pos = OFFSET_INVALID if pos == _UNSTABLE else pos
-                out.append(TopicPartition(tp.topic, tp.partition, pos))
+                out.append(TopicPartition(tp.topic, tp.partition, pos, leader_epoch=epoch))
             return out
 
     # ------------------------------------------------------------------ fetching
@@ -365,7 +390,7 @@ class Consumer:
         if state.position in (OFFSET_INVALID, _UNSTABLE):
             if state.position == _UNSTABLE and time.monotonic() < state.retry_at:
                 return
-            state.position = self._resolve(topic, partition, OFFSET_INVALID)
+            state.position, state.epoch = self._resolve(topic, partition, OFFSET_INVALID)
             if state.position == _UNSTABLE:
                 state.retry_at = time.monotonic() + UNSTABLE_RETRY_BACKOFF_S
                 return
@@ -373,20 +398,21 @@ class Consumer:
                 state.push([Message(topic, partition, None, error=KafkaError(
                     KafkaError._AUTO_OFFSET_RESET, f"no valid offset for {topic} [{partition}] and auto.offset.reset=error"))])
                 return
-        result = self._broker.fetch(topic, partition, state.position, FETCH_RECORDS, self._isolation)
-        if result.error == Errors.OFFSET_OUT_OF_RANGE:
+        result, records = self._send_fetch(topic, partition, state.position)
+        if result.error_code == Errors.OFFSET_OUT_OF_RANGE:
             if self._reset in _EARLIEST or self._reset in _LATEST:
-                state.position = self._resolve(topic, partition, OFFSET_INVALID)
-                result = self._broker.fetch(topic, partition, state.position, FETCH_RECORDS, self._isolation)
+                state.position, state.epoch = self._resolve(topic, partition, OFFSET_INVALID)
+                result, records = self._send_fetch(topic, partition, state.position)
             else:
                 state.push([Message(topic, partition, state.position, error=KafkaError(
-                    KafkaError._AUTO_OFFSET_RESET, result.message))])
+                    KafkaError._AUTO_OFFSET_RESET, records.error_message))])
                 return
-        if result.error != Errors.NO_ERROR:
-            state.push([Message(topic, partition, state.position, error=KafkaError(result.error, result.message))])
+        if result.error_code != Errors.NO_ERROR:
+            state.push([Message(topic, partition, state.position, error=KafkaError(
+                Errors(result.error_code), records.error_message or None))])
             return
-        table = result.records
-        if table is None or table.num_rows == 0:
+        table = records.rows
+        if table.num_rows == 0:
             bound = result.last_stable_offset if self._isolation == "read_committed" else result.high_watermark
             if self._eof and not state.eof_sent and state.position >= bound:
                 state.eof_sent = True
@@ -397,7 +423,16 @@ class Consumer:
         # The fetch position moves past everything fetched, control records included;
         # position() reports the first message not yet returned while some are queued.
         state.position = table.column("offset")[-1].as_py() + 1
-        state.push(_messages(topic, partition, visible_records(table, result.aborted_transactions)))
+        state.epoch = records.partition_leader_epoch
+        state.push(_messages(topic, partition, local_requests.visible(records, result.aborted_transactions),
+                             records.partition_leader_epoch))
+
+    def _send_fetch(self, topic: str, partition: int, offset: int):
+        """Fetch one partition from ``offset`` (no wait: ``consume()`` waits itself), within
+        ``fetch.max.bytes`` / ``max.partition.fetch.bytes``: the response's partition data and
+        its :class:`~txlake.engine.requests.FetchedRecords`."""
+        return local_requests.fetch(self._broker, topic, partition, offset, self._isolation,
+                                    self._cfg["fetch.max.bytes"], self._cfg["max.partition.fetch.bytes"])
 
     # ------------------------------------------------------------------ offsets
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
@@ -412,12 +447,14 @@ class Consumer:
         """
         if not isinstance(partition, TopicPartition):
             raise TypeError(f"get_watermark_offsets() requires a TopicPartition, not {type(partition).__name__}")
+        tp = (partition.topic, partition.partition)
         with kafka_errors(f"get_watermark_offsets() of {partition.topic} [{partition.partition}]"):
             if not cached:
                 self._broker.refresh()
-            err_l, low, _ = self._broker.list_offsets(partition.topic, partition.partition, EARLIEST_TIMESTAMP)
-            err_h, high, _ = self._broker.list_offsets(partition.topic, partition.partition, LATEST_TIMESTAMP,
-                                                       self._isolation)
+            # two ListOffsets, as librdkafka's query_watermark_offsets sends (the earliest offset
+            # does not depend on the isolation level)
+            ((err_l, low, _),) = local_requests.list_offsets(self._broker, [(*tp, EARLIEST_TIMESTAMP)])
+            ((err_h, high, _),) = local_requests.list_offsets(self._broker, [(*tp, LATEST_TIMESTAMP)], self._isolation)
         if err_l != Errors.NO_ERROR or err_h != Errors.NO_ERROR:
             raise kafka_exception(Errors.UNKNOWN_TOPIC_OR_PART, f"Unknown topic or partition: {partition.topic} [{partition.partition}]")
         return low, high
@@ -433,10 +470,10 @@ class Consumer:
         partition_list(partitions, "offsets_for_times")
         with kafka_errors("offsets_for_times()"):
             self._broker.refresh()
+            answer = local_requests.list_offsets(self._broker, [(tp.topic, tp.partition, tp.offset) for tp in partitions],
+                                                 self._isolation)
         out = []
-        for tp in partitions:
-            with kafka_errors(f"offsets_for_times() of {tp.topic} [{tp.partition}]"):
-                err, offset, _ = self._broker.list_offsets(tp.topic, tp.partition, tp.offset, self._isolation)
+        for tp, (err, offset, _) in zip(partitions, answer):
             res = TopicPartition(tp.topic, tp.partition, offset if err == Errors.NO_ERROR else OFFSET_INVALID)
             if err != Errors.NO_ERROR:
                 res.error = KafkaError(err)
@@ -518,7 +555,8 @@ class Consumer:
     def _commit_request(self, message: Message | None, offsets: list[TopicPartition] | None) -> _CommitRequest:
         """What a commit() asks for, taken now: copies of the absolute offsets, and the member identity."""
         if message is not None:
-            wanted = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+            wanted = [TopicPartition(message.topic(), message.partition(), message.offset() + 1,
+                                     leader_epoch=message.leader_epoch())]
         elif offsets is not None:
             wanted = [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata, tp.leader_epoch) for tp in offsets]
         else:
@@ -543,10 +581,7 @@ class Consumer:
             result: CommitResult = (KafkaError(KafkaError._NO_OFFSET, "Local: No offset stored"), [])
         else:
             try:
-                answer = self._broker.group_offsets().commit(
-                    group, {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "",
-                                                                          leader_epoch=tp.leader_epoch)
-                            for tp in request.offsets}, *request.identity)
+                answer = local_requests.offset_commit(self._broker, group, request.offsets, *request.identity)
             except Exception as exc:  # the engine failed: the caller still gets an answer
                 log.error("offset commit of group %s failed: %s", group, exc, exc_info=True)
                 answer = dict.fromkeys(((tp.topic, tp.partition) for tp in request.offsets),
@@ -585,20 +620,18 @@ class Consumer:
         retries until the transaction completes or ``timeout`` passes (KIP-447).
 
         Raises:
-            KafkaException: ``_TIMED_OUT`` while offsets stay unstable; the group's
-                ``__consumer_offsets`` partition cannot be read (its error, naming the partition,
-                with the underlying error as ``__cause__``).
+            KafkaException: ``_TIMED_OUT`` while offsets stay unstable; OffsetFetch's error for
+                the group, e.g. CORRUPT_MESSAGE when its ``__consumer_offsets`` partition cannot be
+                read (the engine logs the partition and object: Kafka's response has no message).
             TypeError: ``partitions`` is not a list of TopicPartition.
         """
         partition_list(partitions, "committed")
         group = self._group()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
-        require_stable = self._isolation == "read_committed"
         while True:
             with kafka_errors(f"committed() of group {group}"):
-                answer = self._broker.group_offsets().fetch(group, [(tp.topic, tp.partition) for tp in partitions],
-                                                            require_stable)
-            if all(error != Errors.UNSTABLE_OFFSET_COMMIT for _, error in answer.values()):
+                answer = self._offset_fetch([(tp.topic, tp.partition) for tp in partitions], "committed()")
+            if all(entry[3] != Errors.UNSTABLE_OFFSET_COMMIT for entry in answer.values()):
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 raise kafka_exception(KafkaError._TIMED_OUT,
@@ -606,9 +639,8 @@ class Consumer:
             time.sleep(0.05)
         out = []
         for tp in partitions:
-            om, _ = answer[(tp.topic, tp.partition)]
-            out.append(TopicPartition(tp.topic, tp.partition, om.offset if om else OFFSET_INVALID,
-                                      om.metadata if om else None, om.leader_epoch if om else None))
+            offset, epoch, metadata, _ = answer[(tp.topic, tp.partition)]
+            out.append(TopicPartition(tp.topic, tp.partition, offset if offset >= 0 else OFFSET_INVALID, metadata, epoch))
         return out
 
     def list_topics(self, topic: str | None = None, timeout: float = -1):
@@ -643,7 +675,7 @@ class Consumer:
         self.close()
 
 
-def _messages(topic: str, partition: int, table) -> list[Message]:
+def _messages(topic: str, partition: int, table, leader_epoch: int | None = None) -> list[Message]:
     offsets = table.column("offset").to_pylist()
     keys = table.column("key").to_pylist()
     values = table.column("value").to_pylist()
@@ -657,7 +689,8 @@ def _messages(topic: str, partition: int, table) -> list[Message]:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return [Message._record(topic, partition, o, k, v, t, TIMESTAMP_LOG_APPEND_TIME if tt == 1 else TIMESTAMP_CREATE_TIME, h)
+        return [Message._record(topic, partition, o, k, v, t, TIMESTAMP_LOG_APPEND_TIME if tt == 1 else TIMESTAMP_CREATE_TIME, h,
+                                None, leader_epoch)
                 for o, k, v, t, tt, h in zip(offsets, keys, values, timestamps, ts_types, headers)]
     finally:
         if gc_was_enabled:

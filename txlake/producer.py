@@ -49,6 +49,7 @@ from txlake.engine.registry import acquire_broker, release_broker
 from txlake.catalog.topic_config import effective_config
 from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
 
+from . import local_requests
 from .config import parse_config
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .transaction_manager import TransactionManager
@@ -197,6 +198,7 @@ class Producer:
         self._only_errors = v["delivery.report.only.error"]
         with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
             self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
+        local_requests.load(self._broker)
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._buffers: dict[tuple[str, int], _Buffer] = {}
@@ -339,20 +341,22 @@ class Producer:
         return p
 
     def _start_writing(self) -> None:
-        """First write: take the storage root's writer lease (and a producer id when idempotent).
+        """First write: start the embedded engine as the storage root's writer (it takes the
+        writer lease, as ``txlake serve`` does when it starts), then, when idempotent, send
+        InitProducerId for a producer id.
 
         Fails at once (not after delivery.timeout.ms) when another process holds the lease.
         """
         with kafka_errors(f"taking the writer lease of {self._broker.store.url}"):
             try:
-                if self._idempotent:
-                    err, pid, epoch = self._broker.init_producer_id()
-                    assert err == Errors.NO_ERROR
-                    self._producer_id, self._epoch = pid, epoch
-                else:
-                    self._broker.ensure_writer()
+                self._broker.ensure_writer()
             except ApiError as exc:
                 raise from_api_error(exc) from None
+            if self._idempotent:
+                err, pid, epoch = local_requests.init_producer_id(self._broker)
+                if err != Errors.NO_ERROR:
+                    raise kafka_exception(err, f"InitProducerId of an idempotent producer failed: {err.name}")
+                self._producer_id, self._epoch = pid, epoch
         self._writer_checked = True
 
     def _close_batch(self, tp: tuple[str, int], urgent: bool = False) -> None:
@@ -447,7 +451,10 @@ class Producer:
                 batch.base_sequence = self._assign_sequence(flight.tp, batch.records.num_rows)
         self._inflight[id(flight)] = flight
         self._expiry_due = min(self._expiry_due, flight.deadline)
-        (future,) = self._broker.produce_async([flight.batch])
+        # the engine answers a batch it has not committed by delivery.timeout.ms after _expire
+        # has reported it (a late answer is ignored), so the request waits a second longer
+        timeout_ms = int((flight.deadline - time.monotonic()) * 1000) + 1000
+        future = local_requests.produce(self._broker, flight.batch, timeout_ms, self._cfg["transactional.id"])
         future.add_done_callback(lambda f, fl=flight: self._on_result(fl, f.result()))
 
     def _requeue(self, flight: _InFlight) -> None:
@@ -583,11 +590,10 @@ class Producer:
         if not self._bump_required or self._inflight or self._txn is not None or not self._idempotent:
             return
         if self._epoch >= SHORT_MAX_VALUE:
-            try:
-                err, pid, epoch = self._broker.init_producer_id()
-            except ApiError as exc:
+            err, pid, epoch = local_requests.init_producer_id(self._broker)
+            if err != Errors.NO_ERROR:
                 if self._fatal is None:
-                    self._fatal = KafkaError(Errors._FATAL, f"fatal error: a new producer id was refused: {exc.message}",
+                    self._fatal = KafkaError(Errors._FATAL, f"fatal error: a new producer id was refused: {err.name}",
                                              fatal=True)
                 return
             self._producer_id, self._epoch = pid, epoch
@@ -922,7 +928,7 @@ class Producer:
                             self._await_epoch_bump(deadline)
                             batch.producer_id, batch.producer_epoch = self._producer_id, self._epoch
                             batch.base_sequence = self._assign_sequence((topic, p), chunk.num_rows)
-                        (fut,) = self._broker.produce_async([batch])
+                        fut = local_requests.produce(self._broker, batch, int(timeout * 1000), self._cfg["transactional.id"])
                     pending.append((fut, p, chunk.num_rows, chunk.nbytes))
                     pending_bytes += chunk.nbytes
                     total += chunk.num_rows

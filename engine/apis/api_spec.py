@@ -34,6 +34,9 @@ class RequestContext:
         correlation_id: the request header's correlation id.
         client_id: the request header's client id ("" when null).
         client_host: the peer's address ("" in-process).
+        in_process: the caller shares this process (:meth:`~.kafka_apis.KafkaApis.call`):
+            responses may carry records as objects rather than wire bytes (a Fetch's
+            :class:`~txlake.engine.requests.FetchedRecords`; see :mod:`.log_apis`).
     """
 
     api_key: int
@@ -41,6 +44,7 @@ class RequestContext:
     correlation_id: int = 0
     client_id: str = ""
     client_host: str = ""
+    in_process: bool = False
 
 
 @dataclass(frozen=True)

@@ -404,13 +404,21 @@ def _requested_groups(request: Any, version: int) -> list[tuple[str, list | None
 
 def _fetch_group_offsets(apis: ApiNode, group_id: str, topics: list | None, require_stable: bool,
                          version: int) -> _GroupOffsets:
-    """OffsetFetch of one group (:meth:`GroupOffsets.fetch`); an unknown group has no offsets."""
+    """OffsetFetch of one group (:meth:`GroupOffsets.fetch`); an unknown group has no offsets.
+
+    A node that never held the writer lease (an in-process reader of the root: it never
+    became the coordinator) answers from the committed ``__consumer_offsets`` log, as every
+    reader of the root can, without taking the lease; a node that holds it, or held it and
+    lost it (NOT_COORDINATOR), answers as the coordinator. A partition that cannot be read
+    answers its error (the engine's message is logged: the response has no field for it).
+    """
     if not group_id:
         return Errors.INVALID_GROUP_ID, []
-    try:
-        _coordinator(apis)
-    except _CoordinatorError as exc:
-        return exc.error, []
+    if apis.broker.lease is not None:
+        try:
+            _coordinator(apis)
+        except _CoordinatorError as exc:
+            return exc.error, []
     by_id, by_name = _topic_ids(apis) if version >= 10 else ({}, {})
     offsets = apis.broker.group_offsets()
     wanted: list[TopicPartitionKey] | None = None
@@ -423,6 +431,7 @@ def _fetch_group_offsets(apis: ApiNode, group_id: str, topics: list | None, requ
     try:
         answer = offsets.fetch(group_id, wanted, require_stable)
     except ApiError as exc:
+        log.warning("OffsetFetch of group %s: %s", group_id, exc.message)
         return append_error_to_response_error(exc.error), []
 
     def entry(tp: TopicPartitionKey) -> tuple[int, int, int, str, Errors]:

@@ -144,8 +144,7 @@ class KafkaApis:
         Raises:
             UnsupportedRequest: the API or version is not implemented.
         """
-        context = RequestContext(api_key=int(request.API_KEY), api_version=request.version, client_id=client_id)
-        result = self.handle(context, request)
+        result = self.send(request, client_id)
         if isinstance(result, Future):
             return result
         done: Future = Future()
@@ -171,7 +170,17 @@ class KafkaApis:
             UnsupportedRequest: the API or version is not implemented.
             concurrent.futures.TimeoutError: the answer did not come within ``timeout_s``.
         """
-        return self.submit(request, client_id).result(timeout_s)
+        result = self.send(request, client_id)
+        return result.result(timeout_s) if isinstance(result, Future) else result
+
+    def send(self, request: Any, client_id: str = "") -> HandlerResult:
+        """Answer one request in-process without waiting: the response, a Future of it (an
+        answer that comes later, e.g. a Produce's after its catalog commit), or None (a
+        Produce with acks=0). The context says ``in_process``: records may cross as objects
+        (:mod:`.log_apis`). Raises as :meth:`call`."""
+        context = RequestContext(api_key=int(request.API_KEY), api_version=request.version, client_id=client_id,
+                                 in_process=True)
+        return self.handle(context, request)
 
     def _failed(self, spec: ApiSpec, context: RequestContext, request: Any, exc: BaseException) -> Any:
         log.error("%s v%d from %s (client id %r) failed: %s", spec.key.name, context.api_version,

@@ -8,6 +8,14 @@ Record batches cross this layer as Kafka's wire bytes (message format v2): a Pro
 returns, batch by batch with their producer id, epoch, sequence and control flag, so
 clients see exactly the batches and offsets the log holds.
 
+In-process callers (the embedded clients, :meth:`KafkaApis.call`) pass records as objects
+instead, as Kafka's ``Records`` abstraction lets a request carry ``MemoryRecords`` rather
+than bytes: a Produce partition's ``records`` may be a :class:`ProduceBatch` (already in the
+log's columns), and a Fetch answered to a context with ``in_process`` carries
+:class:`FetchedRecords` (the same rows the wire would encode). Nothing is encoded only to be
+decoded again; everything else -- validation, idempotence, byte limits, LSO, aborted
+transactions, errors -- is the same code for both.
+
 Leader epochs: every partition's leader epoch is the writer lease's epoch
 (:attr:`KafkaApis.leader_epoch`). A Fetch or ListOffsets naming an older current leader
 epoch answers FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH (KIP-320). The log
@@ -17,13 +25,15 @@ the end offset of any epoch up to the current one: a client never has to truncat
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 from kafka.protocol.api_key import ApiKey
 from kafka.protocol.consumer import (FetchResponse, ListOffsetsResponse,
                                      OffsetForLeaderEpochResponse)
@@ -31,9 +41,11 @@ from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 
 from txlake.formats.errors import RecordBatchError
 from txlake.formats.record_batch import decode_batches, encode_batches
+from txlake.formats.records import RECORD_SCHEMA
 
-from ..errors import Errors
-from ..requests import ProduceBatch, ProduceResult
+from ..errors import ApiError, Errors
+from ..group_coordinator import append_error_to_response_error
+from ..requests import FetchedRecords, ProduceBatch, ProduceResult
 from ..transaction_metadata import ProducerIdAndEpoch
 from .api_spec import ApiNode, ApiSpec, RequestContext
 from .group_apis import _CoordinatorError
@@ -47,9 +59,15 @@ READ_COMMITTED = 1
 ADMIN_CLIENT_ID = "__admin_client"
 #: a Fetch reads at most this many records of a partition per request
 MAX_FETCH_RECORDS = 50_000
+#: a Fetch first reads ``limit // FETCH_READ_BYTES_PER_ROW`` rows of a partition (at least
+#: FETCH_READ_MIN_ROWS), and more only while they all fit the byte limit (:func:`_read_within`)
+FETCH_READ_BYTES_PER_ROW = 64
+FETCH_READ_MIN_ROWS = 500
 #: bytes a record costs in a v2 batch besides its key and value (length, attributes, deltas)
 RECORD_OVERHEAD_BYTES = 20
 _ZERO_UUID = uuid.UUID(int=0)
+#: the records of an in-process Fetch partition without rows
+_NO_ROWS = RECORD_SCHEMA.empty_table()
 
 
 def _leader_epoch_error(apis: ApiNode, current_leader_epoch: int) -> Errors | None:
@@ -76,7 +94,8 @@ def _topic_name(apis: ApiNode, name: str | None, topic_id: Any) -> str | None:
 
 # ---------------------------------------------------------------------------------- Produce
 def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
-    """Produce: decode each partition's record batch, append it, answer after the catalog
+    """Produce: take each partition's record batch (wire bytes decoded, or an in-process
+    caller's :class:`ProduceBatch` as it is: :func:`_produce_batch`), append it, answer after the catalog
     commit that makes it durable (acks=1 and acks=all alike: the leader's log *is* object
     storage), or at once with no response for acks=0.
 
@@ -108,22 +127,13 @@ def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
                 error = Errors.UNKNOWN_TOPIC_ID if topic_id is not None else Errors.UNKNOWN_TOPIC_OR_PART
                 answers.append((*where, ProduceResult(error)))
                 continue
-            try:
-                decoded = decode_batches(part.records or b"", topic=name, partition=part.index)
-            except RecordBatchError as exc:
-                answers.append((*where, ProduceResult(Errors[exc.error_name], message=str(exc))))
-                continue
-            (wire,) = decoded  # decode_batches with client checks yields exactly one batch
-            if wire.compression == "zstd" and context.api_version < 7:
-                # KIP-110: zstd needs Produce v7+ (an older client cannot have negotiated it)
-                answers.append((*where, ProduceResult(Errors.UNSUPPORTED_COMPRESSION_TYPE, message=(
-                    f"zstd-compressed records need Produce v7 or later, the request is v{context.api_version}"))))
+            batch = _produce_batch(context, name, part)
+            if isinstance(batch, ProduceResult):
+                answers.append((*where, batch))
                 continue
             slots.append(len(answers))
             answers.append((*where, ProduceResult(Errors.NO_ERROR)))
-            batches.append(ProduceBatch(name, part.index, wire.records, wire.producer_id, wire.producer_epoch,
-                                        wire.base_sequence, wire.is_transactional,
-                                        size_in_bytes=wire.size_in_bytes))
+            batches.append(batch)
     if any(b.is_transactional for b in batches):
         if request.transactional_id is None:
             # Kafka's handleProduceRequest: transactional records need the request's transactional id
@@ -188,13 +198,105 @@ def _when_all(answers: list[tuple], timeout_ms: int, build) -> Future:
     if not pending:
         finish()
         return out
-    timer = threading.Timer(max(timeout_ms, 0) / 1000, finish)
-    timer.daemon = True
-    timer.start()
-    out.add_done_callback(lambda _: timer.cancel())
     for fut in pending:
         fut.add_done_callback(one_done)
+    if not out.done():   # refusals are answered at once: only a batch waiting for its commit waits here
+        expiry = _PURGATORY.call_at(time.monotonic() + max(timeout_ms, 0) / 1000, finish)
+        out.add_done_callback(lambda _: _PURGATORY.cancel(expiry))
     return out
+
+
+class _Purgatory:
+    """Runs each waiting request's expiry at its deadline from one thread (Kafka's
+    ``DelayedOperationPurgatory`` timer): a Produce waiting for its commit costs a heap entry,
+    not a thread of its own. Callbacks run on the purgatory's thread; a cancelled entry is
+    dropped when it reaches the head (or when cancelled ones are most of the heap)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[list] = []   # [deadline (monotonic s), sequence, callback or None]
+        self._seq = 0
+        self._cancelled = 0
+        self._thread: threading.Thread | None = None
+
+    def call_at(self, deadline: float, callback: Callable[[], None]) -> list:
+        """Run ``callback`` at ``deadline`` (``time.monotonic()`` s) unless cancelled; the entry."""
+        with self._cond:
+            self._seq += 1
+            entry = [deadline, self._seq, callback]
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="txlake-request-purgatory", daemon=True)
+                self._thread.start()
+            if self._heap[0] is entry:
+                self._cond.notify()
+        return entry
+
+    def cancel(self, entry: list) -> None:
+        """Forget ``entry`` (its callback will not run)."""
+        with self._cond:
+            if entry[2] is None:
+                return
+            entry[2] = None
+            self._cancelled += 1
+            if self._cancelled > 64 and self._cancelled * 2 > len(self._heap):
+                self._heap = [e for e in self._heap if e[2] is not None]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2] is None:
+                        heapq.heappop(self._heap)
+                        self._cancelled -= 1
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    wait = self._heap[0][0] - time.monotonic()
+                    if wait <= 0:
+                        entry = heapq.heappop(self._heap)
+                        callback, entry[2] = entry[2], None
+                        break
+                    self._cond.wait(wait)
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - the purgatory thread must survive one failed expiry
+                log.exception("a request's expiry failed")
+
+
+_PURGATORY = _Purgatory()
+
+
+def _produce_batch(context: RequestContext, topic: str, part: Any) -> ProduceBatch | ProduceResult:
+    """The batch a Produce partition carries, or the error answering it.
+
+    ``part.records`` is either a record batch v2 as the wire carries it (decoded here into the
+    log's Arrow columns: CORRUPT_MESSAGE / INVALID_RECORD for one that does not decode,
+    UNSUPPORTED_COMPRESSION_TYPE for zstd below v7, KIP-110) or, from an in-process caller, a
+    :class:`ProduceBatch` already in those columns (Kafka's ``MemoryRecords`` rather than bytes:
+    nothing is encoded to be decoded again). Either way the batch then goes through the same
+    validation, idempotence checks and append (:meth:`Broker.produce_async`). An in-process
+    batch must name the partition it is sent for (INVALID_REQUEST otherwise).
+    """
+    records = part.records
+    if isinstance(records, ProduceBatch):
+        if (records.topic, records.partition) != (topic, part.index):
+            return ProduceResult(Errors.INVALID_REQUEST, message=(
+                f"the batch for {records.topic} [{records.partition}] was sent as {topic} [{part.index}]"))
+        return records
+    try:
+        decoded = decode_batches(records or b"", topic=topic, partition=part.index)
+    except RecordBatchError as exc:
+        return ProduceResult(Errors[exc.error_name], message=str(exc))
+    (wire,) = decoded  # decode_batches with client checks yields exactly one batch
+    if wire.compression == "zstd" and context.api_version < 7:
+        # KIP-110: zstd needs Produce v7+ (an older client cannot have negotiated it)
+        return ProduceResult(Errors.UNSUPPORTED_COMPRESSION_TYPE, message=(
+            f"zstd-compressed records need Produce v7 or later, the request is v{context.api_version}"))
+    return ProduceBatch(topic, part.index, wire.records, wire.producer_id, wire.producer_epoch,
+                        wire.base_sequence, wire.is_transactional, size_in_bytes=wire.size_in_bytes)
 
 
 def _produce_response(apis: ApiNode, answers: list[tuple]) -> Any:
@@ -276,6 +378,11 @@ def handle_fetch(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     Waits up to ``max_wait_ms`` while fewer than ``min_bytes`` are available. At least one
     whole batch is returned even above ``max_bytes`` / ``partition_max_bytes`` (KIP-74).
     No fetch sessions (KIP-227): the response's session id is 0, so clients send full requests.
+
+    In-process (``context.in_process``) every answered partition's ``records`` is a
+    :class:`FetchedRecords`: the rows the wire would encode (no rows on an error or at the end),
+    the leader epoch its batch headers would carry, their size as counted against the byte
+    limits, and the engine's error message (e.g. CORRUPT_MESSAGE naming the object).
     """
     signal = _commit_signal(apis)
     deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
@@ -306,7 +413,8 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
         for p in topic.partitions:
             part = FetchResponse.FetchableTopicResponse.PartitionData(
                 partition_index=p.partition, error_code=0, high_watermark=-1, last_stable_offset=-1,
-                log_start_offset=-1, aborted_transactions=None, preferred_read_replica=-1, records=b"")
+                log_start_offset=-1, aborted_transactions=None, preferred_read_replica=-1,
+                records=FetchedRecords(_NO_ROWS, apis.leader_epoch) if context.in_process else b"")
             parts.append(part)
             if name is None:
                 part.error_code = int(Errors.UNKNOWN_TOPIC_ID if topic_id is not None else Errors.UNKNOWN_TOPIC_OR_PART)
@@ -315,20 +423,24 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
             if epoch_error is not None:
                 part.error_code = int(epoch_error)
                 continue
-            result = broker.fetch(name, p.partition, p.fetch_offset, MAX_FETCH_RECORDS, isolation)
+            limit = min(p.partition_max_bytes, budget - total) if total else p.partition_max_bytes
+            result, rows, size = _read_within(broker, name, p.partition, p.fetch_offset, isolation, limit)
             part.error_code = int(result.error)
             part.high_watermark = result.high_watermark
             part.last_stable_offset = result.last_stable_offset
             part.log_start_offset = result.log_start_offset
             if committed:
                 part.aborted_transactions = []
-            if result.error != Errors.NO_ERROR or result.records is None or result.records.num_rows == 0:
+            if context.in_process:
+                part.records.error_message = result.message
+            if rows is None:
                 continue
-            limit = min(p.partition_max_bytes, budget - total) if total else p.partition_max_bytes
-            rows = _within_bytes(result.records, limit)
-            data = encode_batches(rows, partition_leader_epoch=apis.leader_epoch)
-            part.records = data
-            total += len(data)
+            if context.in_process:
+                part.records = FetchedRecords(rows, apis.leader_epoch, size)
+            else:
+                part.records = encode_batches(rows, partition_leader_epoch=apis.leader_epoch)
+                size = len(part.records)
+            total += size
             if committed:
                 last = rows.column("offset")[rows.num_rows - 1].as_py()
                 part.aborted_transactions = [
@@ -342,26 +454,74 @@ def _read_fetch(apis: ApiNode, context: RequestContext, request: Any) -> tuple[l
     return out, total
 
 
-def _within_bytes(rows, limit: int):
-    """The leading rows whose encoded size stays within ``limit`` bytes, but at least the whole
-    first batch (KIP-74: a fetch always makes progress)."""
-    import pyarrow.compute as pc
+def _read_within(broker, topic: str, partition: int, offset: int, isolation: str, limit: int):
+    """``(FetchResult, rows, size)``: a partition's rows from ``offset`` cut to ``limit`` bytes
+    (:func:`_within_bytes`; rows None on an error or with nothing to read).
 
-    keys = pc.fill_null(pc.binary_length(rows.column("key")), 0)
-    values = pc.fill_null(pc.binary_length(rows.column("value")), 0)
-    sizes = pc.add(pc.add(keys, values), RECORD_OVERHEAD_BYTES)
-    cumulative = pc.cumulative_sum(sizes).to_numpy()
-    n = int((cumulative <= max(limit, 0)).sum())
-    bases = rows.column("base_offset")
-    first_base = bases[0].as_py()
-    first_batch = int(pc.sum(pc.equal(bases, first_base)).as_py())
+    Reads only about as many rows as the limit can take -- ``limit // ``:data:`FETCH_READ_BYTES_PER_ROW`
+    first, four times more while they all fit (or the first batch is not whole yet), at most
+    :data:`MAX_FETCH_RECORDS` -- rather than always the most, which for a log of small
+    objects meant slicing and joining segments the limit then dropped."""
+    want = min(MAX_FETCH_RECORDS, max(limit // FETCH_READ_BYTES_PER_ROW, FETCH_READ_MIN_ROWS))
+    while True:
+        result = broker.fetch(topic, partition, offset, want, isolation)
+        read = result.records
+        if result.error != Errors.NO_ERROR or read is None or read.num_rows == 0:
+            return result, None, 0
+        rows, size = _within_bytes(read, limit)
+        if read.num_rows < want or want >= MAX_FETCH_RECORDS or rows.num_rows < read.num_rows:
+            return result, rows, size
+        want = min(MAX_FETCH_RECORDS, want * 4)   # everything read fits: there may be more room
+
+
+def _within_bytes(rows, limit: int):
+    """``(rows, size)``: the leading rows whose encoded size stays within ``limit`` bytes, but
+    at least the whole first batch (KIP-74: a fetch always makes progress), and their size
+    (bytes, about their v2 encoding: keys, values and :data:`RECORD_OVERHEAD_BYTES` each).
+    Rows are in offset order, so each batch's rows (one ``base_offset``) are contiguous."""
+    cumulative = np.arange(RECORD_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES * (rows.num_rows + 1), RECORD_OVERHEAD_BYTES,
+                           dtype=np.int64)
+    for name in ("key", "value"):
+        lengths = _cumulative_bytes(rows.column(name))
+        if lengths is not None:
+            cumulative += lengths
+    n = int(np.searchsorted(cumulative, max(limit, 0), side="right"))
+    bases = rows.column("base_offset").to_numpy()
+    first_batch = int(np.searchsorted(bases, bases[0], side="right"))
     n = max(n, first_batch)
-    if n < rows.num_rows:
+    if n < rows.num_rows and n > first_batch and bases[n - 1] == bases[n]:
         # end on a batch boundary when possible, so no batch is cut in two across responses
-        cut_base = bases[n].as_py()
-        if n > first_batch and bases[n - 1].as_py() == cut_base:
-            n = int(pc.sum(pc.less(bases, cut_base)).as_py())
-    return rows.slice(0, n)
+        n = int(np.searchsorted(bases, bases[n], side="left"))
+    return rows.slice(0, n), int(cumulative[n - 1]) if n else 0
+
+
+def _cumulative_bytes(column) -> np.ndarray | None:
+    """The running total of a binary column's value lengths (bytes; null counts 0), read from
+    the arrays' offsets (the data itself is not touched); None when every value is null."""
+    if column.null_count == len(column):
+        return None
+    parts = []
+    total = 0
+    for chunk in column.chunks:
+        size = len(chunk)
+        if not size:
+            continue
+        buffer = chunk.buffers()[1]
+        if buffer is None or chunk.null_count == size:
+            running = np.full(size, total, dtype=np.int64)
+        else:
+            offsets = np.frombuffer(buffer, dtype=np.int32, count=chunk.offset + size + 1)[chunk.offset:]
+            if chunk.null_count:   # a null's slot may have a length: count it 0
+                lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
+                lengths[~chunk.is_valid().to_numpy(zero_copy_only=False)] = 0
+                running = np.cumsum(lengths)
+            else:
+                running = offsets[1:].astype(np.int64)
+                running -= int(offsets[0])
+            running += total
+        total = int(running[-1])
+        parts.append(running)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _fetch_error(request: Any, version: int, error: Errors) -> Any:
@@ -456,7 +616,14 @@ def handle_init_producer_id(apis: ApiNode, context: RequestContext, request: Any
     if (producer_id == -1) != (producer_epoch == -1):
         return _init_producer_id_error(request, version, Errors.INVALID_REQUEST)
     if request.transactional_id is None:
-        error, pid, epoch = apis.broker.init_producer_id()
+        try:
+            error, pid, epoch = apis.broker.init_producer_id()
+        except ApiError as exc:
+            # the producer ids cannot be allocated here (the writer lease is held elsewhere or
+            # lost, the catalog commit failed): answered as Kafka's coordinator answers, with the
+            # engine's reason logged (the response has no message)
+            log.warning("InitProducerId from %s: %s", context.client_host or "in-process", exc.message)
+            error, pid, epoch = append_error_to_response_error(exc.error), -1, -1
     else:
         expected = ProducerIdAndEpoch(producer_id, producer_epoch) if producer_id >= 0 else None
         try:

@@ -333,3 +333,20 @@ def transactional_conf(storage):
         admin.create_topics([NewTopic("out", 2)])["out"].result()
     yield c
     close_all()
+
+
+def hang_data_puts(monkeypatch, store, limit_s: float = 30) -> threading.Event:
+    """Make every PUT of a data object to ``store`` wait (up to ``limit_s``) for the returned
+    event, as a stuck object store would: batches are accepted but not committed until it is set."""
+    from txlake.engine.group_commit import DATA_PREFIX
+
+    real_put = store.put
+    gate = threading.Event()
+
+    def hanging_put(key, data):
+        if key.startswith(DATA_PREFIX):
+            gate.wait(limit_s)
+        return real_put(key, data)
+
+    monkeypatch.setattr(store, "put", hanging_put)
+    return gate
