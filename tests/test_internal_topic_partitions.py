@@ -227,3 +227,33 @@ def test_served_root_created_with_3_offsets_partitions_is_read_by_a_default_embe
     member.close()
     assert [(tp.partition, tp.offset, tp.error) for tp in answer] == [(0, 5, None), (1, 8, None)]
     assert internal_partitions(serve_root.storage, "__consumer_offsets") == 3
+
+
+COMMIT_WITH_3 = """
+import sys
+from txlake import AdminClient, Consumer, NewTopic, TopicPartition
+conf = {"storage.url": sys.argv[1], "offsets.topic.num.partitions": 3, "storage.flush.linger.ms": 1}
+with AdminClient(conf) as admin:
+    admin.create_topics([NewTopic("t", 2)])["t"].result()
+c = Consumer({**conf, "group.id": "g"})
+c.commit(offsets=[TopicPartition("t", 0, 5), TopicPartition("t", 1, 7)], asynchronous=False)
+c.close()
+"""
+
+
+def test_a_reader_opened_before_the_offsets_topic_existed_places_the_group_by_its_count(tmp_path):
+    """A Consumer of this process (default 50, no writer lease) opens the root while it has no
+    ``__consumer_offsets``; another process (3 partitions) then creates it and commits GROUP's
+    offsets. committed() looks at the catalog's new state before placing the group, so it
+    reads them from partition 1 of 3 (placed by the stale view: partition 3, past the end)."""
+    import subprocess
+    import sys
+
+    url = f"file://{tmp_path}/root"
+    reader = Consumer({"storage.url": url, **MEMBER})
+    try:
+        subprocess.run([sys.executable, "-c", COMMIT_WITH_3, url], check=True, timeout=120)
+        answer = reader.committed([TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)], timeout=10)
+    finally:
+        reader.close()
+    assert [(tp.partition, tp.offset) for tp in answer] == [(0, 5), (1, 7)]
