@@ -70,6 +70,21 @@ def committed(conf: dict) -> list[tuple[int, int, str]]:
         with_group.close()
 
 
+def commit_plain(conf: dict, *offsets: TopicPartition) -> None:
+    """GROUP commits ``offsets`` through a Consumer of ``conf`` that is no member (generation -1)."""
+    consumer = Consumer({**conf, **MEMBER})
+    consumer.commit(offsets=list(offsets), asynchronous=False)
+    consumer.close()
+
+
+def reopened(storage, conf: dict, count: int) -> list[tuple[int, int, str]]:
+    """Every engine of this process closed: the root's ``__consumer_offsets`` still has ``count``
+    partitions, and :func:`committed` as a process of ``conf`` reads it."""
+    close_all()
+    assert internal_partitions(storage, "__consumer_offsets") == count
+    return committed(conf)
+
+
 def group_views(conf: dict) -> tuple[list, list, list]:
     """What an AdminClient of ``conf`` answers about GROUP: ListGroups ``(id, simple, state)``,
     DescribeGroups ``(id, simple, state, assignor, members)``, OffsetFetch ``(partition, offset)``."""
@@ -104,19 +119,13 @@ def test_committed_offsets_and_groups_are_found_under_another_offsets_topic_coun
     assert sorted(tp.partition for tp in member.assignment()) == [0, 1]
     member.commit(offsets=[TopicPartition(TOPIC, 0, 5, "m0"), TopicPartition(TOPIC, 1, 7, "m1")], asynchronous=False)
     member.close()
-    close_all()
-    assert internal_partitions(storage, "__consumer_offsets") == first
 
     other = {**root, OFFSETS: second}
-    assert committed(other) == [(0, 5, "m0"), (1, 7, "m1")]
+    assert reopened(storage, other, first) == [(0, 5, "m0"), (1, 7, "m1")]
     assert group_views(other) == ([(GROUP, False, "EMPTY")], [(GROUP, False, "EMPTY", "", [])], [(0, 5), (1, 7)])
 
-    plain = Consumer({**other, **MEMBER})  # a commit of the second process lands where the first one looks
-    plain.commit(offsets=[TopicPartition(TOPIC, 0, 9)], asynchronous=False)
-    plain.close()
-    close_all()
-    assert internal_partitions(storage, "__consumer_offsets") == first
-    assert committed({**root, OFFSETS: first}) == [(0, 9, ""), (1, 7, "m1")]
+    commit_plain(other, TopicPartition(TOPIC, 0, 9))  # lands where a process with ``first`` looks
+    assert reopened(storage, {**root, OFFSETS: first}, first) == [(0, 9, ""), (1, 7, "m1")]
 
 
 @pytest.mark.parametrize("first,second", COUNTS)
@@ -128,9 +137,7 @@ def test_transactional_offsets_of_another_offsets_topic_count_commit_in_the_grou
     root = {**storage.conf(), **QUICK}
     with AdminClient({**root, OFFSETS: first}) as admin:
         admin.create_topics([NewTopic(TOPIC, 2)])[TOPIC].result()
-    simple = Consumer({**root, OFFSETS: first, **MEMBER})
-    simple.commit(offsets=[TopicPartition(TOPIC, 0, 5)], asynchronous=False)  # creates __consumer_offsets
-    simple.close()
+    commit_plain({**root, OFFSETS: first}, TopicPartition(TOPIC, 0, 5))  # creates __consumer_offsets
     close_all()
 
     conf = {**root, OFFSETS: second}
@@ -143,9 +150,7 @@ def test_transactional_offsets_of_another_offsets_topic_count_commit_in_the_grou
                                          metadata.consumer_group_metadata(), 10)
     producer.commit_transaction(10)
     metadata.close()
-    close_all()
-    assert internal_partitions(storage, "__consumer_offsets") == first
-    assert committed({**root, OFFSETS: first}) == [(0, 6, ""), (1, 3, "")]
+    assert reopened(storage, {**root, OFFSETS: first}, first) == [(0, 6, ""), (1, 3, "")]
 
 
 @pytest.mark.parametrize("first,second", COUNTS)
@@ -215,9 +220,7 @@ def test_served_root_created_with_3_offsets_partitions_is_read_by_a_default_embe
     embedded = {**serve_root.storage.conf(), "storage.flush.linger.ms": 1}
     assert committed(embedded) == [(0, 5, ""), (1, 7, "")]
     assert group_views(embedded) == ([(GROUP, True, "EMPTY")], [(GROUP, True, "EMPTY", "", [])], [(0, 5), (1, 7)])
-    plain = Consumer({**embedded, **MEMBER})
-    plain.commit(offsets=[TopicPartition(TOPIC, 1, 8)], asynchronous=False)
-    plain.close()
+    commit_plain(embedded, TopicPartition(TOPIC, 1, 8))
     close_all()
 
     serve_root.settings.pop(OFFSETS)
