@@ -723,7 +723,7 @@ class Broker:
                 offsets = self.group_offsets()
                 offsets.ensure_topic()
                 coordinator = GroupCoordinator(offsets.append_group_record, self._group_config, offsets=offsets)
-                for partition in range(self._group_config.offsets_topic_num_partitions):
+                for partition in range(offsets.num_partitions):  # the topic's count, whatever the config
                     coordinator.load(offsets.records(partition), f"{CONSUMER_OFFSETS_TOPIC}-{partition}")
                 coordinator.startup()
                 self._group_coordinator = coordinator

@@ -108,7 +108,9 @@ class GroupConfig:
             for every member that joins meanwhile, up to the rebalance timeout).
         new_member_join_timeout_ms: how long a new member's JoinGroup may stay parked before it
             is dropped (Kafka's fixed ``CLASSIC_GROUP_NEW_MEMBER_JOIN_TIMEOUT_MS``, 5 minutes).
-        offsets_topic_num_partitions: ``offsets.topic.num.partitions`` (50).
+        offsets_topic_num_partitions: ``offsets.topic.num.partitions`` (50): the partition count
+            of a ``__consumer_offsets`` yet to be created. With an :class:`OffsetStore` the
+            existing topic's count places the groups (:attr:`GroupCoordinator.num_partitions`).
         offsets_retention_minutes: ``offsets.retention.minutes`` (10080 = 7 days): how long the
             offsets of a group outlive it -- after the group became Empty, or for a group
             without group management after each offset's commit (KIP-211).
@@ -222,6 +224,11 @@ class OffsetStore(typing.Protocol):
 
     def delete_offsets(self, partition: int, offsets: dict[str, Iterable[TopicPartitionKey]]) -> Errors:
         """Write the tombstones of these groups' offsets (all of ``partition``) as one batch."""
+
+    @property
+    def num_partitions(self) -> int:
+        """The partition count of ``__consumer_offsets`` the groups are placed by: the existing
+        topic's, else ``offsets.topic.num.partitions``."""
 
 
 class _PartitionGuard:
@@ -457,9 +464,21 @@ class GroupCoordinator:
         return self._firing_at if self._firing_at is not None else self._clock()
 
     # ------------------------------------------------------------------ lookups
+    @property
+    def num_partitions(self) -> int:
+        """The partition count of ``__consumer_offsets`` that places the groups: the offset
+        store's (the existing topic's count, whatever ``offsets.topic.num.partitions`` says --
+        Kafka's ``GroupCoordinatorService`` takes it from the metadata cache, the config only for
+        a topic yet to be created); without an :class:`OffsetStore`,
+        ``offsets.topic.num.partitions``."""
+        if self._offsets is not None:
+            return self._offsets.num_partitions
+        return self.config.offsets_topic_num_partitions
+
     def partition_for(self, group_id: str) -> int:
-        """The group's ``__consumer_offsets`` partition: ``abs(javaHashCode(group)) % partitions``."""
-        return partition_for(group_id, self.config.offsets_topic_num_partitions)
+        """The group's ``__consumer_offsets`` partition: ``abs(javaHashCode(group)) % partitions``
+        (``partitions`` = :attr:`num_partitions`)."""
+        return partition_for(group_id, self.num_partitions)
 
     def get_group(self, group_id: str) -> GroupMetadata | None:
         """The group's live state, or None (for inspection; mutate it only through the handlers)."""
@@ -1141,7 +1160,7 @@ class GroupCoordinator:
         now = self._clock() if now_ms is None else now_ms
         started = time.monotonic()
         removed = 0
-        for partition in range(self.config.offsets_topic_num_partitions):
+        for partition in range(self.num_partitions):
             with self._lock:
                 if not self._active:
                     break

@@ -3,7 +3,10 @@ group coordinator: ``GroupMetadataManager`` / ``OffsetMetadataManager``, KIP-98,
 
 Offsets are records of the compacted topic ``__consumer_offsets`` (50 partitions by
 default, ``offsets.topic.num.partitions``); a group's partition is
-``abs(javaHashCode(group)) % partitions``. A plain OffsetCommit writes them directly; a
+``abs(javaHashCode(group)) % partitions``, where ``partitions`` is the existing topic's
+partition count whatever this process's ``offsets.topic.num.partitions`` says (the setting
+only decides the count the topic is created with: Kafka's broker passes
+``metadataCache.numPartitions(topic).getOrElse(offsetsTopicPartitions)``). A plain OffsetCommit writes them directly; a
 transactional producer writes them inside its transaction (TxnOffsetCommit), and they
 count only once the transaction's COMMIT marker lands (an ABORT drops them).
 
@@ -165,7 +168,9 @@ class GroupOffsets:
     Args:
         writer: the partition writer of the storage root (commits take the writer lease;
             fetches only read).
-        num_partitions: ``offsets.topic.num.partitions``.
+        num_partitions: ``offsets.topic.num.partitions``: the partition count ``__consumer_offsets``
+            is created with. Once the topic exists, its own count places the groups
+            (:attr:`num_partitions`).
         group_coordinator: returns the group coordinator (started on first use, in the writer;
             raises ApiError when this process cannot be the writer): a commit checks the
             membership with it.
@@ -174,19 +179,41 @@ class GroupOffsets:
     def __init__(self, writer: PartitionWriter, num_partitions: int = OFFSETS_TOPIC_NUM_PARTITIONS, *,
                  group_coordinator: Callable[[], OffsetCommitValidator]):
         self.writer = writer
-        self.num_partitions = num_partitions
+        self.configured_partitions = num_partitions
+        self._existing_partitions: int | None = None
         self._group_coordinator = group_coordinator
 
+    @property
+    def num_partitions(self) -> int:
+        """The partition count the groups are placed by: the existing ``__consumer_offsets``
+        topic's, else ``offsets.topic.num.partitions`` (the count :meth:`ensure_topic` creates
+        it with). Kafka's rule (``GroupCoordinatorService.startup`` gets
+        ``metadataCache.numPartitions(topic).getOrElse(config.offsetsTopicPartitions)``): the
+        setting applies only to a topic yet to be created, so processes with other settings
+        agree on every group's partition.
+
+        A look at the catalog state this process holds, no storage read; the count is kept
+        once seen (an internal topic can neither grow nor be deleted: CreatePartitions and
+        DeleteTopics refuse it)."""
+        if self._existing_partitions is None:
+            topic = self.writer.topics().get(CONSUMER_OFFSETS_TOPIC)
+            if topic is None:
+                return self.configured_partitions
+            self._existing_partitions = len(topic.partitions)
+        return self._existing_partitions
+
     def partition_for(self, group_id: str) -> int:
-        """The group's ``__consumer_offsets`` partition under ``offsets.topic.num.partitions``."""
+        """The group's ``__consumer_offsets`` partition among :attr:`num_partitions` partitions."""
         return partition_for(group_id, self.num_partitions)
 
     def ensure_topic(self) -> None:
-        """Create ``__consumer_offsets`` (compacted) if missing."""
+        """Create ``__consumer_offsets`` (compacted) with ``offsets.topic.num.partitions``
+        partitions if missing (an existing topic keeps its count)."""
         if CONSUMER_OFFSETS_TOPIC in self.writer.topics():
             return
         ((error, message),) = self.writer.create_topics(
-            [(CONSUMER_OFFSETS_TOPIC, self.num_partitions, dict(INTERNAL_TOPIC_CONFIG))], internal_topics_allowed=True)
+            [(CONSUMER_OFFSETS_TOPIC, self.configured_partitions, dict(INTERNAL_TOPIC_CONFIG))],
+            internal_topics_allowed=True)
         if error not in (Errors.NO_ERROR, Errors.TOPIC_ALREADY_EXISTS):
             raise ApiError(error, f"cannot create {CONSUMER_OFFSETS_TOPIC}: {message}")
 
@@ -326,6 +353,7 @@ class GroupOffsets:
 
     def records(self, partition: int) -> Iterator[tuple[bytes, bytes | None]]:
         """``(key, value)`` of every data record of one ``__consumer_offsets`` partition, in log order."""
+        self.writer.refresh()
         for table in self._tables(partition):
             for key, value, control in zip(table.column("key").to_pylist(), table.column("value").to_pylist(),
                                            table.column("is_control").to_pylist()):
@@ -333,8 +361,8 @@ class GroupOffsets:
                     yield key, value
 
     def _tables(self, partition: int) -> Iterator[pa.Table]:
-        """The record tables of one partition from its log start, in offset order (read_uncommitted)."""
-        self.writer.refresh()
+        """The record tables of one partition from its log start, in offset order (read_uncommitted),
+        as of the catalog state this process holds (callers refresh it first)."""
         topic = self.writer.topics().get(CONSUMER_OFFSETS_TOPIC)
         if topic is None:
             return
@@ -357,7 +385,8 @@ class GroupOffsets:
         With ``require_stable``, a partition with a pending transactional commit answers
         UNSTABLE_OFFSET_COMMIT (the consumer backs off and retries).
         """
-        state = self.replay(self.partition_for(group_id), group_id).get(group_id) or GroupOffsetsState()
+        self.writer.refresh()  # before placing the group: the topic may be new to this process
+        state = self._replay(self.partition_for(group_id), group_id).get(group_id) or GroupOffsetsState()
         wanted = list(partitions) if partitions is not None else sorted(state.committed)
         out = {}
         for tp in wanted:
@@ -383,6 +412,11 @@ class GroupOffsets:
             CorruptObjectError: an offset record that cannot be read.
             ApiError: the partition cannot be read.
         """
+        self.writer.refresh()
+        return self._replay(partition, group_id)
+
+    def _replay(self, partition: int, group_id: str | None) -> dict[str, GroupOffsetsState]:
+        """:meth:`replay` over the catalog state this process holds (no refresh)."""
         location = f"{CONSUMER_OFFSETS_TOPIC}-{partition}"
         committed: dict[str, dict[TopicPartitionKey, tuple[int, OffsetAndMetadata]]] = {}
         #: producer id -> {(group, tp): (record offset, offset)}: transactional commits awaiting their marker
