@@ -704,8 +704,7 @@ class TransactionStateManager:
         actual = self.partition_for(tid)
         if actual != partition:
             raise CorruptObjectError(location, f"transactional id {tid!r} belongs to partition {actual}, "
-                                               f"not {partition}: was {TRANSACTION_STATE_LOG_NUM_PARTITIONS_CONFIG} "
-                                               "changed? It must not change after the first transaction")
+                                               f"not {partition}: the record is misplaced")
 
     def _log_chunks(self, partition: int) -> Iterator[tuple[list, list, list]]:
         """The partition's records as ``(offsets, keys, values)`` lists, a chunk at a time."""
