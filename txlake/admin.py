@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka.errors import for_code
-from kafka.protocol.admin import (AlterConfigsRequest, AlterUserScramCredentialsRequest, CreateAclsRequest,
+from kafka.protocol.admin import (AlterConfigsRequest, DescribeTransactionsRequest, ListTransactionsRequest, AlterUserScramCredentialsRequest, CreateAclsRequest,
                                   CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest, DeleteGroupsRequest,
                                   DeleteRecordsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeClusterRequest,
                                   DescribeConfigsRequest, DescribeGroupsRequest, DescribeProducersRequest,
@@ -1067,16 +1067,20 @@ class AdminClient:
             raise KafkaException(KafkaError(Errors._INVALID_ARG, f"Unknown transaction state(s) {unknown}: expected {names}"))
         if transactional_id_pattern is not None and not isinstance(transactional_id_pattern, str):
             raise TypeError(f"transactional_id_pattern must be a str, got {type(transactional_id_pattern).__name__}")
-        answer = self._transactions().handle_list_transactions(
-            states, producer_ids, -1 if duration_filter is None else int(duration_filter), transactional_id_pattern)
-        if answer.error == Errors.INVALID_REGULAR_EXPRESSION:
-            return _failed(KafkaException(KafkaError(answer.error, f"Failed to list transactions: transactional id "
-                                                                  f"pattern {transactional_id_pattern!r} is not a valid "
-                                                                  "regular expression")))
-        if answer.error != Errors.NO_ERROR:
-            return _failed(KafkaException(KafkaError(answer.error, f"Failed to list transactions: {answer.error.name}")))
+        request = ListTransactionsRequest[2](
+            state_filters=states, producer_id_filters=producer_ids,
+            duration_filter=-1 if duration_filter is None else int(duration_filter),
+            transactional_id_pattern=transactional_id_pattern or None)
+        answer = _call(self._broker, request, "list_transactions()")
+        if answer.error_code == Errors.INVALID_REGULAR_EXPRESSION:
+            return _failed(KafkaException(KafkaError(answer.error_code, f"Failed to list transactions: transactional id "
+                                                                       f"pattern {transactional_id_pattern!r} is not a "
+                                                                       "valid regular expression")))
+        if answer.error_code != Errors.NO_ERROR:
+            return _failed(KafkaException(KafkaError(answer.error_code, "Failed to list transactions: "
+                                                                       f"{Errors(answer.error_code).name}")))
         fut: Future = Future()
-        fut.set_result(sorted((TransactionListing(t.transactional_id, t.producer_id, t.state)
+        fut.set_result(sorted((TransactionListing(t.transactional_id, t.producer_id, t.transaction_state)
                                for t in answer.transaction_states), key=lambda t: t.transactional_id))
         return fut
 
@@ -1094,15 +1098,17 @@ class AdminClient:
         """
         ids = list(dict.fromkeys(_list_arg(transactional_ids, "transactional_ids", str)))
         out: dict[str, Future] = {}
-        for d in self._transactions().handle_describe_transactions(ids):
-            if d.error != Errors.NO_ERROR:
-                out[d.transactional_id] = _failed(KafkaException(KafkaError(d.error, d.message)))
+        answer = _call(self._broker, DescribeTransactionsRequest[0](transactional_ids=ids), "describe_transactions()")
+        for d in answer.transaction_states:
+            error = _error(d.error_code, where=f"transactional id {d.transactional_id!r}")
+            if error is not None:
+                out[d.transactional_id] = _failed(KafkaException(error))
                 continue
             fut: Future = Future()
             fut.set_result(TransactionDescription(
-                d.transactional_id, COORDINATOR_ID, d.state, d.producer_id, d.producer_epoch, d.transaction_timeout_ms,
-                d.transaction_start_time_ms if d.transaction_start_time_ms >= 0 else None,
-                [TopicPartition(t, p) for t, p in d.topic_partitions]))
+                d.transactional_id, COORDINATOR_ID, d.transaction_state, d.producer_id, d.producer_epoch,
+                d.transaction_timeout_ms, d.transaction_start_time_ms if d.transaction_start_time_ms >= 0 else None,
+                [TopicPartition(t.topic, p) for t in d.topics for p in t.partitions]))
             out[d.transactional_id] = fut
         return out
 
