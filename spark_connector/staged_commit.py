@@ -8,8 +8,10 @@ the driver's ``commit()`` hands the staged objects of the successful task attemp
    ``init_transactions()`` -- this takes the storage root's writer lease and fences (and
    completes) any earlier instance with the same id, e.g. a commit that crashed half-way;
 2. for a streaming micro-batch (``progress`` given): the batch-id fence. The sink's
-   progress is a committed offset of a consumer group owned by the query, on the
-   pseudo partition ``__txlake_spark_sink-0``: offset = last committed batch id + 1.
+   progress is a committed offset of a consumer group owned by the query, on partition
+   ``__txlake_spark_sink-0`` (a one-partition topic that holds no records, created by the
+   first streaming commit: offsets are committed only for existing partitions, as Kafka
+   requires): offset = last committed batch id + 1.
    If it already covers ``progress.batch_id``, the batch was committed before (Spark
    re-runs the last batch after a restart when its own commit log missed it) and
    nothing is written;
@@ -210,6 +212,22 @@ def commit_staged(conf: Mapping[str, Any], transactional_id: str, files: Iterabl
         return _hand_over(conf, transactional_id, staged, progress, timeout, held)
 
 
+def _ensure_progress_topic(conf: Mapping[str, Any]) -> None:
+    """Create the streaming sinks' progress topic (``__txlake_spark_sink``, one partition, no
+    records) when it does not exist yet: the sink's progress is its group's committed offset of
+    partition 0, and a TxnOffsetCommit names an existing partition (Kafka answers
+    UNKNOWN_TOPIC_OR_PARTITION otherwise)."""
+    from txlake import AdminClient, NewTopic
+    from txlake.error import KafkaError, KafkaException
+
+    with AdminClient({k: v for k, v in conf.items() if k.startswith("storage.")}) as admin:
+        try:
+            admin.create_topics([NewTopic(PROGRESS_TOPIC, 1)])[PROGRESS_TOPIC].result()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+
 def _commit_here(conf: Mapping[str, Any], transactional_id: str, staged: list[StagedFile],
                  progress: SinkProgress | None, timeout: float) -> CommitResult:
     """:func:`commit_staged` in this process (it takes the writer lease)."""
@@ -250,6 +268,7 @@ def _commit_here(conf: Mapping[str, Any], transactional_id: str, staged: list[St
                 result.records += bulk.records
                 result.offsets[topic] = dict(bulk.offsets)
             if progress is not None:
+                _ensure_progress_topic(pconf)
                 meta = json.dumps({"batchId": progress.batch_id, "queryId": progress.query_id})
                 producer.send_offsets_to_transaction(
                     [TopicPartition(PROGRESS_TOPIC, 0, progress.batch_id + 1, meta)], progress.group_id, timeout)

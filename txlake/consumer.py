@@ -357,7 +357,14 @@ class Consumer:
             if self._membership is not None:
                 self._membership.poll()      # rejoin / rebalance callbacks / auto-commit, in this thread
             with self._lock, kafka_errors(reading):
-                self._drain(out, num_messages)
+                # what is available now, up to num_messages: each fetch is bounded by
+                # max.partition.fetch.bytes, so go on while the fetches bring records
+                # (librdkafka hands out its prefetched queue the same way)
+                while True:
+                    before = len(out)
+                    self._drain(out, num_messages)
+                    if len(out) >= num_messages or len(out) == before:
+                        break
             if out:
                 return out
             remaining = None if deadline is None else deadline - time.monotonic()
