@@ -144,6 +144,8 @@ class _InFlight:
     done: bool = False
     #: why the records could not be made into a batch ("" when they could)
     build_error: str = ""
+    #: records whose delivery report was served (a raising callback stops the serving midway)
+    served: int = 0
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -682,7 +684,9 @@ class Producer:
         """Commit consumer offsets as part of the transaction (AddOffsetsToTxn + TxnOffsetCommit).
 
         Args:
-            positions: ``TopicPartition``s whose ``offset`` is the next offset to consume.
+            positions: ``TopicPartition``s whose ``offset`` is the next offset to consume; those
+                with a negative offset (OFFSET_INVALID, ...) are left out, and with none left
+                nothing is sent (librdkafka's ``rd_kafka_send_offsets_to_transaction``).
             group_metadata: ``consumer.consumer_group_metadata()`` or a group id string.
 
         The offsets become visible to the group only when the transaction commits.
@@ -696,9 +700,12 @@ class Producer:
         group_id = group_metadata if isinstance(group_metadata, str) else getattr(group_metadata, "group_id", None)
         if not group_id:
             raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs a group id")
-        offsets = {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in positions}
-        if any(om.offset < 0 for om in offsets.values()):
-            raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs absolute offsets (>= 0)")
+        # librdkafka sends only the partitions with a valid (>= 0) offset -- e.g. not OFFSET_INVALID
+        # from position() of a partition that consumed nothing -- and does nothing when none is left
+        offsets = {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "")
+                   for tp in positions if tp.offset >= 0}
+        if not offsets:
+            return
         txn.add_offsets(group_id, self._broker.group_offsets().partition_for(group_id))  # blocking
         # TxnOffsetCommit: the group coordinator checks the member as for a plain commit (KIP-447) and
         # writes the offsets into the transaction; a stale generation, an unknown member or a fenced
@@ -795,28 +802,47 @@ class Producer:
                 if not self._queued:
                     return 0
                 self._cond.wait(remaining if remaining is not None else 0.1)
-            reports = list(self._reports)
-            self._reports.clear()
+            pending = len(self._reports)  # the reports queued now: a busy producer cannot keep poll() serving
         served = 0
-        for flight, result, err in reports:
+        for _ in range(pending):
+            with self._lock:
+                if not self._reports:
+                    break
+                flight, result, err = self._reports.popleft()
             served += self._deliver(flight, result, err)
         return served
 
     def _deliver(self, flight: _InFlight, result: ProduceResult, err: KafkaError | None) -> int:
+        """Call the delivery callbacks of a batch's records not served yet; returns how many were served.
+
+        A callback that raises stops the serving and its exception propagates out of
+        :meth:`poll`/:meth:`flush` (as confluent-kafka's): its record counts as served, and the
+        batch's later reports go back in front of the queue for the next call, so ``len()``
+        stays right.
+        """
         buf, batch = flight.buffer, flight.batch
         n = len(buf.values)
+        start = done = flight.served
         ts_type = TIMESTAMP_LOG_APPEND_TIME if result.log_append_time >= 0 else TIMESTAMP_CREATE_TIME
-        for i in range(n if buf.any_callbacks else 0):  # nothing to call: no loop over the records
-            cb = buf.callbacks[i]
-            if cb is not None and (err is not None or not self._only_errors):
-                offset = result.base_offset + i if err is None else -1001
-                ts = result.log_append_time if result.log_append_time >= 0 else buf.timestamps[i]
-                hdrs = [(h["key"], h["value"]) for h in buf.headers[i]] if buf.headers[i] else None
-                cb(err, Message._record(batch.topic, batch.partition, offset, buf.keys[i], buf.values[i], ts, ts_type, hdrs, err))
-        with self._lock:
-            self._queued -= n
-            self._cond.notify_all()
-        return n
+        try:
+            for i in range(start, n if buf.any_callbacks else start):  # nothing to call: no loop over the records
+                done = i + 1  # served even when its callback raises
+                cb = buf.callbacks[i]
+                if cb is not None and (err is not None or not self._only_errors):
+                    offset = result.base_offset + i if err is None else -1001
+                    ts = result.log_append_time if result.log_append_time >= 0 else buf.timestamps[i]
+                    hdrs = [(h["key"], h["value"]) for h in buf.headers[i]] if buf.headers[i] else None
+                    cb(err, Message._record(batch.topic, batch.partition, offset, buf.keys[i], buf.values[i], ts, ts_type,
+                                            hdrs, err))
+            done = n
+        finally:
+            flight.served = done
+            with self._lock:
+                self._queued -= done - start
+                if done < n:
+                    self._reports.appendleft((flight, result, err))
+                self._cond.notify_all()
+        return done - start
 
     def flush(self, timeout: float | None = None) -> int:
         """Send everything queued, wait for delivery and serve the reports.
