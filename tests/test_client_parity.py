@@ -7,6 +7,8 @@ the outcomes are compared; the rest asserts librdkafka's documented behaviour ex
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from txlake import (OFFSET_INVALID, AdminClient, Consumer, KafkaError, KafkaException, NewTopic, Producer,
@@ -64,7 +66,7 @@ def test_close_without_timeout_returns_after_a_raising_callback(conf):
     with pytest.raises(ValueError, match="callback failed for b'first'"):
         p.flush()
     assert len(p) == 0
-    p.close()  # before the fix len() stayed 1 and this flush() waited forever
+    assert p.close() is True  # before the fix len() stayed 1 and this flush() waited forever
 
 
 # ---------------------------------------------------------------- 1b: send_offsets_to_transaction
@@ -105,3 +107,122 @@ def test_commit_of_a_message_and_of_offsets(conf):
         assert [(tp.partition, tp.offset, tp.metadata) for tp in done] == [(1, 7, "m")]
         got = c.committed([TopicPartition("t", 0), TopicPartition("t", 1)], 10)
         assert [(tp.partition, tp.offset) for tp in got] == [(0, 3), (1, 7)]
+
+
+# ---------------------------------------------------------------- 2: close, bool, purge, produce_batch
+def _closed_outcome(producer):
+    """What close() returns (twice), bool() and len() after it, and what each call raises then."""
+    out = {"close": producer.close(), "again": producer.close(), "bool": bool(producer), "len": len(producer)}
+    for name, call in (("produce", lambda: producer.produce("t", b"v")), ("poll", lambda: producer.poll(0)),
+                       ("flush", lambda: producer.flush(0)), ("purge", lambda: producer.purge()),
+                       ("produce_batch", lambda: producer.produce_batch("t", [{"value": b"v"}]))):
+        with pytest.raises(Exception) as info:
+            call()
+        out[name] = repr(info.value)
+    return out
+
+
+def test_close_returns_true_and_every_later_call_raises_runtime_error(conf):
+    create(conf, "t")
+    p = Producer(conf)
+    assert bool(p) is True and len(p) == 0  # __len__ exists, yet an idle producer is not falsy
+    p.produce("t", b"v")
+    ours = _closed_outcome(p)
+    theirs = _closed_outcome(confluent_kafka.Producer({}))
+    closed = "RuntimeError('Producer has been closed')"
+    assert ours == {"close": True, "again": True, "bool": True, "len": 0, "produce": closed, "poll": closed,
+                    "flush": closed, "purge": closed, "produce_batch": closed}
+    assert theirs == ours
+
+
+def _purge_outcome(producer, topic):
+    reports = []
+    producer.produce(topic, b"a", key=b"k", on_delivery=lambda err, msg: reports.append((err.code(), err.str(), msg.value())))
+    producer.produce(topic, b"b", on_delivery=lambda err, msg: reports.append((err.code(), err.str(), msg.value())))
+    producer.purge()
+    served = producer.poll(0)
+    return served, sorted(reports), len(producer)
+
+
+def test_purge_reports_purge_queue_for_records_not_sent(conf):
+    create(conf, "t")
+    with Producer({**conf, "linger.ms": 60_000}) as p:  # the records stay in the producer's queue
+        ours = _purge_outcome(p, "t")
+        assert ours == (2, [(KafkaError._PURGE_QUEUE, "Local: Purged in queue", b"a"),
+                            (KafkaError._PURGE_QUEUE, "Local: Purged in queue", b"b")], 0)
+        assert p.flush(10) == 0
+        # the producer goes on: nothing purged was written, the next record is offset 0
+        offsets = []
+        p.produce("t", b"c", on_delivery=lambda err, msg: offsets.append((err, msg.offset())))
+        assert p.flush(10) == 0 and offsets == [(None, 0)]
+    theirs = _purge_outcome(confluent_kafka.Producer({}), "t")
+    assert theirs[1] == ours[1]
+
+
+def test_purge_in_flight_only_leaves_the_queue(conf):
+    create(conf, "t")
+    with Producer({**conf, "linger.ms": 60_000}) as p:
+        reports = []
+        p.produce("t", b"a", on_delivery=lambda err, msg: reports.append(err))
+        p.purge(in_queue=False)
+        assert p.poll(0) == 0 and len(p) == 1
+        assert p.flush(10) == 0 and reports == [None]
+
+
+def test_produce_batch_returns_the_records_queued_and_marks_the_refused(conf):
+    create(conf, "t", 2)
+    with Producer({**conf, "message.max.bytes": 1000}) as p:
+        got = []
+        messages = [{"value": b"a", "partition": 1}, {"value": "b", "key": "k", "partition": 7},
+                    {"value": b"x" * 2000}, {"value": b"c", "callback": lambda err, msg: got.append(("own", msg.value()))}]
+        assert p.produce_batch("t", messages, partition=0,
+                               on_delivery=lambda err, msg: got.append((msg.partition(), msg.offset(), msg.value()))) == 2
+        assert "_error" not in messages[0] and "_error" not in messages[3]
+        assert messages[1]["_error"].code() == KafkaError._UNKNOWN_PARTITION
+        assert messages[2]["_error"].code() == KafkaError.MSG_SIZE_TOO_LARGE
+        assert p.flush(10) == 0
+        assert sorted(got, key=str) == [("own", b"c"), (1, 0, b"a")]
+        assert p.produce_batch("t", []) == 0
+        for bad, text in (("x", "messages must be a list"), ([1], "Message at index 0 must be a dict"),
+                          ([{"value": 1}], "Message value at index 0 must be bytes or str"),
+                          ([{"key": 1}], "Message key at index 0 must be bytes or str"),
+                          ([{"partition": "x"}], "Message partition at index 0 must be int")):
+            with pytest.raises(TypeError) as info:
+                p.produce_batch("t", bad)
+            assert str(info.value) == text
+            with pytest.raises(TypeError) as theirs:
+                confluent_kafka.Producer({}).produce_batch("t", bad)
+            assert str(theirs.value) == text
+        with pytest.raises(NotImplementedError, match="^Message timestamps are not currently supported in batch mode$"):
+            p.produce_batch("t", [{"value": b"v", "timestamp": 5}])
+        assert len(p) == 0
+
+
+def test_produce_batch_queue_full_is_a_per_message_error(conf):
+    create(conf, "t")
+    with Producer({**conf, "queue.buffering.max.messages": 1, "linger.ms": 60_000}) as p:
+        messages = [{"value": b"1"}, {"value": b"2"}]
+        assert p.produce_batch("t", messages) == 1
+        assert "_error" not in messages[0]
+        assert (messages[1]["_error"].code(), messages[1]["_error"].str()) == (KafkaError._QUEUE_FULL,
+                                                                                "Message failed: Local: Queue full")
+        assert p.flush(10) == 0
+
+
+def test_purge_reports_purge_inflight_for_a_batch_the_engine_has_not_answered(tmp_path):
+    conf = {"storage.url": f"file://{tmp_path}/root", "storage.flush.linger.ms": 2000}
+    create(conf, "t")
+    try:
+        with Producer({**conf, "linger.ms": 0}) as p:
+            reports = []
+            p.produce("t", b"a", on_delivery=lambda err, msg: reports.append(err.code() if err else None))
+            deadline = time.monotonic() + 10
+            while not p._inflight and time.monotonic() < deadline:  # sent, waiting for the engine's commit
+                time.sleep(0.001)
+            p.purge(in_queue=False)
+            assert p.poll(0) == 1 and reports == [KafkaError._PURGE_INFLIGHT] and len(p) == 0
+            # the engine may still write it (librdkafka: "the message may still be delivered")
+            p.produce("t", b"b", on_delivery=lambda err, msg: reports.append(err))
+            assert p.flush(10) == 0 and reports[1:] == [None]
+    finally:
+        registry.close_all()

@@ -278,7 +278,9 @@ class Producer:
                 the storage root's writer lease.
             BufferError: queue.buffering.max.messages records are already queued.
             TypeError: key/value/headers/timestamp of the wrong type.
+            RuntimeError: "Producer has been closed" after :meth:`close` (confluent-kafka's).
         """
+        self._check_open()
         value = _to_bytes("value", value)
         key = _to_bytes("key", key)
         hdrs = _headers(headers)
@@ -324,6 +326,103 @@ class Producer:
             self._queued += 1
             if buf.nbytes >= self._batch_bytes or len(buf.values) >= self._batch_records:
                 self._close_batch(tp)
+
+    def _check_open(self) -> None:
+        """confluent-kafka's answer to a call on a closed producer."""
+        if self._closed:
+            raise RuntimeError("Producer has been closed")
+
+    def produce_batch(self, topic: str, messages: list, partition: int = -1, callback: Callable | None = None,
+                      on_delivery: Callable | None = None) -> int:
+        """Queue several records at once (confluent-kafka 2.x's ``produce_batch``).
+
+        Args:
+            messages: a list of dicts with optional ``value``, ``key`` (bytes or str),
+                ``partition`` (int, overrides ``partition``), ``headers`` (as :meth:`produce`;
+                confluent-kafka ignores them) and ``callback`` (the record's delivery callback).
+            partition: the partition of the records that name none; -1 = the partitioner.
+            callback / on_delivery: the delivery callback of the records without their own.
+
+        Returns:
+            the number of records queued. A record refused (e.g. MSG_SIZE_TOO_LARGE,
+            ``_UNKNOWN_PARTITION``, ``_QUEUE_FULL``) gets its ``KafkaError`` as the dict's
+            ``"_error"`` and the others go on.
+
+        Raises:
+            TypeError: ``messages`` not a list, an entry not a dict, or a field of the wrong
+                type (confluent-kafka's texts: "Message key at index 0 must be bytes or str"),
+                before any record is queued.
+            NotImplementedError: an entry with a ``timestamp`` (confluent-kafka's batch mode has none).
+            RuntimeError: the producer is closed.
+        """
+        self._check_open()
+        if not isinstance(messages, list):
+            raise TypeError("messages must be a list")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise TypeError(f"Message at index {i} must be a dict")
+            for name in ("value", "key"):
+                if m.get(name) is not None and not isinstance(m[name], (bytes, str)):
+                    raise TypeError(f"Message {name} at index {i} must be bytes or str")
+            if "partition" in m and (not isinstance(m["partition"], int) or isinstance(m["partition"], bool)):
+                raise TypeError(f"Message partition at index {i} must be int")
+            if m.get("callback") is not None and not callable(m["callback"]):
+                raise TypeError(f"Message callback at index {i} must be callable")
+            if "timestamp" in m:
+                raise NotImplementedError("Message timestamps are not currently supported in batch mode")
+        default_cb = on_delivery or callback
+        queued = 0
+        for m in messages:
+            try:
+                self.produce(topic, m.get("value"), m.get("key"), m.get("partition", partition),
+                             on_delivery=m.get("callback") or default_cb, headers=m.get("headers"))
+            except KafkaException as exc:
+                m["_error"] = exc.args[0]
+            except BufferError:
+                m["_error"] = KafkaError(KafkaError._QUEUE_FULL, "Message failed: Local: Queue full")
+            else:
+                queued += 1
+        return queued
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        """Drop the records not delivered yet (confluent-kafka's / librdkafka's ``purge``); their
+        delivery reports, served by the next :meth:`poll`/:meth:`flush`, carry ``_PURGE_QUEUE``
+        (not sent yet) or ``_PURGE_INFLIGHT`` (sent, not answered: the engine may still write
+        it -- its late answer is ignored).
+
+        A purged record of a transaction makes the transaction abortable; an idempotent
+        producer that purged a batch holding sequence numbers bumps its epoch (KIP-360), as
+        after any failed batch.
+
+        Args:
+            in_queue: purge the records not sent yet.
+            in_flight: purge the batches sent and waiting for their answer.
+            blocking: accepted for confluent-kafka's signature; the purge is always done on return.
+
+        Raises:
+            RuntimeError: the producer is closed.
+        """
+        self._check_open()
+        purged: list[tuple[_InFlight, KafkaError]] = []
+        with self._lock:
+            if in_queue:
+                err = KafkaError(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
+                purged += [(self._make_batch(tp), err) for tp in list(self._buffers)]
+                purged += [(flight, err) for tp in list(self._queues) for flight in self._take_queue(tp)]
+            if in_flight:
+                err = KafkaError(KafkaError._PURGE_INFLIGHT, "Local: Purged in flight")
+                purged += [(flight, err) for flight in self._inflight.values()]
+                self._inflight.clear()
+                self._expiry_due = float("inf")
+            for flight, err in purged:
+                self._fail_flight(flight, err)
+            if purged and self._txn is not None:
+                self._txn.send_failed(purged[0][1])
+                if self._txn.has_error:
+                    self._abort_undrained()
+            elif any(flight.sequenced for flight, _ in purged) and self._idempotent:
+                self._bump_required = True
+            self._cond.notify_all()
 
     def _lookup_topic(self, topic: str) -> int:
         t = self._broker.topics().get(topic)
@@ -792,7 +891,11 @@ class Producer:
         """Serve queued delivery reports (calling their callbacks); wait up to ``timeout`` s for one.
 
         Returns the number of events served.
+
+        Raises:
+            RuntimeError: the producer is closed; whatever a delivery callback raised.
         """
+        self._check_open()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
             while not self._reports:
@@ -848,7 +951,11 @@ class Producer:
         """Send everything queued, wait for delivery and serve the reports.
 
         Returns the number of records still queued or in flight (0 when all were delivered).
+
+        Raises:
+            RuntimeError: the producer is closed; whatever a delivery callback raised.
         """
+        self._check_open()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
             self._close_all(urgent=True)
@@ -864,8 +971,13 @@ class Producer:
                     self._cond.wait(min(remaining, 0.1) if remaining is not None else 0.1)
 
     def __len__(self) -> int:
-        """Records queued, in flight, or with a delivery report not yet served."""
-        return self._queued
+        """Records queued, in flight, or with a delivery report not yet served (0 once closed)."""
+        return 0 if self._closed else self._queued
+
+    def __bool__(self) -> bool:
+        """Always True, as confluent-kafka's: a producer with nothing queued (``len() == 0``) is
+        not falsy."""
+        return True
 
     def list_topics(self, topic: str | None = None, timeout: float = -1):
         """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""
@@ -1000,14 +1112,20 @@ class Producer:
                 raise KafkaException(self._txn.error or KafkaError(Errors._STATE, "partitions not added to the transaction"))
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self, timeout: float | None = None) -> int:
-        """Flush, stop, and release the storage root (txlake addition; confluent-kafka producers are GC'd).
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (up to ``timeout`` s, None = until delivered), stop, and release the storage root
+        (confluent-kafka 2.x's ``close``). Records still undelivered when ``timeout`` passes are
+        dropped, as librdkafka drops them when a producer is destroyed. Idempotent.
 
-        Returns the number of records not delivered.
+        Returns:
+            True, as confluent-kafka's (also when already closed).
+
+        Raises:
+            whatever a delivery callback raised (the producer stays open: call ``close()`` again).
         """
         if self._closed:
-            return 0
-        left = self.flush(timeout)
+            return True
+        self.flush(timeout)
         with self._lock:
             self._closed = True
             self._cond.notify_all()
@@ -1015,7 +1133,7 @@ class Producer:
         if self._txn_thread is not None:
             self._txn_thread.join(timeout=5)
         release_broker(self._broker)
-        return left
+        return True
 
     def __enter__(self) -> "Producer":
         return self
