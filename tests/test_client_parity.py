@@ -226,3 +226,214 @@ def test_purge_reports_purge_inflight_for_a_batch_the_engine_has_not_answered(tm
             assert p.flush(10) == 0 and reports[1:] == [None]
     finally:
         registry.close_all()
+
+
+# ---------------------------------------------------------------- 3: librdkafka's defaults
+def test_producer_defaults_are_librdkafkas():
+    from txlake.config import parse_config
+    from txlake.librdkafka_config import LIBRDKAFKA_PROPERTIES as PROPERTIES
+
+    values = parse_config({"storage.url": "memory://defaults"}, "producer").values
+    for name in ("message.timeout.ms", "delivery.timeout.ms", "partitioner"):
+        assert str(values[name]) == PROPERTIES[name][2] == {"partitioner": "consistent_random"}.get(name, "300000")
+
+
+def _placed(conf, partitioner, keys, n=6):
+    """The partition each keyed record went to (one record per produce, flushed each time)."""
+    topic = f"t-{partitioner or 'default'}"
+    create(conf, topic, n)
+    extra = {"partitioner": partitioner} if partitioner else {}
+    with Producer({**conf, **extra}) as p:
+        out = []
+        for k in keys:
+            p.produce(topic, b"v", key=k, on_delivery=lambda err, msg: out.append(msg.partition()))
+            assert p.flush(10) == 0
+    return out
+
+
+KEYS = [b"21", b"foobar", b"abc", b"a somewhat longer key", b"\x00\xff"]
+
+
+def test_keyed_records_go_where_the_configured_partitioner_puts_them(conf):
+    from txlake.engine.partitioner import consistent_partition, fnv1a_partition, partition_for_key
+
+    crc32 = [consistent_partition(k, 6) for k in KEYS]
+    murmur2 = [partition_for_key(k, 6) for k in KEYS]
+    fnv1a = [fnv1a_partition(k, 6) for k in KEYS]
+    assert _placed(conf, None, KEYS) == crc32  # librdkafka's default: consistent_random
+    for name, want in (("consistent", crc32), ("consistent_random", crc32), ("murmur2", murmur2),
+                       ("murmur2_random", murmur2), ("fnv1a", fnv1a), ("fnv1a_random", fnv1a)):
+        assert _placed(conf, name, KEYS) == want, name
+    assert murmur2 != crc32  # the default changed what a keyed record's partition is
+
+
+def test_null_and_empty_keys_under_each_partitioner(conf):
+    from txlake.engine.partitioner import fnv1a_partition, partition_for_key
+
+    # NULL keys are hashed as the empty key by murmur2, consistent and fnv1a (one partition for all)
+    assert _placed(conf, "murmur2", [None, None, b""]) == [partition_for_key(b"", 6)] * 3
+    assert _placed(conf, "consistent", [None, None, b""]) == [0] * 3  # crc32(b"") == 0
+    assert _placed(conf, "fnv1a", [None, b""]) == [fnv1a_partition(b"", 6)] * 2
+    # *_random: NULL keys (and for consistent_random empty keys too) go to a sticky random partition
+    assert _placed(conf, "murmur2_random", [b""]) == [partition_for_key(b"", 6)]
+    assert _placed(conf, "fnv1a_random", [b""]) == [fnv1a_partition(b"", 6)]
+
+
+def test_the_partitioner_places_the_records_of_produce_arrow_too(conf):
+    import pyarrow as pa
+    from txlake.engine.partitioner import consistent_partition, partition_for_key
+
+    for name, hash_key in ((None, consistent_partition), ("murmur2_random", partition_for_key)):
+        topic = f"arrow-{name}"
+        create(conf, topic, 6)
+        with Producer({**conf, **({"partitioner": name} if name else {})}) as p:
+            p.produce_arrow(topic, pa.table({"key": pa.array(KEYS, pa.binary()), "value": pa.array([b"v"] * len(KEYS))}))
+        with Consumer({**conf, "auto.offset.reset": "earliest"}) as c:
+            c.assign([TopicPartition(topic, i) for i in range(6)])
+            got = sorted((m.key(), m.partition()) for m in c.consume(100, 2))
+        assert got == sorted((k, hash_key(k, 6)) for k in KEYS), name
+
+
+def test_an_unknown_partitioner_is_refused():
+    with pytest.raises(KafkaException) as info:
+        Producer({"storage.url": "memory://p", "partitioner": "murmur3"})
+    assert info.value.args[0].code() == KafkaError._INVALID_ARG
+    assert "partitioner" in info.value.args[0].str()
+
+
+# ---------------------------------------------------------------- 4: Consumer
+def _fill(conf, topic, partitions, per_partition):
+    create(conf, topic, partitions)
+    with Producer(conf) as p:
+        for part in range(partitions):
+            for i in range(per_partition):
+                p.produce(topic, f"{part}-{i}".encode(), partition=part)
+
+
+def _committed(conf, topic, partitions, group="g"):
+    with Consumer({**conf, "group.id": group}) as c:
+        return [tp.offset for tp in c.committed([TopicPartition(topic, i) for i in range(partitions)], 10)]
+
+
+def test_without_auto_offset_store_only_stored_offsets_are_committed(conf):
+    _fill(conf, "t", 2, 5)
+    with Consumer({**conf, "group.id": "g", "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                   "enable.auto.offset.store": False}) as c:
+        c.assign([TopicPartition("t", 0), TopicPartition("t", 1)])
+        msgs = c.consume(10, 10)
+        assert len(msgs) == 10
+        with pytest.raises(KafkaException) as info:
+            c.commit(asynchronous=False)  # nothing stored yet: every record returned is not "processed"
+        assert info.value.args[0].code() == KafkaError._NO_OFFSET
+        c.store_offsets(message=next(m for m in msgs if m.partition() == 0 and m.offset() == 2))
+        c.store_offsets(offsets=[TopicPartition("t", 1, 4, "meta")])
+        done = c.commit(asynchronous=False)
+        assert [(tp.partition, tp.offset, tp.metadata) for tp in done] == [(0, 3, None), (1, 4, "meta")]
+        with pytest.raises(KafkaException) as info:
+            c.store_offsets(offsets=[TopicPartition("t", 7, 1)])
+        assert info.value.args[0].code() == KafkaError._UNKNOWN_PARTITION
+        for bad, exc, text in (((None, None), ValueError, "expected either message or offsets"),
+                               ((msgs[0], []), ValueError, "message and offsets are mutually exclusive")):
+            with pytest.raises(exc, match=f"^{text}$"):
+                c.store_offsets(*bad)
+    assert _committed(conf, "t", 2) == [3, 4]
+
+
+def test_auto_commit_commits_the_stored_offsets(conf):
+    _fill(conf, "t", 1, 5)
+    with Consumer({**conf, "group.id": "g", "auto.offset.reset": "earliest", "enable.auto.commit": True,
+                   "auto.commit.interval.ms": 100, "enable.auto.offset.store": False}) as c:
+        c.subscribe(["t"])
+        got = []
+        while len(got) < 5:
+            got += c.consume(5, 10)
+        c.store_offsets(message=got[1])
+    assert _committed(conf, "t", 1) == [2]  # auto-commit on close: the stored offset, not the position (5)
+    with Consumer({**conf, "group.id": "g2", "auto.offset.reset": "earliest", "enable.auto.commit": True}) as c:
+        c.subscribe(["t"])
+        got = []
+        while len(got) < 5:
+            got += c.consume(5, 10)
+        with pytest.raises(KafkaException) as info:
+            c.store_offsets(message=got[1])  # enable.auto.offset.store=true (the default)
+        assert info.value.args[0].code() == KafkaError._INVALID_ARG
+    assert _committed(conf, "t", 1, "g2") == [5]
+
+
+def test_store_offsets_with_auto_store_on_raises_invalid_arg_as_confluent_kafka():
+    theirs = confluent_kafka.Consumer({"group.id": "g"})
+    with pytest.raises(confluent_kafka.KafkaException) as info:
+        theirs.store_offsets(offsets=[confluent_kafka.TopicPartition("t", 0, 5)])
+    theirs.close()
+    assert info.value.args[0].code() == KafkaError._INVALID_ARG
+
+
+def test_a_paused_partition_returns_no_records_until_resumed(conf):
+    _fill(conf, "t", 2, 3)
+    with Consumer({**conf, "group.id": "g", "auto.offset.reset": "earliest"}) as c:
+        c.assign([TopicPartition("t", 0), TopicPartition("t", 1)])
+        c.pause([TopicPartition("t", 0)])
+        assert sorted(m.value() for m in c.consume(10, 1)) == [b"1-0", b"1-1", b"1-2"]
+        assert c.consume(10, 0.3) == []
+        assert [tp.offset for tp in c.position([TopicPartition("t", 0)])] == [0]  # not moved
+        c.resume([TopicPartition("t", 0)])
+        assert [m.value() for m in c.consume(10, 5)] == [b"0-0", b"0-1", b"0-2"]
+        # a partition paused with records already fetched keeps them for after resume()
+        c.seek(TopicPartition("t", 0, 1))
+        first = c.consume(1, 5)
+        assert [m.value() for m in first] == [b"0-1"]
+        c.pause([TopicPartition("t", 0)])
+        assert c.consume(10, 0.3) == []
+        c.resume([TopicPartition("t", 0)])
+        assert [m.value() for m in c.consume(10, 5)] == [b"0-2"]
+
+
+def test_memberid_is_the_group_member_id_or_none(conf):
+    _fill(conf, "t", 1, 1)
+    with Consumer({**conf, "group.id": "g", "auto.offset.reset": "earliest"}) as c:
+        assert c.memberid() is None
+        c.subscribe(["t"])
+        while not c.consume(1, 10):
+            pass
+        member = c.memberid()
+        assert member and member == c.consumer_group_metadata().member_id
+    theirs = confluent_kafka.Consumer({"group.id": "g"})
+    assert theirs.memberid() is None
+    theirs.close()
+
+
+CONSUMER_CALLS = {
+    "poll": (0,), "consume": (1, 0), "assign": ([confluent_kafka.TopicPartition("t", 0)],), "unassign": (),
+    "assignment": (), "subscribe": (["t"],), "unsubscribe": (), "position": ([confluent_kafka.TopicPartition("t", 0)],),
+    "seek": (confluent_kafka.TopicPartition("t", 0, 1),), "committed": ([confluent_kafka.TopicPartition("t", 0)],),
+    "get_watermark_offsets": (confluent_kafka.TopicPartition("t", 0),),
+    "offsets_for_times": ([confluent_kafka.TopicPartition("t", 0, 1)],), "list_topics": (),
+    "store_offsets": (None, [confluent_kafka.TopicPartition("t", 0, 1)]),
+    "pause": ([confluent_kafka.TopicPartition("t", 0)],), "resume": ([confluent_kafka.TopicPartition("t", 0)],),
+    "memberid": (), "consumer_group_metadata": (), "commit": (None, [confluent_kafka.TopicPartition("t", 0, 1)]),
+    "incremental_assign": ([confluent_kafka.TopicPartition("t", 0)],),
+    "incremental_unassign": ([confluent_kafka.TopicPartition("t", 0)],),
+}
+
+
+def _after_close(consumer, to_ours):
+    consumer.close()
+    out = {"close": consumer.close()}
+    for name, args in CONSUMER_CALLS.items():
+        with pytest.raises(RuntimeError) as info:
+            getattr(consumer, name)(*to_ours(args))
+        out[name] = str(info.value)
+    return out
+
+
+def test_every_call_after_close_raises_runtime_error_as_confluent_kafka(conf):
+    def ours(args):
+        return tuple([TopicPartition(t.topic, t.partition, t.offset) for t in a] if isinstance(a, list) and a and
+                     isinstance(a[0], confluent_kafka.TopicPartition) else
+                     TopicPartition(a.topic, a.partition, a.offset) if isinstance(a, confluent_kafka.TopicPartition)
+                     else a for a in args)
+
+    create(conf, "t")
+    got = _after_close(Consumer({**conf, "group.id": "g"}), ours)
+    assert got == _after_close(confluent_kafka.Consumer({"group.id": "g"}), lambda args: args)
+    assert got["poll"] == "Consumer closed" and got["list_topics"] == "Handle has been closed"

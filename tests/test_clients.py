@@ -6,7 +6,7 @@ import pytest
 
 from txlake import (OFFSET_BEGINNING, OFFSET_END, TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, AdminClient,
                     Consumer, KafkaError, KafkaException, NewTopic, Producer, TopicPartition)
-from txlake.engine.partitioner import partition_for_key
+from txlake.engine.partitioner import consistent_partition, partition_for_key
 from txlake.engine.registry import close_all
 
 
@@ -47,7 +47,7 @@ def test_produce_consume_round_trip_with_delivery_reports(conf):
     assert len(reports) == 30 and all(err is None for err, _ in reports)
     by_partition = {}
     for _, msg in reports:
-        assert msg.partition() == partition_for_key(msg.key(), 3)   # Kafka's murmur2 partitioner
+        assert msg.partition() == consistent_partition(msg.key(), 3)   # librdkafka's default: consistent_random (CRC32)
         by_partition.setdefault(msg.partition(), []).append(msg.offset())
     for offsets in by_partition.values():
         assert sorted(offsets) == list(range(len(offsets)))
@@ -261,7 +261,7 @@ def test_bulk_arrow_load(conf):
     msgs = consume_all(conf, "bulk", 4)
     assert len(msgs) == 20_000
     assert sorted(m.value() for m in msgs) == sorted(v.encode() for v in table.column("value").to_pylist())
-    assert all(m.partition() == partition_for_key(m.key(), 4) for m in msgs)
+    assert all(m.partition() == consistent_partition(m.key(), 4) for m in msgs)   # consistent_random, the default
     per_part = {}
     for m in msgs:
         per_part.setdefault(m.partition(), []).append(m.offset())

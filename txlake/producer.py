@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 
 from txlake.engine.requests import ProduceBatch, ProduceResult
 from txlake.engine.errors import ApiError, Errors
-from txlake.engine.partitioner import partition_for_key
+from txlake.engine.partitioner import consistent_partition, fnv1a_partition, partition_for_key
 from txlake.engine.producer_state import increment_sequence
 from txlake.engine.transaction_metadata import SHORT_MAX_VALUE
 from txlake.engine.registry import acquire_broker, release_broker
@@ -62,6 +62,25 @@ RECORD_OVERHEAD = 20
 NO_TIMESTAMP = -1
 #: the largest timestamp a record can carry (Kafka's int64 ms)
 MAX_TIMESTAMP = 2**63 - 1
+
+
+#: librdkafka's ``partitioner`` values: the key hash, and which keys are placed at random
+#: (sticky, as librdkafka's ``sticky.partitioning.linger.ms``) instead of hashed:
+#: "null" (NULL keys), "empty" (NULL and empty keys), "all" (every record)
+PARTITIONERS: dict[str, tuple[Callable[[bytes, int], int], str | None]] = {
+    "random": (partition_for_key, "all"),
+    "consistent": (consistent_partition, None),
+    "consistent_random": (consistent_partition, "empty"),
+    "murmur2": (partition_for_key, None),
+    "murmur2_random": (partition_for_key, "null"),
+    "fnv1a": (fnv1a_partition, None),
+    "fnv1a_random": (fnv1a_partition, "null"),
+}
+
+
+def _random_key(key: bytes | None, randomly: str | None) -> bool:
+    """Whether a record with ``key`` is placed at random under a partitioner whose random keys are ``randomly``."""
+    return randomly == "all" or (randomly is not None and key is None) or (randomly == "empty" and key == b"")
 
 
 def _to_bytes(what: str, data: Any) -> bytes | None:
@@ -198,6 +217,7 @@ class Producer:
         self._max_queued = v["queue.buffering.max.messages"]
         self._default_cb = v["on_delivery"]
         self._only_errors = v["delivery.report.only.error"]
+        self._hash, self._randomly = PARTITIONERS[v["partitioner"]]
         with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
             self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
         local_requests.load(self._broker)
@@ -266,7 +286,9 @@ class Producer:
         """Queue one record; its delivery report is served by :meth:`poll`/:meth:`flush`.
 
         Args:
-            partition: -1 for Kafka's default partitioner (murmur2 of the key; sticky for a null key).
+            partition: -1 for the ``partitioner`` (librdkafka's; default ``consistent_random``:
+                CRC32 of the key, a sticky random partition for a null or empty key;
+                ``murmur2_random`` places keys as Kafka's Java producer).
             timestamp: CreateTime in ms since the epoch; 0 (the default) or -1 (Kafka's
                 NO_TIMESTAMP) = now.
             on_delivery / callback: ``cb(err: KafkaError | None, msg: Message)``.
@@ -295,7 +317,8 @@ class Producer:
         if n is None:
             n = self._lookup_topic(topic)
         if partition is None or partition < 0:
-            partition = partition_for_key(key, n) if key is not None else self._sticky_partition(topic, n)
+            partition = (self._sticky_partition(topic, n) if _random_key(key, self._randomly)
+                         else self._hash(key or b"", n))  # a NULL key hashes as an empty one (librdkafka)
         elif partition >= n:
             raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"Unknown partition {topic} [{partition}] (topic has {n})")
         cb = on_delivery or callback or self._default_cb
@@ -998,8 +1021,9 @@ class Producer:
             key / value / timestamp / headers: column names (key and others may be None/absent);
                 key and value columns must be binary or string; timestamps are ms since the
                 epoch (or a timestamp type), null or -1 = now.
-            partition: a column name of int partitions, a fixed partition, or None for
-                Kafka's default partitioner (murmur2 of the key, round-robin chunks for null keys).
+            partition: a column name of int partitions, a fixed partition, or None for the
+                ``partitioner`` (as :meth:`produce`; the records it places at random go in
+                round-robin chunks).
             batch_rows: records per batch (one sequence range each).
             max_pending_bytes: back-pressure bound; the load streams, it never holds the data set.
 
@@ -1050,7 +1074,7 @@ class Producer:
             elif isinstance(partition, str):
                 parts = rb.column(partition).to_numpy(zero_copy_only=False).astype(np.int32)
             else:
-                parts = _partition_keys(keys, n_parts, rr)
+                parts = _partition_keys(keys, n_parts, rr, self._hash, self._randomly)
                 rr = (rr + 1) % n_parts
             if parts.size and (parts.min() < 0 or parts.max() >= n_parts):
                 raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"partition out of range for {topic} ({n_parts} partitions)")
@@ -1205,15 +1229,20 @@ def _binary_column(rb: pa.RecordBatch, name: str) -> pa.Array:
     raise TypeError(f"column {name!r} must be binary or string, not {col.type}")
 
 
-def _partition_keys(keys: pa.Array, n_parts: int, round_robin: int) -> np.ndarray:
-    """Kafka's default partitioner over an Arrow column: murmur2 of each distinct key once."""
+def _partition_keys(keys: pa.Array, n_parts: int, round_robin: int,
+                    hash_key: Callable[[bytes, int], int] = partition_for_key, randomly: str | None = "null") -> np.ndarray:
+    """The partitioner over an Arrow column: ``hash_key`` of each distinct key once; the keys
+    placed at random (see :data:`PARTITIONERS`) go to ``round_robin``."""
     n = len(keys)
-    if keys.null_count == n:
+    if keys.null_count == n or randomly == "all":
         return np.full(n, round_robin, dtype=np.int32)
     encoded = pc.dictionary_encode(keys)
-    parts_of_key = np.array([partition_for_key(k, n_parts) for k in encoded.dictionary.to_pylist()], dtype=np.int32)
+    distinct = encoded.dictionary.to_pylist()
+    parts_of_key = np.array([round_robin if _random_key(k, randomly) else hash_key(k, n_parts) for k in distinct],
+                            dtype=np.int32)
     idx = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)
     parts = parts_of_key[idx] if len(parts_of_key) else np.zeros(n, dtype=np.int32)
     if keys.null_count:
-        parts = np.where(keys.is_null().to_numpy(zero_copy_only=False), round_robin, parts)
+        null_part = round_robin if randomly is not None else hash_key(b"", n_parts)
+        parts = np.where(keys.is_null().to_numpy(zero_copy_only=False), null_part, parts)
     return parts.astype(np.int32)
