@@ -437,3 +437,30 @@ def test_every_call_after_close_raises_runtime_error_as_confluent_kafka(conf):
     got = _after_close(Consumer({**conf, "group.id": "g"}), ours)
     assert got == _after_close(confluent_kafka.Consumer({"group.id": "g"}), lambda args: args)
     assert got["poll"] == "Consumer closed" and got["list_topics"] == "Handle has been closed"
+
+
+# ---------------------------------------------------------------- 3: a topic that does not exist
+def test_a_record_to_a_missing_topic_fails_in_its_delivery_report_then_produce_raises(conf):
+    create(conf, "t")
+    with Producer({**conf, "topic.metadata.propagation.max.ms": 300}) as p:
+        reports = []
+        p.produce("nope", b"x", key=b"k", on_delivery=lambda err, msg: reports.append((err.code(), msg.topic(), msg.value())))
+        assert len(p) == 1  # queued, as confluent-kafka queues it (no exception from produce())
+        assert p.flush(10) == 0
+        assert reports == [(KafkaError._UNKNOWN_TOPIC, "nope", b"x")]
+        with pytest.raises(KafkaException) as info:  # now known missing: librdkafka fails fast
+            p.produce("nope", b"y")
+        assert info.value.args[0].code() == KafkaError._UNKNOWN_TOPIC
+        create(conf, "nope")
+        p.produce("nope", b"z", on_delivery=lambda err, msg: reports.append((err, msg.offset())))
+        assert p.flush(10) == 0 and reports[1:] == [(None, 0)]
+
+
+def test_a_record_waiting_for_its_topic_is_written_once_the_topic_appears(conf):
+    create(conf, "t")
+    with Producer(conf) as p:  # topic.metadata.propagation.max.ms: 30000, librdkafka's
+        reports = []
+        p.produce("later", b"x", on_delivery=lambda err, msg: reports.append((err, msg.partition(), msg.offset())))
+        create(conf, "later", 1)
+        assert p.flush(20) == 0
+        assert reports == [(None, 0, 0)]

@@ -168,6 +168,7 @@ PRODUCER: dict[str, tuple[Callable, Any]] = {
     "queue.buffering.max.kbytes": (_int(1, 2**31 - 1), 1_048_576),
     "compression.type": (_choice("none", "gzip", "snappy", "lz4", "zstd"), "none"),
     "compression.codec": (_choice("none", "gzip", "snappy", "lz4", "zstd"), "none"),
+    "topic.metadata.propagation.max.ms": (_int(0, 3_600_000), 30_000),
     "partitioner": (_choice("random", "consistent", "consistent_random", "murmur2", "murmur2_random", "fnv1a",
                             "fnv1a_random"), "consistent_random"),
     "transactional.id": (_str, None),

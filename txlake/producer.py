@@ -36,6 +36,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import logging
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,6 +57,8 @@ from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kaf
 from .transaction_manager import TransactionManager
 from txlake.engine.group_offsets import OffsetAndMetadata
 from .types import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message, partition_list
+
+log = logging.getLogger(__name__)
 
 # librdkafka: per-record overhead counted against batch.size (v2 record framing, approx.).
 RECORD_OVERHEAD = 20
@@ -236,6 +240,10 @@ class Producer:
         self._queued = 0
         self._reports: deque = deque()
         self._partitions: dict[str, int] = {}
+        #: records to topics not in the catalog yet: (deadline, topic, value, key, partition, cb, ts, headers, size)
+        self._unknown: list[tuple] = []
+        #: topics a record waited for in vain: produce() to them raises _UNKNOWN_TOPIC at once
+        self._missing: set[str] = set()
         self._sticky: dict[str, int] = {}
         self._producer_id = -1
         self._epoch = -1
@@ -294,7 +302,10 @@ class Producer:
             on_delivery / callback: ``cb(err: KafkaError | None, msg: Message)``.
 
         Raises:
-            KafkaException: MSG_SIZE_TOO_LARGE (> message.max.bytes), _UNKNOWN_TOPIC,
+            KafkaException: MSG_SIZE_TOO_LARGE (> message.max.bytes), _UNKNOWN_TOPIC once the
+                topic is known missing (a record to a topic not in the catalog waits up to
+                ``topic.metadata.propagation.max.ms``, at most ``message.timeout.ms``, for it to
+                appear, then its delivery report carries _UNKNOWN_TOPIC: librdkafka's rule),
                 _UNKNOWN_PARTITION, _INVALID_ARG for a timestamp below -1 or beyond int64,
                 _FATAL after a fatal error, NOT_LEADER_OR_FOLLOWER when another process holds
                 the storage root's writer lease.
@@ -313,20 +324,42 @@ class Producer:
         if size > self._max_message:
             raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
                                   f"Message size {size} bytes exceeds message.max.bytes={self._max_message}")
+        cb = on_delivery or callback or self._default_cb
         n = self._partitions.get(topic)
         if n is None:
             n = self._lookup_topic(topic)
+        if n is None:  # not in the catalog (yet): wait for it, as librdkafka's unknown-topic queue
+            with self._lock:
+                self._check_queue()
+                if self._txn is not None:
+                    self._txn.check_produce()
+                deadline = time.monotonic() + min(self._cfg["topic.metadata.propagation.max.ms"] / 1000,
+                                                  self._delivery_timeout)
+                self._unknown.append((deadline, topic, value, key, partition, cb, ts, hdrs, size))
+                self._queued += 1
+                self._cond.notify_all()
+            return
+        self._append(topic, value, key, partition, cb, ts, hdrs, size, n, counted=False)
+
+    def _check_queue(self) -> None:
+        """produce()'s refusals before a record is queued (caller holds the lock)."""
+        if self._fatal is not None:
+            raise KafkaException(self._fatal)
+        if self._queued >= self._max_queued:
+            raise BufferError("Local: Queue full")
+
+    def _append(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None, cb: Callable | None,
+                ts: int, hdrs: list | None, size: int, n: int, counted: bool) -> None:
+        """Place a record of a known topic (``n`` partitions) in its partition's open batch.
+        ``counted``: it waited for its topic and is already counted in ``len()``."""
         if partition is None or partition < 0:
             partition = (self._sticky_partition(topic, n) if _random_key(key, self._randomly)
                          else self._hash(key or b"", n))  # a NULL key hashes as an empty one (librdkafka)
         elif partition >= n:
             raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"Unknown partition {topic} [{partition}] (topic has {n})")
-        cb = on_delivery or callback or self._default_cb
         with self._lock:
-            if self._fatal is not None:
-                raise KafkaException(self._fatal)
-            if self._queued >= self._max_queued:
-                raise BufferError("Local: Queue full")
+            if not counted:
+                self._check_queue()
             tp = (topic, partition)
             if self._txn is not None:
                 self._txn.check_produce()
@@ -346,7 +379,8 @@ class Producer:
             buf.any_headers = buf.any_headers or hdrs is not None
             buf.any_callbacks = buf.any_callbacks or cb is not None
             buf.nbytes += size + RECORD_OVERHEAD
-            self._queued += 1
+            if not counted:
+                self._queued += 1
             if buf.nbytes >= self._batch_bytes or len(buf.values) >= self._batch_records:
                 self._close_batch(tp)
 
@@ -432,6 +466,8 @@ class Producer:
                 err = KafkaError(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
                 purged += [(self._make_batch(tp), err) for tp in list(self._buffers)]
                 purged += [(flight, err) for tp in list(self._queues) for flight in self._take_queue(tp)]
+                purged += [(self._single(e[1], e[4], e[3], e[2], e[6], e[7], e[5]), err) for e in self._unknown]
+                self._unknown = []
             if in_flight:
                 err = KafkaError(KafkaError._PURGE_INFLIGHT, "Local: Purged in flight")
                 purged += [(flight, err) for flight in self._inflight.values()]
@@ -447,16 +483,67 @@ class Producer:
                 self._bump_required = True
             self._cond.notify_all()
 
-    def _lookup_topic(self, topic: str) -> int:
+    def _lookup_topic(self, topic: str, refresh: bool = True) -> int | None:
+        """The partition count of ``topic`` (looking at the catalog's newest commits), or None when
+        it does not exist and no record to it timed out yet.
+
+        Raises:
+            KafkaException: ``_UNKNOWN_TOPIC`` when the topic is known missing: a record to it
+                already failed so (librdkafka's produce() on a topic in state NOTEXISTS); the
+                catalog's error when it cannot be read.
+        """
         t = self._broker.topics().get(topic)
-        if t is None:
+        if t is None and refresh:
             with kafka_errors(f"looking up topic {topic} in {self._broker.store.url}"):
                 self._broker.refresh()
             t = self._broker.topics().get(topic)
         if t is None:
-            raise kafka_exception(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic}")
+            if topic in self._missing:
+                raise kafka_exception(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic} (not in {self._broker.store.url})")
+            return None
+        self._missing.discard(topic)
         self._partitions[topic] = len(t.partitions)
         return len(t.partitions)
+
+    def _place_unknown(self) -> None:
+        """The send thread: records waiting for their topic go to it once it exists; past
+        ``topic.metadata.propagation.max.ms`` (at most ``message.timeout.ms``) they fail with
+        ``_UNKNOWN_TOPIC`` and later produce() calls to the topic raise it at once."""
+        try:
+            self._broker.refresh(100)
+        except Exception:  # the catalog cannot be read now: look again later (produce() reports it)
+            log.debug("looking for new topics failed", exc_info=True)
+        with self._lock:
+            waiting, self._unknown = self._unknown, []
+            now = time.monotonic()
+            for entry in waiting:
+                deadline, topic, value, key, partition, cb, ts, hdrs, size = entry
+                t = self._broker.topics().get(topic)
+                err = None
+                if t is not None:
+                    self._partitions[topic] = len(t.partitions)
+                    self._missing.discard(topic)
+                    try:
+                        self._append(topic, value, key, partition, cb, ts, hdrs, size, len(t.partitions), counted=True)
+                        continue
+                    except KafkaException as exc:
+                        err = exc.args[0]
+                elif deadline > now:
+                    self._unknown.append(entry)
+                    continue
+                else:
+                    self._missing.add(topic)
+                    err = KafkaError(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic} did not appear in "
+                                     f"{self._broker.store.url} within topic.metadata.propagation.max.ms")
+                self._fail_flight(self._single(topic, partition, key, value, ts, hdrs, cb), err)
+
+    def _single(self, topic: str, partition: int | None, key: bytes | None, value: bytes | None, ts: int,
+                hdrs: list | None, cb: Callable | None) -> _InFlight:
+        """A one-record batch that is never sent, to report a record that waited for its topic."""
+        buf = _Buffer(time.monotonic(), [key], [value], [ts], [hdrs], [cb], 0, hdrs is not None, cb is not None)
+        batch = ProduceBatch(topic, partition if partition is not None and partition >= 0 else -1,
+                             PAYLOAD_SCHEMA.empty_table())
+        return _InFlight(batch, buf, buf.created)
 
     def _sticky_partition(self, topic: str, n: int) -> int:
         p = self._sticky.get(topic)
@@ -729,6 +816,8 @@ class Producer:
 
     def _send_loop(self) -> None:
         while True:
+            if self._unknown:
+                self._place_unknown()
             with self._lock:
                 if self._closed:
                     return
@@ -744,6 +833,8 @@ class Producer:
                 waits += [q[0].deadline - now for q in self._queues.values() if q]
                 if self._inflight:
                     waits.append(self._expiry_due - now)
+                if self._unknown:
+                    waits.append(0.05)
                 self._cond.wait(max(0.001, min(waits)) if waits else 0.05)
 
     def _txn_loop(self) -> None:
@@ -1034,6 +1125,8 @@ class Producer:
             KafkaException: the first failed batch's error (batches before it are committed).
         """
         n_parts = self._partitions.get(topic) or self._lookup_topic(topic)
+        if n_parts is None:
+            raise kafka_exception(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic} (not in {self._broker.store.url})")
         topic_state = self._broker.topics()[topic]
         # A batch may not exceed the topic's max.message.bytes (Kafka checks whole batches).
         max_batch_bytes = int(effective_config(topic_state.config)["max.message.bytes"]) * 9 // 10
