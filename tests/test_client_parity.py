@@ -357,15 +357,12 @@ def test_auto_commit_commits_the_stored_offsets(conf):
         with pytest.raises(KafkaException) as info:
             c.store_offsets(message=got[1])  # enable.auto.offset.store=true (the default)
         assert info.value.args[0].code() == KafkaError._INVALID_ARG
-    assert _committed(conf, "t", 1, "g2") == [5]
-
-
-def test_store_offsets_with_auto_store_on_raises_invalid_arg_as_confluent_kafka():
     theirs = confluent_kafka.Consumer({"group.id": "g"})
     with pytest.raises(confluent_kafka.KafkaException) as info:
         theirs.store_offsets(offsets=[confluent_kafka.TopicPartition("t", 0, 5)])
     theirs.close()
     assert info.value.args[0].code() == KafkaError._INVALID_ARG
+    assert _committed(conf, "t", 1, "g2") == [5]
 
 
 def test_a_paused_partition_returns_no_records_until_resumed(conf):
