@@ -31,6 +31,8 @@ class Errors(IntEnum):
     _NO_OFFSET = -168
     _OUTDATED = -167
     _INVALID_TYPE = -154
+    _PURGE_QUEUE = -152
+    _PURGE_INFLIGHT = -151
     _FATAL = -150
     _INCONSISTENT = -149
     _MAX_POLL_EXCEEDED = -147

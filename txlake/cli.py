@@ -805,7 +805,8 @@ def produce(ctx: click.Context, topic: str, path: str, fmt: str | None, key_colu
             task_update()
 
     t0 = time.perf_counter()
-    with Producer(client_conf(ctx)) as producer:
+    # kafka-console-producer.sh places keys with the Java producer's murmur2 (librdkafka's murmur2_random)
+    with Producer({"partitioner": "murmur2_random", **client_conf(ctx)}) as producer:
         if producer.list_topics(topic).topics[topic].error is not None:
             from .error import KafkaError, KafkaException
 

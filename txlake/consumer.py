@@ -136,6 +136,12 @@ class Consumer:
         #: the last auto-commit sent (a Future of its result)
         self._auto_commit_sent: Future | None = None
         self._commit_reports: deque[CommitResult] = deque()
+        #: enable.auto.offset.store: every record returned counts as processed (commits take the positions)
+        self._auto_store: bool = self._cfg["enable.auto.offset.store"]
+        #: offsets stored by store_offsets() (enable.auto.offset.store=false): what commits take
+        self._stored: dict[tuple[str, int], TopicPartition] = {}
+        #: partitions paused by pause(): poll()/consume() return none of their records
+        self._paused: set[tuple[str, int]] = set()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -157,6 +163,7 @@ class Consumer:
             for tp in partitions:
                 self._assignment[(tp.topic, tp.partition)] = _Fetch(*self._resolve(tp.topic, tp.partition, tp.offset))
             self._order = deque(self._assignment)
+            self._forget_unassigned()
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         """Add partitions to the assignment (errors as :meth:`assign`)."""
@@ -170,22 +177,34 @@ class Consumer:
 
     def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
         """Remove partitions from the assignment (TypeError unless a list of TopicPartition)."""
+        self._check_open()
         partition_list(partitions, "incremental_unassign")
         with self._lock:
             self._assignment_version += 1
             for tp in partitions:
                 self._assignment.pop((tp.topic, tp.partition), None)
             self._order = deque(self._assignment)
+            self._forget_unassigned()
 
     def unassign(self) -> None:
         """Drop the whole assignment."""
+        self._check_open()
         with self._lock:
             self._assignment_version += 1
             self._assignment = {}
             self._order = deque()
+            self._forget_unassigned()
+
+    def _forget_unassigned(self) -> None:
+        """A partition that left the assignment is no longer paused and loses its stored offset
+        (librdkafka's; caller holds the lock)."""
+        self._paused &= self._assignment.keys()
+        for key in [key for key in self._stored if key not in self._assignment]:
+            del self._stored[key]
 
     def assignment(self) -> list[TopicPartition]:
         """The assigned partitions."""
+        self._check_open()
         with self._lock:
             return [TopicPartition(t, p) for t, p in self._assignment]
 
@@ -220,6 +239,7 @@ class Consumer:
 
     def unsubscribe(self) -> None:
         """Leave the group: revoke the assignment (``on_revoke``) and send LeaveGroup."""
+        self._check_open()
         if self._membership is not None:
             membership, self._membership = self._membership, None
             membership.close()
@@ -233,6 +253,7 @@ class Consumer:
         Raises:
             KafkaException: ``_INVALID_ARG`` without ``group.id``.
         """
+        self._check_open()
         group = self._group()
         if self._membership is None:
             return ConsumerGroupMetadata(group, -1, "", self._cfg["group.instance.id"])
@@ -297,6 +318,7 @@ class Consumer:
             KafkaException: ``_STATE`` if the partition is not assigned.
             TypeError: ``partition`` is not a TopicPartition.
         """
+        self._check_open()
         if not isinstance(partition, TopicPartition):
             raise TypeError(f"seek() requires a TopicPartition, not {type(partition).__name__}")
         with self._lock, kafka_errors(f"seek() of {partition.topic} [{partition.partition}]"):
@@ -310,6 +332,7 @@ class Consumer:
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """The next offset to fetch for each partition (OFFSET_INVALID if unknown); TypeError
         unless ``partitions`` is a list of TopicPartition."""
+        self._check_open()
         partition_list(partitions, "position")
         with self._lock:
             out = []
@@ -387,6 +410,8 @@ class Consumer:
                 return
             key = self._order[0]
             self._order.rotate(-1)
+            if key in self._paused:
+                continue
             state = self._assignment[key]
             if state.queued() is None:
                 self._fetch(key, state)
@@ -452,6 +477,7 @@ class Consumer:
             KafkaException: UNKNOWN_TOPIC_OR_PART; the catalog cannot be read.
             TypeError: ``partition`` is not a TopicPartition.
         """
+        self._check_open()
         if not isinstance(partition, TopicPartition):
             raise TypeError(f"get_watermark_offsets() requires a TopicPartition, not {type(partition).__name__}")
         tp = (partition.topic, partition.partition)
@@ -474,6 +500,7 @@ class Consumer:
             TypeError: ``partitions`` is not a list of TopicPartition.
             KafkaException: the catalog cannot be read.
         """
+        self._check_open()
         partition_list(partitions, "offsets_for_times")
         with kafka_errors("offsets_for_times()"):
             self._broker.refresh()
@@ -559,6 +586,77 @@ class Consumer:
             if wait:
                 sent.result()
 
+    def store_offsets(self, message: Message | None = None, offsets: list[TopicPartition] | None = None) -> None:
+        """Store the offset after ``message``, or each of ``offsets`` (the next offset to consume,
+        with its ``metadata``), as processed: auto-commit and :meth:`commit` without arguments
+        commit the stored offsets (confluent-kafka's / librdkafka's ``store_offsets``; needs
+        ``enable.auto.offset.store=false``).
+
+        Raises:
+            KafkaException: ``_INVALID_ARG`` with ``enable.auto.offset.store`` true;
+                ``_UNKNOWN_PARTITION`` for a partition not assigned (the assigned ones are stored).
+            ValueError: both or neither of ``message`` and ``offsets``.
+            TypeError: ``message`` not a Message, ``offsets`` not a list of TopicPartition.
+            RuntimeError: the consumer is closed.
+        """
+        self._check_open()
+        if message is not None and offsets is not None:
+            raise ValueError("message and offsets are mutually exclusive")
+        if message is None and offsets is None:
+            raise ValueError("expected either message or offsets")
+        if message is not None and not isinstance(message, Message):
+            raise TypeError(f"store_offsets() requires a Message, not {type(message).__name__}")
+        if offsets is not None:
+            partition_list(offsets, "store_offsets")
+        if self._auto_store:
+            raise kafka_exception(KafkaError._INVALID_ARG, "StoreOffsets failed: Local: Invalid argument or configuration "
+                                                          "(set enable.auto.offset.store=false to store offsets)")
+        wanted = ([TopicPartition(message.topic(), message.partition(), message.offset() + 1,
+                                  leader_epoch=message.leader_epoch())] if message is not None else
+                  [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata, tp.leader_epoch) for tp in offsets])
+        unknown = []
+        with self._lock:
+            for tp in wanted:
+                if (tp.topic, tp.partition) in self._assignment:
+                    self._stored[(tp.topic, tp.partition)] = tp
+                else:
+                    unknown.append(f"{tp.topic} [{tp.partition}]")
+        if unknown:
+            raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"StoreOffsets failed: Local: Unknown partition "
+                                                                f"(not assigned: {', '.join(unknown)})")
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        """Stop returning records of ``partitions`` from :meth:`poll`/:meth:`consume` until
+        :meth:`resume` (confluent-kafka's ``pause``); their positions stay where they are. A
+        partition that leaves the assignment is no longer paused.
+
+        Raises:
+            TypeError: ``partitions`` is not a list of TopicPartition.
+            RuntimeError: the consumer is closed.
+        """
+        self._check_open()
+        partition_list(partitions, "pause")
+        with self._lock:
+            self._paused |= {(tp.topic, tp.partition) for tp in partitions}
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        """Return records of paused ``partitions`` again (errors as :meth:`pause`)."""
+        self._check_open()
+        partition_list(partitions, "resume")
+        with self._lock:
+            self._paused -= {(tp.topic, tp.partition) for tp in partitions}
+
+    def memberid(self) -> str | None:
+        """This consumer's member id in its group (from JoinGroup), or None before it joined or
+        without subscribe() (confluent-kafka's ``memberid``).
+
+        Raises:
+            RuntimeError: the consumer is closed.
+        """
+        self._check_open()
+        membership = self._membership
+        return (membership.member_id or None) if membership is not None else None
+
     def _commit_request(self, message: Message | None, offsets: list[TopicPartition] | None) -> _CommitRequest:
         """What a commit() asks for, taken now: copies of the absolute offsets, and the member identity."""
         if message is not None:
@@ -568,7 +666,11 @@ class Consumer:
             wanted = [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata, tp.leader_epoch) for tp in offsets]
         else:
             with self._lock:
-                wanted = [tp for tp in self.position(self.assignment())
+                # librdkafka commits the stored offsets: with enable.auto.offset.store every
+                # record returned is stored (the positions), else only what store_offsets() stored
+                stored = (self.position(self.assignment()) if self._auto_store
+                          else [self._stored[key] for key in self._assignment if key in self._stored])
+                wanted = [tp for tp in stored
                           if tp.offset > self._committed.get((tp.topic, tp.partition), OFFSET_INVALID)]
         identity = (self._membership.commit_identity() if self._membership is not None
                     else (-1, "", self._cfg["group.instance.id"]))
@@ -632,6 +734,7 @@ class Consumer:
                 read (the engine logs the partition and object: Kafka's response has no message).
             TypeError: ``partitions`` is not a list of TopicPartition.
         """
+        self._check_open()
         partition_list(partitions, "committed")
         group = self._group()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
@@ -654,6 +757,8 @@ class Consumer:
         """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""
         from .admin import cluster_metadata
 
+        if self._closed:
+            raise RuntimeError("Handle has been closed")  # confluent-kafka's text for this call
         with kafka_errors(f"list_topics() of {self._broker.store.url}"):
             self._broker.refresh()
         return cluster_metadata(self._broker, topic)

@@ -77,7 +77,7 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     # Only then are the group's committed offsets stable -- had the predecessor died after
     # send_offsets_to_transaction, its pending offsets would hold the read_committed
     # OffsetFetch (UNSTABLE_OFFSET_COMMIT) until that transaction ends.
-    producer = Producer({**conf, "transactional.id": transactional_id, "linger.ms": 5})
+    producer = Producer({"partitioner": "murmur2_random", **conf, "transactional.id": transactional_id, "linger.ms": 5})
     producer.init_transactions(60)
     consumer = Consumer({**conf, "group.id": group, "isolation.level": "read_committed",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})

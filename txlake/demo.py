@@ -987,7 +987,8 @@ def _load(conf: dict, table: pa.Table, chunk_rows: int, console):
 
     from . import Producer
 
-    with Producer(conf) as producer:
+    # Kafka's Java producer's placement (librdkafka's murmur2_random), which step 2 checks
+    with Producer({**conf, "partitioner": "murmur2_random"}) as producer:
         with Progress(TextColumn("   loading"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
                       TimeElapsedColumn(), console=console) as progress:
             task = progress.add_task("load", total=table.num_rows)

@@ -36,13 +36,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import logging
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from txlake.engine.requests import ProduceBatch, ProduceResult
 from txlake.engine.errors import ApiError, Errors
-from txlake.engine.partitioner import partition_for_key
+from txlake.engine.partitioner import consistent_partition, fnv1a_partition, partition_for_key
 from txlake.engine.producer_state import increment_sequence
 from txlake.engine.transaction_metadata import SHORT_MAX_VALUE
 from txlake.engine.registry import acquire_broker, release_broker
@@ -56,12 +58,33 @@ from .transaction_manager import TransactionManager
 from txlake.engine.group_offsets import OffsetAndMetadata
 from .types import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Message, partition_list
 
+log = logging.getLogger(__name__)
+
 # librdkafka: per-record overhead counted against batch.size (v2 record framing, approx.).
 RECORD_OVERHEAD = 20
 #: Kafka's ``RecordBatch.NO_TIMESTAMP``: a record without a timestamp is stamped with the current time
 NO_TIMESTAMP = -1
 #: the largest timestamp a record can carry (Kafka's int64 ms)
 MAX_TIMESTAMP = 2**63 - 1
+
+
+#: librdkafka's ``partitioner`` values: the key hash, and which keys are placed at random
+#: (sticky, as librdkafka's ``sticky.partitioning.linger.ms``) instead of hashed:
+#: "null" (NULL keys), "empty" (NULL and empty keys), "all" (every record)
+PARTITIONERS: dict[str, tuple[Callable[[bytes, int], int], str | None]] = {
+    "random": (partition_for_key, "all"),
+    "consistent": (consistent_partition, None),
+    "consistent_random": (consistent_partition, "empty"),
+    "murmur2": (partition_for_key, None),
+    "murmur2_random": (partition_for_key, "null"),
+    "fnv1a": (fnv1a_partition, None),
+    "fnv1a_random": (fnv1a_partition, "null"),
+}
+
+
+def _random_key(key: bytes | None, randomly: str | None) -> bool:
+    """Whether a record with ``key`` is placed at random under a partitioner whose random keys are ``randomly``."""
+    return randomly == "all" or (randomly is not None and key is None) or (randomly == "empty" and key == b"")
 
 
 def _to_bytes(what: str, data: Any) -> bytes | None:
@@ -144,6 +167,8 @@ class _InFlight:
     done: bool = False
     #: why the records could not be made into a batch ("" when they could)
     build_error: str = ""
+    #: records whose delivery report was served (a raising callback stops the serving midway)
+    served: int = 0
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -196,6 +221,7 @@ class Producer:
         self._max_queued = v["queue.buffering.max.messages"]
         self._default_cb = v["on_delivery"]
         self._only_errors = v["delivery.report.only.error"]
+        self._hash, self._randomly = PARTITIONERS[v["partitioner"]]
         with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
             self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
         local_requests.load(self._broker)
@@ -214,6 +240,10 @@ class Producer:
         self._queued = 0
         self._reports: deque = deque()
         self._partitions: dict[str, int] = {}
+        #: records to topics not in the catalog yet: (deadline, topic, value, key, partition, cb, ts, headers, size)
+        self._unknown: list[tuple] = []
+        #: topics a record waited for in vain: produce() to them raises _UNKNOWN_TOPIC at once
+        self._missing: set[str] = set()
         self._sticky: dict[str, int] = {}
         self._producer_id = -1
         self._epoch = -1
@@ -264,19 +294,26 @@ class Producer:
         """Queue one record; its delivery report is served by :meth:`poll`/:meth:`flush`.
 
         Args:
-            partition: -1 for Kafka's default partitioner (murmur2 of the key; sticky for a null key).
+            partition: -1 for the ``partitioner`` (librdkafka's; default ``consistent_random``:
+                CRC32 of the key, a sticky random partition for a null or empty key;
+                ``murmur2_random`` places keys as Kafka's Java producer).
             timestamp: CreateTime in ms since the epoch; 0 (the default) or -1 (Kafka's
                 NO_TIMESTAMP) = now.
             on_delivery / callback: ``cb(err: KafkaError | None, msg: Message)``.
 
         Raises:
-            KafkaException: MSG_SIZE_TOO_LARGE (> message.max.bytes), _UNKNOWN_TOPIC,
+            KafkaException: MSG_SIZE_TOO_LARGE (> message.max.bytes), _UNKNOWN_TOPIC once the
+                topic is known missing (a record to a topic not in the catalog waits up to
+                ``topic.metadata.propagation.max.ms``, at most ``message.timeout.ms``, for it to
+                appear, then its delivery report carries _UNKNOWN_TOPIC: librdkafka's rule),
                 _UNKNOWN_PARTITION, _INVALID_ARG for a timestamp below -1 or beyond int64,
                 _FATAL after a fatal error, NOT_LEADER_OR_FOLLOWER when another process holds
                 the storage root's writer lease.
             BufferError: queue.buffering.max.messages records are already queued.
             TypeError: key/value/headers/timestamp of the wrong type.
+            RuntimeError: "Producer has been closed" after :meth:`close` (confluent-kafka's).
         """
+        self._check_open()
         value = _to_bytes("value", value)
         key = _to_bytes("key", key)
         hdrs = _headers(headers)
@@ -287,19 +324,42 @@ class Producer:
         if size > self._max_message:
             raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
                                   f"Message size {size} bytes exceeds message.max.bytes={self._max_message}")
+        cb = on_delivery or callback or self._default_cb
         n = self._partitions.get(topic)
         if n is None:
             n = self._lookup_topic(topic)
+        if n is None:  # not in the catalog (yet): wait for it, as librdkafka's unknown-topic queue
+            with self._lock:
+                self._check_queue()
+                if self._txn is not None:
+                    self._txn.check_produce()
+                deadline = time.monotonic() + min(self._cfg["topic.metadata.propagation.max.ms"] / 1000,
+                                                  self._delivery_timeout)
+                self._unknown.append((deadline, topic, value, key, partition, cb, ts, hdrs, size))
+                self._queued += 1
+                self._cond.notify_all()
+            return
+        self._append(topic, value, key, partition, cb, ts, hdrs, size, n, counted=False)
+
+    def _check_queue(self) -> None:
+        """produce()'s refusals before a record is queued (caller holds the lock)."""
+        if self._fatal is not None:
+            raise KafkaException(self._fatal)
+        if self._queued >= self._max_queued:
+            raise BufferError("Local: Queue full")
+
+    def _append(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None, cb: Callable | None,
+                ts: int, hdrs: list | None, size: int, n: int, counted: bool) -> None:
+        """Place a record of a known topic (``n`` partitions) in its partition's open batch.
+        ``counted``: it waited for its topic and is already counted in ``len()``."""
         if partition is None or partition < 0:
-            partition = partition_for_key(key, n) if key is not None else self._sticky_partition(topic, n)
+            partition = (self._sticky_partition(topic, n) if _random_key(key, self._randomly)
+                         else self._hash(key or b"", n))  # a NULL key hashes as an empty one (librdkafka)
         elif partition >= n:
             raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"Unknown partition {topic} [{partition}] (topic has {n})")
-        cb = on_delivery or callback or self._default_cb
         with self._lock:
-            if self._fatal is not None:
-                raise KafkaException(self._fatal)
-            if self._queued >= self._max_queued:
-                raise BufferError("Local: Queue full")
+            if not counted:
+                self._check_queue()
             tp = (topic, partition)
             if self._txn is not None:
                 self._txn.check_produce()
@@ -319,20 +379,171 @@ class Producer:
             buf.any_headers = buf.any_headers or hdrs is not None
             buf.any_callbacks = buf.any_callbacks or cb is not None
             buf.nbytes += size + RECORD_OVERHEAD
-            self._queued += 1
+            if not counted:
+                self._queued += 1
             if buf.nbytes >= self._batch_bytes or len(buf.values) >= self._batch_records:
                 self._close_batch(tp)
 
-    def _lookup_topic(self, topic: str) -> int:
+    def _check_open(self) -> None:
+        """confluent-kafka's answer to a call on a closed producer."""
+        if self._closed:
+            raise RuntimeError("Producer has been closed")
+
+    def produce_batch(self, topic: str, messages: list, partition: int = -1, callback: Callable | None = None,
+                      on_delivery: Callable | None = None) -> int:
+        """Queue several records at once (confluent-kafka 2.x's ``produce_batch``).
+
+        Args:
+            messages: a list of dicts with optional ``value``, ``key`` (bytes or str),
+                ``partition`` (int, overrides ``partition``), ``headers`` (as :meth:`produce`;
+                confluent-kafka ignores them) and ``callback`` (the record's delivery callback).
+            partition: the partition of the records that name none; -1 = the partitioner.
+            callback / on_delivery: the delivery callback of the records without their own.
+
+        Returns:
+            the number of records queued. A record refused (e.g. MSG_SIZE_TOO_LARGE,
+            ``_UNKNOWN_PARTITION``, ``_QUEUE_FULL``) gets its ``KafkaError`` as the dict's
+            ``"_error"`` and the others go on.
+
+        Raises:
+            TypeError: ``messages`` not a list, an entry not a dict, or a field of the wrong
+                type (confluent-kafka's texts: "Message key at index 0 must be bytes or str"),
+                before any record is queued.
+            NotImplementedError: an entry with a ``timestamp`` (confluent-kafka's batch mode has none).
+            RuntimeError: the producer is closed.
+        """
+        self._check_open()
+        if not isinstance(messages, list):
+            raise TypeError("messages must be a list")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise TypeError(f"Message at index {i} must be a dict")
+            for name in ("value", "key"):
+                if m.get(name) is not None and not isinstance(m[name], (bytes, str)):
+                    raise TypeError(f"Message {name} at index {i} must be bytes or str")
+            if "partition" in m and (not isinstance(m["partition"], int) or isinstance(m["partition"], bool)):
+                raise TypeError(f"Message partition at index {i} must be int")
+            if m.get("callback") is not None and not callable(m["callback"]):
+                raise TypeError(f"Message callback at index {i} must be callable")
+            if "timestamp" in m:
+                raise NotImplementedError("Message timestamps are not currently supported in batch mode")
+        default_cb = on_delivery or callback
+        queued = 0
+        for m in messages:
+            try:
+                self.produce(topic, m.get("value"), m.get("key"), m.get("partition", partition),
+                             on_delivery=m.get("callback") or default_cb, headers=m.get("headers"))
+            except KafkaException as exc:
+                m["_error"] = exc.args[0]
+            except BufferError:
+                m["_error"] = KafkaError(KafkaError._QUEUE_FULL, "Message failed: Local: Queue full")
+            else:
+                queued += 1
+        return queued
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        """Drop the records not delivered yet (confluent-kafka's / librdkafka's ``purge``); their
+        delivery reports, served by the next :meth:`poll`/:meth:`flush`, carry ``_PURGE_QUEUE``
+        (not sent yet) or ``_PURGE_INFLIGHT`` (sent, not answered: the engine may still write
+        it -- its late answer is ignored).
+
+        A purged record of a transaction makes the transaction abortable; an idempotent
+        producer that purged a batch holding sequence numbers bumps its epoch (KIP-360), as
+        after any failed batch.
+
+        Args:
+            in_queue: purge the records not sent yet.
+            in_flight: purge the batches sent and waiting for their answer.
+            blocking: accepted for confluent-kafka's signature; the purge is always done on return.
+
+        Raises:
+            RuntimeError: the producer is closed.
+        """
+        self._check_open()
+        purged: list[tuple[_InFlight, KafkaError]] = []
+        with self._lock:
+            if in_queue:
+                err = KafkaError(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
+                purged += [(self._make_batch(tp), err) for tp in list(self._buffers)]
+                purged += [(flight, err) for tp in list(self._queues) for flight in self._take_queue(tp)]
+                purged += [(self._single(e[1], e[4], e[3], e[2], e[6], e[7], e[5]), err) for e in self._unknown]
+                self._unknown = []
+            if in_flight:
+                err = KafkaError(KafkaError._PURGE_INFLIGHT, "Local: Purged in flight")
+                purged += [(flight, err) for flight in self._inflight.values()]
+                self._inflight.clear()
+                self._expiry_due = float("inf")
+            for flight, err in purged:
+                self._fail_flight(flight, err)
+            if purged and self._txn is not None:
+                self._txn.send_failed(purged[0][1])
+                if self._txn.has_error:
+                    self._abort_undrained()
+            elif any(flight.sequenced for flight, _ in purged) and self._idempotent:
+                self._bump_required = True
+            self._cond.notify_all()
+
+    def _lookup_topic(self, topic: str, refresh: bool = True) -> int | None:
+        """The partition count of ``topic`` (looking at the catalog's newest commits), or None when
+        it does not exist and no record to it timed out yet.
+
+        Raises:
+            KafkaException: ``_UNKNOWN_TOPIC`` when the topic is known missing: a record to it
+                already failed so (librdkafka's produce() on a topic in state NOTEXISTS); the
+                catalog's error when it cannot be read.
+        """
         t = self._broker.topics().get(topic)
-        if t is None:
+        if t is None and refresh:
             with kafka_errors(f"looking up topic {topic} in {self._broker.store.url}"):
                 self._broker.refresh()
             t = self._broker.topics().get(topic)
         if t is None:
-            raise kafka_exception(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic}")
+            if topic in self._missing:
+                raise kafka_exception(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic} (not in {self._broker.store.url})")
+            return None
+        self._missing.discard(topic)
         self._partitions[topic] = len(t.partitions)
         return len(t.partitions)
+
+    def _place_unknown(self) -> None:
+        """The send thread: records waiting for their topic go to it once it exists; past
+        ``topic.metadata.propagation.max.ms`` (at most ``message.timeout.ms``) they fail with
+        ``_UNKNOWN_TOPIC`` and later produce() calls to the topic raise it at once."""
+        try:
+            self._broker.refresh(100)
+        except Exception:  # the catalog cannot be read now: look again later (produce() reports it)
+            log.debug("looking for new topics failed", exc_info=True)
+        with self._lock:
+            waiting, self._unknown = self._unknown, []
+            now = time.monotonic()
+            for entry in waiting:
+                deadline, topic, value, key, partition, cb, ts, hdrs, size = entry
+                t = self._broker.topics().get(topic)
+                err = None
+                if t is not None:
+                    self._partitions[topic] = len(t.partitions)
+                    self._missing.discard(topic)
+                    try:
+                        self._append(topic, value, key, partition, cb, ts, hdrs, size, len(t.partitions), counted=True)
+                        continue
+                    except KafkaException as exc:
+                        err = exc.args[0]
+                elif deadline > now:
+                    self._unknown.append(entry)
+                    continue
+                else:
+                    self._missing.add(topic)
+                    err = KafkaError(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic} did not appear in "
+                                     f"{self._broker.store.url} within topic.metadata.propagation.max.ms")
+                self._fail_flight(self._single(topic, partition, key, value, ts, hdrs, cb), err)
+
+    def _single(self, topic: str, partition: int | None, key: bytes | None, value: bytes | None, ts: int,
+                hdrs: list | None, cb: Callable | None) -> _InFlight:
+        """A one-record batch that is never sent, to report a record that waited for its topic."""
+        buf = _Buffer(time.monotonic(), [key], [value], [ts], [hdrs], [cb], 0, hdrs is not None, cb is not None)
+        batch = ProduceBatch(topic, partition if partition is not None and partition >= 0 else -1,
+                             PAYLOAD_SCHEMA.empty_table())
+        return _InFlight(batch, buf, buf.created)
 
     def _sticky_partition(self, topic: str, n: int) -> int:
         p = self._sticky.get(topic)
@@ -605,6 +816,8 @@ class Producer:
 
     def _send_loop(self) -> None:
         while True:
+            if self._unknown:
+                self._place_unknown()
             with self._lock:
                 if self._closed:
                     return
@@ -620,6 +833,8 @@ class Producer:
                 waits += [q[0].deadline - now for q in self._queues.values() if q]
                 if self._inflight:
                     waits.append(self._expiry_due - now)
+                if self._unknown:
+                    waits.append(0.05)
                 self._cond.wait(max(0.001, min(waits)) if waits else 0.05)
 
     def _txn_loop(self) -> None:
@@ -682,7 +897,9 @@ class Producer:
         """Commit consumer offsets as part of the transaction (AddOffsetsToTxn + TxnOffsetCommit).
 
         Args:
-            positions: ``TopicPartition``s whose ``offset`` is the next offset to consume.
+            positions: ``TopicPartition``s whose ``offset`` is the next offset to consume; those
+                with a negative offset (OFFSET_INVALID, ...) are left out, and with none left
+                nothing is sent (librdkafka's ``rd_kafka_send_offsets_to_transaction``).
             group_metadata: ``consumer.consumer_group_metadata()`` or a group id string.
 
         The offsets become visible to the group only when the transaction commits.
@@ -696,9 +913,12 @@ class Producer:
         group_id = group_metadata if isinstance(group_metadata, str) else getattr(group_metadata, "group_id", None)
         if not group_id:
             raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs a group id")
-        offsets = {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "") for tp in positions}
-        if any(om.offset < 0 for om in offsets.values()):
-            raise kafka_exception(KafkaError._INVALID_ARG, "send_offsets_to_transaction needs absolute offsets (>= 0)")
+        # librdkafka sends only the partitions with a valid (>= 0) offset -- e.g. not OFFSET_INVALID
+        # from position() of a partition that consumed nothing -- and does nothing when none is left
+        offsets = {(tp.topic, tp.partition): OffsetAndMetadata(tp.offset, tp.metadata or "")
+                   for tp in positions if tp.offset >= 0}
+        if not offsets:
+            return
         txn.add_offsets(group_id, self._broker.group_offsets().partition_for(group_id))  # blocking
         # TxnOffsetCommit: the group coordinator checks the member as for a plain commit (KIP-447) and
         # writes the offsets into the transaction; a stale generation, an unknown member or a fenced
@@ -785,7 +1005,11 @@ class Producer:
         """Serve queued delivery reports (calling their callbacks); wait up to ``timeout`` s for one.
 
         Returns the number of events served.
+
+        Raises:
+            RuntimeError: the producer is closed; whatever a delivery callback raised.
         """
+        self._check_open()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
             while not self._reports:
@@ -795,34 +1019,57 @@ class Producer:
                 if not self._queued:
                     return 0
                 self._cond.wait(remaining if remaining is not None else 0.1)
-            reports = list(self._reports)
-            self._reports.clear()
+            pending = len(self._reports)  # the reports queued now: a busy producer cannot keep poll() serving
         served = 0
-        for flight, result, err in reports:
+        for _ in range(pending):
+            with self._lock:
+                if not self._reports:
+                    break
+                flight, result, err = self._reports.popleft()
             served += self._deliver(flight, result, err)
         return served
 
     def _deliver(self, flight: _InFlight, result: ProduceResult, err: KafkaError | None) -> int:
+        """Call the delivery callbacks of a batch's records not served yet; returns how many were served.
+
+        A callback that raises stops the serving and its exception propagates out of
+        :meth:`poll`/:meth:`flush` (as confluent-kafka's): its record counts as served, and the
+        batch's later reports go back in front of the queue for the next call, so ``len()``
+        stays right.
+        """
         buf, batch = flight.buffer, flight.batch
         n = len(buf.values)
+        start = done = flight.served
         ts_type = TIMESTAMP_LOG_APPEND_TIME if result.log_append_time >= 0 else TIMESTAMP_CREATE_TIME
-        for i in range(n if buf.any_callbacks else 0):  # nothing to call: no loop over the records
-            cb = buf.callbacks[i]
-            if cb is not None and (err is not None or not self._only_errors):
-                offset = result.base_offset + i if err is None else -1001
-                ts = result.log_append_time if result.log_append_time >= 0 else buf.timestamps[i]
-                hdrs = [(h["key"], h["value"]) for h in buf.headers[i]] if buf.headers[i] else None
-                cb(err, Message._record(batch.topic, batch.partition, offset, buf.keys[i], buf.values[i], ts, ts_type, hdrs, err))
-        with self._lock:
-            self._queued -= n
-            self._cond.notify_all()
-        return n
+        try:
+            for i in range(start, n if buf.any_callbacks else start):  # nothing to call: no loop over the records
+                done = i + 1  # served even when its callback raises
+                cb = buf.callbacks[i]
+                if cb is not None and (err is not None or not self._only_errors):
+                    offset = result.base_offset + i if err is None else -1001
+                    ts = result.log_append_time if result.log_append_time >= 0 else buf.timestamps[i]
+                    hdrs = [(h["key"], h["value"]) for h in buf.headers[i]] if buf.headers[i] else None
+                    cb(err, Message._record(batch.topic, batch.partition, offset, buf.keys[i], buf.values[i], ts, ts_type,
+                                            hdrs, err))
+            done = n
+        finally:
+            flight.served = done
+            with self._lock:
+                self._queued -= done - start
+                if done < n:
+                    self._reports.appendleft((flight, result, err))
+                self._cond.notify_all()
+        return done - start
 
     def flush(self, timeout: float | None = None) -> int:
         """Send everything queued, wait for delivery and serve the reports.
 
         Returns the number of records still queued or in flight (0 when all were delivered).
+
+        Raises:
+            RuntimeError: the producer is closed; whatever a delivery callback raised.
         """
+        self._check_open()
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
             self._close_all(urgent=True)
@@ -838,8 +1085,13 @@ class Producer:
                     self._cond.wait(min(remaining, 0.1) if remaining is not None else 0.1)
 
     def __len__(self) -> int:
-        """Records queued, in flight, or with a delivery report not yet served."""
-        return self._queued
+        """Records queued, in flight, or with a delivery report not yet served (0 once closed)."""
+        return 0 if self._closed else self._queued
+
+    def __bool__(self) -> bool:
+        """Always True, as confluent-kafka's: a producer with nothing queued (``len() == 0``) is
+        not falsy."""
+        return True
 
     def list_topics(self, topic: str | None = None, timeout: float = -1):
         """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""
@@ -860,8 +1112,9 @@ class Producer:
             key / value / timestamp / headers: column names (key and others may be None/absent);
                 key and value columns must be binary or string; timestamps are ms since the
                 epoch (or a timestamp type), null or -1 = now.
-            partition: a column name of int partitions, a fixed partition, or None for
-                Kafka's default partitioner (murmur2 of the key, round-robin chunks for null keys).
+            partition: a column name of int partitions, a fixed partition, or None for the
+                ``partitioner`` (as :meth:`produce`; the records it places at random go in
+                round-robin chunks).
             batch_rows: records per batch (one sequence range each).
             max_pending_bytes: back-pressure bound; the load streams, it never holds the data set.
 
@@ -872,6 +1125,8 @@ class Producer:
             KafkaException: the first failed batch's error (batches before it are committed).
         """
         n_parts = self._partitions.get(topic) or self._lookup_topic(topic)
+        if n_parts is None:
+            raise kafka_exception(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic} (not in {self._broker.store.url})")
         topic_state = self._broker.topics()[topic]
         # A batch may not exceed the topic's max.message.bytes (Kafka checks whole batches).
         max_batch_bytes = int(effective_config(topic_state.config)["max.message.bytes"]) * 9 // 10
@@ -912,7 +1167,7 @@ class Producer:
             elif isinstance(partition, str):
                 parts = rb.column(partition).to_numpy(zero_copy_only=False).astype(np.int32)
             else:
-                parts = _partition_keys(keys, n_parts, rr)
+                parts = _partition_keys(keys, n_parts, rr, self._hash, self._randomly)
                 rr = (rr + 1) % n_parts
             if parts.size and (parts.min() < 0 or parts.max() >= n_parts):
                 raise kafka_exception(KafkaError._UNKNOWN_PARTITION, f"partition out of range for {topic} ({n_parts} partitions)")
@@ -974,14 +1229,20 @@ class Producer:
                 raise KafkaException(self._txn.error or KafkaError(Errors._STATE, "partitions not added to the transaction"))
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self, timeout: float | None = None) -> int:
-        """Flush, stop, and release the storage root (txlake addition; confluent-kafka producers are GC'd).
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (up to ``timeout`` s, None = until delivered), stop, and release the storage root
+        (confluent-kafka 2.x's ``close``). Records still undelivered when ``timeout`` passes are
+        dropped, as librdkafka drops them when a producer is destroyed. Idempotent.
 
-        Returns the number of records not delivered.
+        Returns:
+            True, as confluent-kafka's (also when already closed).
+
+        Raises:
+            whatever a delivery callback raised (the producer stays open: call ``close()`` again).
         """
         if self._closed:
-            return 0
-        left = self.flush(timeout)
+            return True
+        self.flush(timeout)
         with self._lock:
             self._closed = True
             self._cond.notify_all()
@@ -989,7 +1250,7 @@ class Producer:
         if self._txn_thread is not None:
             self._txn_thread.join(timeout=5)
         release_broker(self._broker)
-        return left
+        return True
 
     def __enter__(self) -> "Producer":
         return self
@@ -1061,15 +1322,20 @@ def _binary_column(rb: pa.RecordBatch, name: str) -> pa.Array:
     raise TypeError(f"column {name!r} must be binary or string, not {col.type}")
 
 
-def _partition_keys(keys: pa.Array, n_parts: int, round_robin: int) -> np.ndarray:
-    """Kafka's default partitioner over an Arrow column: murmur2 of each distinct key once."""
+def _partition_keys(keys: pa.Array, n_parts: int, round_robin: int,
+                    hash_key: Callable[[bytes, int], int] = partition_for_key, randomly: str | None = "null") -> np.ndarray:
+    """The partitioner over an Arrow column: ``hash_key`` of each distinct key once; the keys
+    placed at random (see :data:`PARTITIONERS`) go to ``round_robin``."""
     n = len(keys)
-    if keys.null_count == n:
+    if keys.null_count == n or randomly == "all":
         return np.full(n, round_robin, dtype=np.int32)
     encoded = pc.dictionary_encode(keys)
-    parts_of_key = np.array([partition_for_key(k, n_parts) for k in encoded.dictionary.to_pylist()], dtype=np.int32)
+    distinct = encoded.dictionary.to_pylist()
+    parts_of_key = np.array([round_robin if _random_key(k, randomly) else hash_key(k, n_parts) for k in distinct],
+                            dtype=np.int32)
     idx = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)
     parts = parts_of_key[idx] if len(parts_of_key) else np.zeros(n, dtype=np.int32)
     if keys.null_count:
-        parts = np.where(keys.is_null().to_numpy(zero_copy_only=False), round_robin, parts)
+        null_part = round_robin if randomly is not None else hash_key(b"", n_parts)
+        parts = np.where(keys.is_null().to_numpy(zero_copy_only=False), null_part, parts)
     return parts.astype(np.int32)
