@@ -351,28 +351,25 @@ def compact(writer: PartitionWriter, topics: Iterable[str] | None = None, *, dry
             if progress is not None and runs:
                 progress("merge", total, total)
         else:
-            batch_reader = LogReader(writer.catalog, SegmentCache(None))  # pins one batch's segments
+            # the merge streams each run (segment_merge.rewrite_segments): nothing is prefetched,
+            # so a round holds a few row groups per run in progress, whatever the runs' sizes
+            merge_reader = LogReader(writer.catalog, SegmentCache(0))
             with ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-merge") as pool:
-                for batch in in_batches(runs, lambda run: run.size_bytes, writer.config.compaction_batch_bytes):
-                    if cancel is not None and cancel.is_set():
-                        break
-                    batch_reader.prefetch([s for run in batch if not run.drop for s in run.segments], READ_THREADS)
-                    futures = [pool.submit(_merge_run, writer, batch_reader, run, now, cancel) for run in batch]
-                    for run, future in zip(batch, futures):
-                        outcome = future.result()
-                        if outcome is False:  # cancelled before it started
-                            continue
-                        if outcome is None:
-                            summary.skipped += 1
-                        else:
-                            summary.merges += 1
-                            for s in outcome.segments:
-                                sizes[s.path] = s.size_bytes
-                        if not run.drop:
-                            done += run.size_bytes
-                            if progress is not None:
-                                progress("merge", done, total)
-                    batch_reader.cache.clear()
+                futures = [pool.submit(_merge_run, writer, merge_reader, run, now, cancel) for run in runs]
+                for run, future in zip(runs, futures):
+                    outcome = future.result()
+                    if outcome is False:  # cancelled before it started
+                        continue
+                    if outcome is None:
+                        summary.skipped += 1
+                    else:
+                        summary.merges += 1
+                        for s in outcome.segments:
+                            sizes[s.path] = s.size_bytes
+                    if not run.drop:
+                        done += run.size_bytes
+                        if progress is not None:
+                            progress("merge", done, total)
             if runs or summary.key_compacted_partitions:
                 release_unused_memory()
         if progress is not None and not runs:

@@ -30,11 +30,13 @@ exactly as after.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +45,9 @@ import pyarrow.compute as pc
 from txlake.catalog.errors import UnknownTopicError
 from txlake.catalog.state import REMOVE_SEGMENT, RETIRE_OBJECT, CatalogState, SegmentInfo
 from txlake.catalog.topic_config import effective_config
-from txlake.formats.records import DEFAULT_ROW_GROUP_ROWS, RECORD_SCHEMA, encode_segments
+from txlake.formats.errors import CorruptObjectError
+from txlake.formats.records import (DEFAULT_ROW_GROUP_ROWS, RECORD_SCHEMA, read_segment, segment_writer,
+                                   write_records)
 
 from .group_commit import DATA_PREFIX
 from .log_reader import LogReader
@@ -295,25 +299,182 @@ def _read_segments(reader: LogReader, segments: Sequence[SegmentInfo]) -> list[p
     return [reader.segment_table(s) if t is None else t for s, t in zip(segments, tables)]
 
 
+def _read_row_group(reader: LogReader, segment: SegmentInfo, row_group: int) -> pa.Table:
+    """One row group of ``segment``'s object (RECORD_SCHEMA, no schema metadata)."""
+    with reader.store.open_input(segment.path) as f:
+        return read_segment(f, reader.store.uri(segment.path), [row_group])
+
+
+def _check_count(reader: LogReader, segment: SegmentInfo, rows: int) -> None:
+    if rows != segment.record_count:
+        raise CorruptObjectError(reader.store.uri(segment.path),
+                                 f"holds {rows} records of {segment.topic} [{segment.partition}], "
+                                 f"the catalog expects {segment.record_count}")
+
+
+def _stream_segments(reader: LogReader, segments: Sequence[SegmentInfo]) -> Iterator[pa.Table]:
+    """The records of ``segments`` in their order, a piece at a time: a segment the reader's
+    cache holds is one piece; any other is read one row group at a time (one object open and
+    footer parse per row group), :data:`READ_THREADS` row groups ahead of the consumer. So at
+    most ``READ_THREADS + 1`` row groups are decoded at once, whatever the run's size. Each
+    segment's rows are checked against its catalog record count once it is read."""
+    units: list[tuple[SegmentInfo, int | None]] = []  # (segment, row group); None: the cached table
+    for seg in segments:
+        if reader.cache.get((seg.path, seg.row_group_start)) is not None:
+            units.append((seg, None))
+        else:
+            units += [(seg, rg) for rg in seg.row_groups]
+    ahead: deque[Future] = deque()
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="txlake-merge-read") as pool:
+        def submit(i: int) -> None:
+            seg, rg = units[i]
+            if rg is not None:
+                ahead.append(pool.submit(_read_row_group, reader, seg, rg))
+        try:
+            for i in range(min(READ_THREADS, len(units))):
+                submit(i)
+            rows = 0
+            for i, (seg, rg) in enumerate(units):
+                if rg is None:
+                    piece = reader.cache.get((seg.path, seg.row_group_start))
+                    if piece is None:  # evicted meanwhile
+                        piece = reader.segment_table(seg)
+                else:
+                    piece = ahead.popleft().result()
+                    if i + READ_THREADS < len(units):
+                        submit(i + READ_THREADS)
+                rows += piece.num_rows
+                if i + 1 == len(units) or units[i + 1][0] is not seg:
+                    _check_count(reader, seg, rows)
+                    rows = 0
+                yield piece
+                del piece
+        finally:
+            for future in ahead:
+                future.cancel()
+
+
+class _OutOfOrder(Exception):
+    """A streamed piece's offsets do not follow the ones before it (the run must be sorted whole)."""
+
+
+class _SegmentWriter:
+    """Writes a run's records, streamed in offset order, as new segment objects of one
+    partition: ``rows_per_segment`` records an object, row groups of at most
+    ``max_row_group_rows`` rows and about ``row_group_bytes`` of Arrow data (only the current
+    row group is held decoded; the object being written is held encoded until it is put)."""
+
+    def __init__(self, store, out: SegmentRewrite, rows_per_segment: int, max_row_group_rows: int,
+                 row_group_bytes: int, compression: str, stamp: int):
+        self.store, self.out = store, out
+        self.rows_per_segment, self.max_rows, self.group_bytes = rows_per_segment, max_row_group_rows, row_group_bytes
+        self.compression, self.stamp = compression, stamp
+        self.pending: list[pa.Table] = []  # the current row group
+        self.pending_rows = self.pending_bytes = 0
+        self.sink: pa.BufferOutputStream | None = None
+        self.writer = None
+        self.rows = self.groups = 0  # of the current object (written row groups)
+        self.first_offset = self.last_offset = -1  # of the current object, pending rows included
+        self.last_written = -1  # the last offset taken (the whole rewrite)
+        self.ts_min: int | None = None
+        self.ts_max: int | None = None
+
+    def add(self, piece: pa.Table, ordered: bool = False) -> None:
+        """Take ``piece``: RECORD_SCHEMA rows whose offsets ascend and follow every offset taken
+        before (checked unless the caller sorted them, ``ordered``: else :class:`_OutOfOrder`,
+        nothing of it taken)."""
+        if not piece.num_rows:
+            return
+        if not ordered:
+            offsets = piece.column("offset").to_numpy()
+            if offsets[0] <= self.last_written or (len(offsets) > 1 and not bool((np.diff(offsets) > 0).all())):
+                raise _OutOfOrder
+            self.last_written = int(offsets[-1])
+        if not piece.schema.equals(RECORD_SCHEMA):
+            piece = piece.cast(RECORD_SCHEMA)
+        row_bytes = max(1.0, piece.nbytes / piece.num_rows)
+        while piece.num_rows:
+            in_object = self.rows + self.pending_rows
+            by_bytes = max(1, math.ceil((self.group_bytes - self.pending_bytes) / row_bytes))
+            take = min(piece.num_rows, self.rows_per_segment - in_object, self.max_rows - self.pending_rows, by_bytes)
+            part, piece = piece.slice(0, take), piece.slice(take)
+            self.pending.append(part)
+            self.pending_rows += take
+            self.pending_bytes += math.ceil(take * row_bytes)
+            if not in_object:
+                self.first_offset = part.column("offset")[0].as_py()
+            self.last_offset = part.column("offset")[-1].as_py()
+            ts = pc.min_max(part.column("timestamp"))
+            lo, hi = ts["min"].as_py(), ts["max"].as_py()
+            self.ts_min = lo if self.ts_min is None else min(self.ts_min, lo)
+            self.ts_max = hi if self.ts_max is None else max(self.ts_max, hi)
+            if self.pending_rows >= self.max_rows or self.pending_bytes >= self.group_bytes:
+                self._write_group()
+            if self.rows + self.pending_rows >= self.rows_per_segment:
+                self._finish_object()
+
+    def _write_group(self) -> None:
+        if not self.pending:
+            return
+        if self.writer is None:
+            self.sink = pa.BufferOutputStream()
+            self.writer = segment_writer(self.sink, self.compression)
+        group = pa.concat_tables(self.pending) if len(self.pending) > 1 else self.pending[0]
+        self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
+        self.groups += write_records(self.writer, group, group.num_rows)
+        self.rows += group.num_rows
+
+    def _finish_object(self) -> None:
+        self._write_group()
+        if self.writer is None:
+            return
+        self.writer.close()
+        data = self.sink.getvalue()
+        self.writer = self.sink = None
+        path = f"{DATA_PREFIX}{self.stamp:013d}-{uuid.uuid4().hex}.parquet"
+        self.store.put(path, data)
+        first = self.out.run.segments[0]
+        self.out.segments.append(SegmentInfo(first.topic, first.partition, path, self.first_offset, self.last_offset,
+                                             self.rows, len(data), self.ts_min, self.ts_max, 0, self.groups))
+        self.out.records_out += self.rows
+        self.out.bytes_out += len(data)
+        self.rows = self.groups = 0
+        self.ts_min = self.ts_max = None
+
+    def finish(self) -> None:
+        """Write what is left (the last object)."""
+        self._finish_object()
+
+
 def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, target_bytes: int,
                      row_filter: RowFilter | None = None, compression: str = "snappy",
                      max_row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, row_group_bytes: int = ROW_GROUP_BYTES,
                      now_ms: int | None = None) -> SegmentRewrite:
     """Rewrite consecutive segments of one partition into new per-partition segment objects.
 
-    The records are read (each segment's record count checked against the catalog), put in
+    The records are read (each segment's record count checked against the catalog), in
     offset order, passed through ``row_filter`` when given, and split into segments of about
     ``target_bytes`` each (estimated from the old segments' bytes per record), each its own
     object under ``data/`` with row groups of at most ``max_row_group_rows`` rows and about
-    ``row_group_bytes`` of uncompressed data. Nothing is committed: see :func:`swap_actions`
-    / :func:`replace_segments`. Kafka's ``Cleaner.cleanSegments``.
+    ``row_group_bytes`` of uncompressed (Arrow) data. Nothing is committed: see
+    :func:`swap_actions` / :func:`replace_segments`. Kafka's ``Cleaner.cleanSegments``.
+
+    Memory: without a row filter the records stream through -- each old segment is read one
+    row group at a time (:data:`READ_THREADS` ahead) and each new row group is encoded as
+    soon as it is complete -- so a merge holds a few row groups decoded plus the new object
+    being written (encoded, at most about ``target_bytes``), whatever the run's size. A row
+    filter sees the run's records at once (key compaction's rules need them together), and
+    so does a run whose segments turn out not to hold ascending offsets (they are sorted).
 
     Args:
-        reader: reads the old segments (its store receives the new objects).
+        reader: reads the old segments (its store receives the new objects); a segment its
+            cache holds is taken from there.
         segments: consecutive segments of one partition, in offset order.
         target_bytes: the topic's ``segment.bytes`` (bytes).
         row_filter: drops records (key compaction); None keeps them all.
         compression: Parquet codec of the new objects.
+        max_row_group_rows: rows per row group at most.
+        row_group_bytes: uncompressed bytes a row group aims at.
         now_ms: time used in the new object names (ms since the epoch; wall clock when None).
 
     Raises:
@@ -326,35 +487,37 @@ def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, targ
     _check_run(segments)
     first = segments[0]
     run = MergeRun(first.topic, first.partition, tuple(segments), target_bytes)
-    tables = _read_segments(reader, segments)
-    tables = [t if t.schema.equals(RECORD_SCHEMA) else t.cast(RECORD_SCHEMA) for t in tables]
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    records_in, bytes_in = table.num_rows, run.size_bytes
-    offsets = table.column("offset").to_numpy()
-    if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
-        table = table.take(pa.array(np.argsort(offsets, kind="stable")))
-    if row_filter is not None:
-        table = _filtered(table, row_filter)
-    n = table.num_rows
-    out = SegmentRewrite(run, [], records_in, n, bytes_in, 0)
-    if n == 0:
-        return out
+    records_in, bytes_in = run.record_count, run.size_bytes
     rows_per_segment = max(1, int(target_bytes * records_in // max(bytes_in, 1)))
-    rows_per_group = max(1, min(max_row_group_rows, int(row_group_bytes * n // max(table.nbytes, 1))))
     stamp = int(time.time() * 1000) if now_ms is None else now_ms
-    store = reader.store
+
+    def writer() -> tuple[SegmentRewrite, _SegmentWriter]:
+        out = SegmentRewrite(run, [], records_in, 0, bytes_in, 0)
+        return out, _SegmentWriter(reader.store, out, rows_per_segment, max_row_group_rows, row_group_bytes,
+                                   compression, stamp)
+
+    out, w = writer()
     try:
-        for start in range(0, n, rows_per_segment):
-            chunk = table.slice(start, rows_per_segment)
-            data, [(_, groups)] = encode_segments([chunk], compression, rows_per_group, as_buffer=True)
-            path = f"{DATA_PREFIX}{stamp:013d}-{uuid.uuid4().hex}.parquet"
-            store.put(path, data)
-            ts = pc.min_max(chunk.column("timestamp"))
-            chunk_offsets = chunk.column("offset")
-            out.segments.append(SegmentInfo(
-                first.topic, first.partition, path, chunk_offsets[0].as_py(), chunk_offsets[-1].as_py(),
-                chunk.num_rows, len(data), ts["min"].as_py(), ts["max"].as_py(), 0, groups))
-            out.bytes_out += len(data)
+        if row_filter is None:
+            try:
+                for piece in _stream_segments(reader, segments):
+                    w.add(piece)
+                w.finish()
+                return out
+            except _OutOfOrder:
+                discard_rewrite(reader.store, out)
+                out, w = writer()
+        tables = _read_segments(reader, segments)
+        tables = [t if t.schema.equals(RECORD_SCHEMA) else t.cast(RECORD_SCHEMA) for t in tables]
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        del tables
+        offsets = table.column("offset").to_numpy()
+        if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
+            table = table.take(pa.array(np.argsort(offsets, kind="stable")))
+        if row_filter is not None:
+            table = _filtered(table, row_filter)
+        w.add(table, ordered=True)
+        w.finish()
     except BaseException:
         discard_rewrite(reader.store, out)
         raise
