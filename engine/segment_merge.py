@@ -31,6 +31,9 @@ exactly as after.
 from __future__ import annotations
 
 import math
+import mmap
+import os
+import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict, deque
@@ -341,8 +344,8 @@ def _stream_segments(reader: LogReader, segments: Sequence[SegmentInfo]) -> Iter
                         piece = reader.segment_table(seg)
                 else:
                     piece = ahead.popleft().result()
-                    if i + READ_THREADS < len(units):
-                        submit(i + READ_THREADS)
+                if i + READ_THREADS < len(units):
+                    submit(i + READ_THREADS)
                 rows += piece.num_rows
                 if i + 1 == len(units) or units[i + 1][0] is not seg:
                     _check_count(reader, seg, rows)
@@ -361,8 +364,11 @@ class _OutOfOrder(Exception):
 class _SegmentWriter:
     """Writes a run's records, streamed in offset order, as new segment objects of one
     partition: ``rows_per_segment`` records an object, row groups of at most
-    ``max_row_group_rows`` rows and about ``row_group_bytes`` of Arrow data (only the current
-    row group is held decoded; the object being written is held encoded until it is put)."""
+    ``max_row_group_rows`` rows and about ``row_group_bytes`` of Arrow data. Only the current
+    row group is held decoded; each row group is encoded into a spool file (the system's
+    temporary folder) as soon as it is complete, and the finished object is put from a memory
+    map of that file, so the object being written is never in the process's heap (a put to
+    S3 copies it once)."""
 
     def __init__(self, store, out: SegmentRewrite, rows_per_segment: int, max_row_group_rows: int,
                  row_group_bytes: int, compression: str, stamp: int):
@@ -371,7 +377,8 @@ class _SegmentWriter:
         self.compression, self.stamp = compression, stamp
         self.pending: list[pa.Table] = []  # the current row group
         self.pending_rows = self.pending_bytes = 0
-        self.sink: pa.BufferOutputStream | None = None
+        self.spool: str | None = None  # the spool file of the current object
+        self.sink: pa.NativeFile | None = None
         self.writer = None
         self.rows = self.groups = 0  # of the current object (written row groups)
         self.first_offset = self.last_offset = -1  # of the current object, pending rows included
@@ -417,7 +424,9 @@ class _SegmentWriter:
         if not self.pending:
             return
         if self.writer is None:
-            self.sink = pa.BufferOutputStream()
+            fd, self.spool = tempfile.mkstemp(prefix="txlake-merge-", suffix=".parquet")
+            os.close(fd)
+            self.sink = pa.OSFile(self.spool, "wb")  # native: no GIL taken per page
             self.writer = segment_writer(self.sink, self.compression)
         group = pa.concat_tables(self.pending) if len(self.pending) > 1 else self.pending[0]
         self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
@@ -429,21 +438,40 @@ class _SegmentWriter:
         if self.writer is None:
             return
         self.writer.close()
-        data = self.sink.getvalue()
+        self.sink.close()
         self.writer = self.sink = None
         path = f"{DATA_PREFIX}{self.stamp:013d}-{uuid.uuid4().hex}.parquet"
-        self.store.put(path, data)
+        with open(self.spool, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            size = len(data)
+            self.store.put(path, data)
+        self.close()
         first = self.out.run.segments[0]
         self.out.segments.append(SegmentInfo(first.topic, first.partition, path, self.first_offset, self.last_offset,
-                                             self.rows, len(data), self.ts_min, self.ts_max, 0, self.groups))
+                                             self.rows, size, self.ts_min, self.ts_max, 0, self.groups))
         self.out.records_out += self.rows
-        self.out.bytes_out += len(data)
+        self.out.bytes_out += size
         self.rows = self.groups = 0
         self.ts_min = self.ts_max = None
 
     def finish(self) -> None:
         """Write what is left (the last object)."""
         self._finish_object()
+
+    def close(self) -> None:
+        """Drop the spool file of an object in progress (after :meth:`finish` or a failure)."""
+        for closing in (self.writer, self.sink):
+            if closing is not None:
+                try:
+                    closing.close()
+                except Exception:  # noqa: BLE001 - the object is abandoned anyway
+                    pass
+        self.writer = self.sink = None
+        if self.spool is not None:
+            try:
+                os.unlink(self.spool)
+            except OSError:
+                pass
+            self.spool = None
 
 
 def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, target_bytes: int,
@@ -505,6 +533,7 @@ def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, targ
                 w.finish()
                 return out
             except _OutOfOrder:
+                w.close()
                 discard_rewrite(reader.store, out)
                 out, w = writer()
         tables = _read_segments(reader, segments)
@@ -521,6 +550,8 @@ def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, targ
     except BaseException:
         discard_rewrite(reader.store, out)
         raise
+    finally:
+        w.close()
     return out
 
 
