@@ -12,7 +12,9 @@ Spark and DuckDB scans. This is Kafka's ``Cleaner.cleanSegments`` +
   that only drops rows: key compaction's), and write the survivors as new per-partition
   objects. Nothing else changes: offsets, timestamps, timestamp types, keys, values,
   headers, producer fields and control records are copied as they are; offsets may then
-  have gaps, and a range that became empty simply has no segment.
+  have gaps, and a range that became empty simply has no segment. Without a row filter
+  the records stream through a row group at a time, so a merge's memory does not grow
+  with its run (see :func:`rewrite_segments`).
 * **The swap** -- :func:`swap_actions`: ONE catalog commit removes the old segments, adds
   the new ones (carrying the partition's current high watermark and LSO, so neither moves;
   the log start offset is untouched) and retires every object no segment names any more,
@@ -34,6 +36,7 @@ import math
 import mmap
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict, deque
@@ -49,7 +52,7 @@ from txlake.catalog.errors import UnknownTopicError
 from txlake.catalog.state import REMOVE_SEGMENT, RETIRE_OBJECT, CatalogState, SegmentInfo
 from txlake.catalog.topic_config import effective_config
 from txlake.formats.errors import CorruptObjectError
-from txlake.formats.records import (DEFAULT_ROW_GROUP_ROWS, RECORD_SCHEMA, read_segment, segment_writer,
+from txlake.formats.records import (DEFAULT_ROW_GROUP_ROWS, RECORD_SCHEMA, read_row_group_sets, segment_writer,
                                    write_records)
 
 from .group_commit import DATA_PREFIX
@@ -57,9 +60,9 @@ from .log_reader import LogReader
 from .object_cleaner import Committer
 
 __all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS", "READ_THREADS",
-           "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeRun", "RowFilter",
-           "SegmentRewrite", "StaleRewriteError", "discard_rewrite", "in_batches", "plan_merges", "replace_segments",
-           "rewrite_segments", "swap_actions"]
+           "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeCancelled", "MergeRun", "RowFilter",
+           "SegmentRewrite", "StaleRewriteError", "commit_rewrite", "discard_rewrite", "in_batches", "plan_merges", "replace_segments",
+           "rewrite_runs", "rewrite_segments", "swap_actions"]
 
 T = TypeVar("T")
 
@@ -81,14 +84,15 @@ MERGE_FACTOR = 4
 TIER_FLOOR_BYTES = 1024 * 1024
 #: target in-memory (uncompressed Arrow) bytes of a row group: Parquet's and Spark's 128 MiB block
 ROW_GROUP_BYTES = 128 * 1024 * 1024
-#: catalog bytes of the runs one merge batch reads together: each object is read once per batch
-#: for all the partitions' segments it holds (a run bigger than this is a batch alone);
-#: the engine's ``storage.compaction.batch.bytes``
+#: catalog bytes of the partitions key compaction reads together: each object is read once per
+#: batch for all the partitions' segments it holds (a partition bigger than this is a batch
+#: alone); the engine's ``storage.compaction.batch.bytes``. (The merge streams: no batches.)
 MERGE_BATCH_BYTES = 512 * 1024 * 1024
-#: runs of a batch rewritten at once (Parquet encoding, writes and fsyncs release the GIL)
+#: runs rewritten at once (Parquet encoding, writes and fsyncs release the GIL)
 MERGE_THREADS = 2
 #: objects a rewrite reads at once (Parquet decoding releases the GIL; a merge of flush objects
-#: reads many small segments, each an object open + footer parse + a few row groups)
+#: reads many small segments, each an object open + footer parse + a few row groups); a
+#: streamed merge reads this many row groups ahead of the one it is writing
 READ_THREADS = 2
 
 
@@ -250,7 +254,7 @@ def _weight(segment: SegmentInfo) -> int:
 
 def in_batches(items: Sequence[T], size_bytes: Callable[[T], int],
                max_bytes: int = MERGE_BATCH_BYTES) -> list[list[T]]:
-    """Cut ``items`` (runs, or partitions to clean) into consecutive batches of at most
+    """Cut ``items`` (partitions to clean) into consecutive batches of at most
     ``max_bytes`` catalog bytes (``size_bytes(item)``; a bigger item is a batch alone). A
     batch's segments are prefetched together (:meth:`LogReader.prefetch`), so a flush object
     shared by the batch's partitions is read once; the bound keeps a batch's decoded records
@@ -302,12 +306,6 @@ def _read_segments(reader: LogReader, segments: Sequence[SegmentInfo]) -> list[p
     return [reader.segment_table(s) if t is None else t for s, t in zip(segments, tables)]
 
 
-def _read_row_group(reader: LogReader, segment: SegmentInfo, row_group: int) -> pa.Table:
-    """One row group of ``segment``'s object (RECORD_SCHEMA, no schema metadata)."""
-    with reader.store.open_input(segment.path) as f:
-        return read_segment(f, reader.store.uri(segment.path), [row_group])
-
-
 def _check_count(reader: LogReader, segment: SegmentInfo, rows: int) -> None:
     if rows != segment.record_count:
         raise CorruptObjectError(reader.store.uri(segment.path),
@@ -315,43 +313,101 @@ def _check_count(reader: LogReader, segment: SegmentInfo, rows: int) -> None:
                                  f"the catalog expects {segment.record_count}")
 
 
-def _stream_segments(reader: LogReader, segments: Sequence[SegmentInfo]) -> Iterator[pa.Table]:
-    """The records of ``segments`` in their order, a piece at a time: a segment the reader's
-    cache holds is one piece; any other is read one row group at a time (one object open and
-    footer parse per row group), :data:`READ_THREADS` row groups ahead of the consumer. So at
-    most ``READ_THREADS + 1`` row groups are decoded at once, whatever the run's size. Each
-    segment's rows are checked against its catalog record count once it is read."""
-    units: list[tuple[SegmentInfo, int | None]] = []  # (segment, row group); None: the cached table
-    for seg in segments:
-        if reader.cache.get((seg.path, seg.row_group_start)) is not None:
-            units.append((seg, None))
-        else:
-            units += [(seg, rg) for rg in seg.row_groups]
+@dataclass
+class _Unit:
+    """One read of a streamed merge: row groups of one object, for one or more runs."""
+
+    path: str
+    #: (run index, segment, the segment's row groups read here): a flush object holds a segment
+    #: of several runs (read in one pass); a bigger segment is read a row group at a time
+    items: list[tuple[int, SegmentInfo, list[int]]]
+
+
+def _plan_reads(runs: Sequence[MergeRun]) -> tuple[list[_Unit], list[int]]:
+    """The order in which a streamed merge reads the objects of ``runs``: every object once,
+    each run's segments in its own order (an object is read once every run it holds a segment
+    of has reached that segment: Kahn's topological order). Returns the units and the runs
+    that no such order serves (left out of the units, to be read run by run): a run naming
+    one object twice apart, or runs meeting two objects in opposite orders -- neither happens
+    with flush objects, which every partition meets in flush order."""
+    by_path: dict[str, dict[int, list[int]]] = defaultdict(dict)  # path -> run -> segment indices
+    for r, run in enumerate(runs):
+        for i, seg in enumerate(run.segments):
+            by_path[seg.path].setdefault(r, []).append(i)
+    stuck = [r for r, run in enumerate(runs)
+             if any(idx[-1] - idx[0] != len(idx) - 1 for idx in (by_path[s.path][r] for s in run.segments))]
+    if stuck:
+        kept = [r for r in range(len(runs)) if r not in stuck]
+    else:
+        heads: Counter = Counter()  # path -> runs whose next segment is in it
+        ready: deque[str] = deque()
+
+        def arrive(r: int, i: int) -> None:
+            path = runs[r].segments[i].path
+            heads[path] += 1
+            if heads[path] == len(by_path[path]):
+                ready.append(path)
+
+        for r in range(len(runs)):
+            arrive(r, 0)
+        units: list[_Unit] = []
+        done = [0] * len(runs)
+        while ready:
+            path = ready.popleft()
+            items = [(r, runs[r].segments[i], list(runs[r].segments[i].row_groups))
+                     for r, idx in sorted(by_path[path].items()) for i in idx]
+            if len(items) == 1 and len(items[0][2]) > 1:  # one segment of many row groups: one at a time
+                r, seg, rgs = items[0]
+                units += [_Unit(path, [(r, seg, [rg])]) for rg in rgs]
+            else:
+                units.append(_Unit(path, items))
+            for r, idx in by_path[path].items():
+                done[r] = idx[-1] + 1
+                if done[r] < len(runs[r].segments):
+                    arrive(r, done[r])
+        stuck = [r for r, run in enumerate(runs) if done[r] < len(run.segments)]
+        if not stuck:
+            return units, []
+        kept = [r for r in range(len(runs)) if r not in stuck]
+    if not kept:
+        return [], stuck
+    units, more = _plan_reads([runs[r] for r in kept])
+    for unit in units:
+        unit.items = [(kept[r], seg, rgs) for r, seg, rgs in unit.items]
+    return units, stuck + [kept[r] for r in more]
+
+
+def _read_unit(reader: LogReader, unit: _Unit) -> list[pa.Table]:
+    """The records of each item of ``unit`` (RECORD_SCHEMA): from the reader's cache when it
+    holds a whole segment, else all the others in one pass over the object
+    (:func:`~txlake.formats.records.read_row_group_sets`)."""
+    tables: list[pa.Table | None] = [reader.cache.get((seg.path, seg.row_group_start)) if rgs == seg.row_groups
+                                     else None for _, seg, rgs in unit.items]
+    missing = [i for i, t in enumerate(tables) if t is None]
+    if missing:
+        with reader.store.open_input(unit.path) as f:
+            read = read_row_group_sets(f, reader.store.uri(unit.path), [unit.items[i][2] for i in missing])
+        for i, table in zip(missing, read):
+            tables[i] = table
+    return tables  # type: ignore[return-value]
+
+
+def _read_ahead(reader: LogReader, units: Sequence[_Unit]) -> Iterator[tuple[_Unit, list[pa.Table]]]:
+    """``(unit, its tables)`` in order, read :data:`READ_THREADS` units ahead of the consumer:
+    at most ``READ_THREADS + 1`` units are decoded at once, whatever the runs' sizes."""
+    if not units:
+        return
     ahead: deque[Future] = deque()
-    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="txlake-merge-read") as pool:
-        def submit(i: int) -> None:
-            seg, rg = units[i]
-            if rg is not None:
-                ahead.append(pool.submit(_read_row_group, reader, seg, rg))
+    with ThreadPoolExecutor(min(READ_THREADS, len(units)), thread_name_prefix="txlake-merge-read") as pool:
         try:
-            for i in range(min(READ_THREADS, len(units))):
-                submit(i)
-            rows = 0
-            for i, (seg, rg) in enumerate(units):
-                if rg is None:
-                    piece = reader.cache.get((seg.path, seg.row_group_start))
-                    if piece is None:  # evicted meanwhile
-                        piece = reader.segment_table(seg)
-                else:
-                    piece = ahead.popleft().result()
+            for unit in units[:READ_THREADS]:
+                ahead.append(pool.submit(_read_unit, reader, unit))
+            for i, unit in enumerate(units):
+                tables = ahead.popleft().result()
                 if i + READ_THREADS < len(units):
-                    submit(i + READ_THREADS)
-                rows += piece.num_rows
-                if i + 1 == len(units) or units[i + 1][0] is not seg:
-                    _check_count(reader, seg, rows)
-                    rows = 0
-                yield piece
-                del piece
+                    ahead.append(pool.submit(_read_unit, reader, units[i + READ_THREADS]))
+                yield unit, tables
+                del tables
         finally:
             for future in ahead:
                 future.cancel()
@@ -364,27 +420,39 @@ class _OutOfOrder(Exception):
 class _SegmentWriter:
     """Writes a run's records, streamed in offset order, as new segment objects of one
     partition: ``rows_per_segment`` records an object, row groups of at most
-    ``max_row_group_rows`` rows and about ``row_group_bytes`` of Arrow data. Only the current
-    row group is held decoded; each row group is encoded into a spool file (the system's
-    temporary folder) as soon as it is complete, and the finished object is put from a memory
-    map of that file, so the object being written is never in the process's heap (a put to
-    S3 copies it once)."""
+    ``max_row_group_rows`` rows and about ``row_group_bytes`` of Arrow data.
 
-    def __init__(self, store, out: SegmentRewrite, rows_per_segment: int, max_row_group_rows: int,
-                 row_group_bytes: int, compression: str, stamp: int):
-        self.store, self.out = store, out
-        self.rows_per_segment, self.max_rows, self.group_bytes = rows_per_segment, max_row_group_rows, row_group_bytes
+    Only the row group being filled is held decoded, plus the one being encoded: a complete
+    row group is encoded into a spool file (an unlinked file in the system's temporary
+    folder, ``$TMPDIR``) -- on ``pool`` when given (the encodes of several runs' writers run
+    side by side, each writer's in order, at most one at a time), else at once -- and a
+    finished object is put from a memory map of that file, so the object being written is
+    never in the process's heap (a put to S3 copies it once: s3fs takes bytes).
+    """
+
+    def __init__(self, store, run: MergeRun, max_row_group_rows: int, row_group_bytes: int, compression: str,
+                 stamp: int, pool: ThreadPoolExecutor | None = None):
+        self.store, self.pool = store, pool
+        #: what was written so far (records_out / bytes_out / segments)
+        self.out = SegmentRewrite(run, [], run.record_count, 0, run.size_bytes, 0)
+        # segments of about target_bytes, estimated from the old segments' bytes per record
+        self.rows_per_segment = max(1, int(run.target_bytes * run.record_count // max(run.size_bytes, 1)))
+        self.max_rows, self.group_bytes = max_row_group_rows, row_group_bytes
         self.compression, self.stamp = compression, stamp
-        self.pending: list[pa.Table] = []  # the current row group
+        # the caller's side: the row group being filled and the object it belongs to
+        self.pending: list[pa.Table] = []
         self.pending_rows = self.pending_bytes = 0
-        self.spool: str | None = None  # the spool file of the current object
-        self.sink: pa.NativeFile | None = None
-        self.writer = None
-        self.rows = self.groups = 0  # of the current object (written row groups)
-        self.first_offset = self.last_offset = -1  # of the current object, pending rows included
-        self.last_written = -1  # the last offset taken (the whole rewrite)
+        self.taken = 0  # rows given to the current object (pending ones included)
+        self.first_offset = self.last_offset = -1  # of the current object
         self.ts_min: int | None = None
         self.ts_max: int | None = None
+        self.last_written = -1  # the last offset taken (the whole rewrite)
+        # the encoding side (the lane's task, or the caller when there is no pool)
+        self.lane: Future | None = None
+        self.spool: int | None = None  # a descriptor of the current object's spool file (unlinked)
+        self.sink: pa.NativeFile | None = None
+        self.writer = None
+        self.rows = self.groups = 0  # encoded into the current object
 
     def add(self, piece: pa.Table, ordered: bool = False) -> None:
         """Take ``piece``: RECORD_SCHEMA rows whose offsets ascend and follow every offset taken
@@ -401,64 +469,92 @@ class _SegmentWriter:
             piece = piece.cast(RECORD_SCHEMA)
         row_bytes = max(1.0, piece.nbytes / piece.num_rows)
         while piece.num_rows:
-            in_object = self.rows + self.pending_rows
             by_bytes = max(1, math.ceil((self.group_bytes - self.pending_bytes) / row_bytes))
-            take = min(piece.num_rows, self.rows_per_segment - in_object, self.max_rows - self.pending_rows, by_bytes)
+            take = min(piece.num_rows, self.rows_per_segment - self.taken, self.max_rows - self.pending_rows, by_bytes)
             part, piece = piece.slice(0, take), piece.slice(take)
-            self.pending.append(part)
-            self.pending_rows += take
-            self.pending_bytes += math.ceil(take * row_bytes)
-            if not in_object:
+            if not self.taken:
                 self.first_offset = part.column("offset")[0].as_py()
             self.last_offset = part.column("offset")[-1].as_py()
             ts = pc.min_max(part.column("timestamp"))
             lo, hi = ts["min"].as_py(), ts["max"].as_py()
             self.ts_min = lo if self.ts_min is None else min(self.ts_min, lo)
             self.ts_max = hi if self.ts_max is None else max(self.ts_max, hi)
+            self.pending.append(part)
+            self.pending_rows += take
+            self.pending_bytes += math.ceil(take * row_bytes)
+            self.taken += take
             if self.pending_rows >= self.max_rows or self.pending_bytes >= self.group_bytes:
-                self._write_group()
-            if self.rows + self.pending_rows >= self.rows_per_segment:
-                self._finish_object()
+                self._hand_group()
+            if self.taken >= self.rows_per_segment:
+                self._hand_object()
 
-    def _write_group(self) -> None:
-        if not self.pending:
+    def _run(self, task: Callable[..., None], *args: Any) -> None:
+        """Run ``task`` on the lane: after the writer's previous task (waited for here, so at
+        most one row group waits to be encoded), on the pool; at once without one."""
+        if self.pool is None:
+            task(*args)
             return
+        if self.lane is not None:
+            self.lane.result()
+        self.lane = self.pool.submit(task, *args)
+
+    def _hand_group(self) -> None:
+        if self.pending:
+            group = pa.concat_tables(self.pending) if len(self.pending) > 1 else self.pending[0]
+            self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
+            self._run(self._encode, group)
+
+    def _hand_object(self) -> None:
+        self._hand_group()
+        if self.taken:
+            self._run(self._put, self.first_offset, self.last_offset, self.ts_min, self.ts_max)
+            self.taken = 0
+            self.ts_min = self.ts_max = None
+
+    def _encode(self, group: pa.Table) -> None:
         if self.writer is None:
-            fd, self.spool = tempfile.mkstemp(prefix="txlake-merge-", suffix=".parquet")
-            os.close(fd)
-            self.sink = pa.OSFile(self.spool, "wb")  # native: no GIL taken per page
+            self.spool, name = tempfile.mkstemp(prefix="txlake-merge-", suffix=".parquet")
+            try:
+                self.sink = pa.OSFile(name, "wb")  # native: no GIL taken per page
+            finally:
+                os.unlink(name)  # nothing is left behind, even by a crash
             self.writer = segment_writer(self.sink, self.compression)
-        group = pa.concat_tables(self.pending) if len(self.pending) > 1 else self.pending[0]
-        self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
         self.groups += write_records(self.writer, group, group.num_rows)
         self.rows += group.num_rows
 
-    def _finish_object(self) -> None:
-        self._write_group()
-        if self.writer is None:
-            return
+    def _put(self, first_offset: int, last_offset: int, ts_min: int, ts_max: int) -> None:
         self.writer.close()
         self.sink.close()
         self.writer = self.sink = None
         path = f"{DATA_PREFIX}{self.stamp:013d}-{uuid.uuid4().hex}.parquet"
-        with open(self.spool, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        with mmap.mmap(self.spool, 0, access=mmap.ACCESS_READ) as data:
             size = len(data)
             self.store.put(path, data)
-        self.close()
-        first = self.out.run.segments[0]
-        self.out.segments.append(SegmentInfo(first.topic, first.partition, path, self.first_offset, self.last_offset,
-                                             self.rows, size, self.ts_min, self.ts_max, 0, self.groups))
+        os.close(self.spool)
+        self.spool = None
+        run = self.out.run
+        self.out.segments.append(SegmentInfo(run.topic, run.partition, path, first_offset, last_offset, self.rows,
+                                             size, ts_min, ts_max, 0, self.groups))
         self.out.records_out += self.rows
         self.out.bytes_out += size
         self.rows = self.groups = 0
-        self.ts_min = self.ts_max = None
 
     def finish(self) -> None:
-        """Write what is left (the last object)."""
-        self._finish_object()
+        """Hand over what is left (the last object); :meth:`wait` for it to be written."""
+        self._hand_object()
+
+    def wait(self) -> None:
+        """Wait for the writer's tasks (raising the first task's error)."""
+        if self.lane is not None:
+            lane, self.lane = self.lane, None
+            lane.result()
 
     def close(self) -> None:
-        """Drop the spool file of an object in progress (after :meth:`finish` or a failure)."""
+        """Drop the spool file of an object in progress (after :meth:`wait` or a failure)."""
+        try:
+            self.wait()
+        except BaseException:  # noqa: BLE001 - the writer is abandoned (its caller saw the error)
+            pass
         for closing in (self.writer, self.sink):
             if closing is not None:
                 try:
@@ -467,11 +563,127 @@ class _SegmentWriter:
                     pass
         self.writer = self.sink = None
         if self.spool is not None:
-            try:
-                os.unlink(self.spool)
-            except OSError:
-                pass
+            os.close(self.spool)
             self.spool = None
+
+
+class MergeCancelled(Exception):
+    """:func:`rewrite_runs` stopped because its ``cancel`` event was set (nothing it wrote is kept)."""
+
+
+def rewrite_runs(reader: LogReader, runs: Sequence[MergeRun], *, compression: str = "snappy",
+                 max_row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, row_group_bytes: int = ROW_GROUP_BYTES,
+                 now_ms: int | None = None, cancel: threading.Event | None = None) -> list[SegmentRewrite]:
+    """Merge several runs (each: consecutive segments of one partition) in ONE streamed pass
+    over their objects, as :func:`rewrite_segments` without a row filter merges one.
+
+    Each object is read once for all the runs' segments it holds (a flush object holds a
+    segment of every partition it flushed; reading it once per partition made the merge
+    about twice as slow), objects in an order that serves every run its segments in offset
+    order, :data:`READ_THREADS` objects ahead; a segment of many row groups (an earlier
+    merge's) is read a row group at a time. Each run's records go to its own writer, which
+    encodes a row group as soon as it holds about ``row_group_bytes`` (see
+    :class:`_SegmentWriter`). So the pass holds ``READ_THREADS + 1`` objects' row groups of
+    these runs decoded, and each run's row group in progress: at most about
+    ``row_group_bytes`` per run, whatever the runs' sizes. A run is never committed here.
+
+    A run whose segments do not hold ascending offsets (never written by txlake) is read
+    again whole and sorted, as before streaming; runs no single object order serves are
+    read run by run. A drop run (``run.drop``) reads nothing and writes nothing.
+
+    Args:
+        reader: reads the old segments (its store receives the new objects); segments its
+            cache holds are taken from there.
+        runs: the runs (their ``target_bytes``: the size the new segments aim at).
+        compression / max_row_group_rows / row_group_bytes / now_ms: as :func:`rewrite_segments`.
+        cancel: checked between objects; when set, everything written is deleted and
+            :class:`MergeCancelled` raised.
+
+    Returns:
+        One :class:`SegmentRewrite` per run, in the order of ``runs``.
+
+    Raises:
+        as :func:`rewrite_segments` (everything written by the pass is deleted first);
+        MergeCancelled.
+    """
+    for run in runs:
+        _check_run(run.segments)
+    stamp = int(time.time() * 1000) if now_ms is None else now_ms
+    live = [r for r, run in enumerate(runs) if not run.drop]
+    # several runs' row groups are encoded side by side (Parquet encoding, writes and fsyncs release the GIL)
+    pool = ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-merge") if len(live) > 1 else None
+    writers = {r: _SegmentWriter(reader.store, runs[r], max_row_group_rows, row_group_bytes, compression, stamp, pool)
+               for r in live}
+    outs = [SegmentRewrite(run, [], run.record_count, 0, run.size_bytes, 0) for run in runs]
+    done_alone: list[SegmentRewrite] = []  # written (not committed) by the calls for single runs
+    try:
+        units, alone = _plan_reads([runs[r] for r in live])
+        rows: Counter = Counter()  # (run, path, first row group) -> rows read
+        unread: dict[tuple[int, str, int], int] = {}  # (run, path, first row group) -> row groups still to read
+        sorted_whole: list[int] = []
+        for unit, tables in _read_ahead(reader, units):
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled()
+            for (r, seg, rgs), table in zip(unit.items, tables):
+                run_index = live[r]
+                key = (run_index, seg.path, seg.row_group_start)
+                unread[key] = unread.get(key, len(seg.row_groups)) - len(rgs)
+                rows[key] += table.num_rows
+                if not unread[key]:
+                    _check_count(reader, seg, rows[key])
+                if run_index in sorted_whole:
+                    continue
+                try:
+                    writers[run_index].add(table)
+                except _OutOfOrder:
+                    sorted_whole.append(run_index)
+        for r in sorted_whole:  # sorted whole, as before streaming
+            writers[r].close()
+            discard_rewrite(reader.store, writers[r].out)
+            writers[r] = _SegmentWriter(reader.store, runs[r], max_row_group_rows, row_group_bytes, compression,
+                                        stamp, pool)
+            writers[r].add(_sorted_records(reader, runs[r].segments), ordered=True)
+        for r in (live[i] for i in alone):  # no order served them together: each alone
+            writers[r].close()
+            if len(runs) == 1:
+                writers[r] = _SegmentWriter(reader.store, runs[r], max_row_group_rows, row_group_bytes,
+                                            compression, stamp)
+                writers[r].add(_sorted_records(reader, runs[r].segments), ordered=True)
+            else:
+                del writers[r]
+                (outs[r],) = rewrite_runs(reader, [runs[r]], compression=compression,
+                                          max_row_group_rows=max_row_group_rows, row_group_bytes=row_group_bytes,
+                                          now_ms=stamp, cancel=cancel)
+                done_alone.append(outs[r])
+        for w in writers.values():
+            w.finish()
+        for r, w in writers.items():
+            w.wait()
+            outs[r] = w.out
+    except BaseException:
+        for w in writers.values():
+            w.close()
+            discard_rewrite(reader.store, w.out)
+        for out in done_alone:
+            discard_rewrite(reader.store, out)
+        raise
+    finally:
+        for w in writers.values():
+            w.close()
+        if pool is not None:
+            pool.shutdown()
+    return outs
+
+
+def _sorted_records(reader: LogReader, segments: Sequence[SegmentInfo]) -> pa.Table:
+    """Every record of ``segments`` at once, in offset order (sorted when they are not)."""
+    tables = _read_segments(reader, segments)
+    tables = [t if t.schema.equals(RECORD_SCHEMA) else t.cast(RECORD_SCHEMA) for t in tables]
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    offsets = table.column("offset").to_numpy()
+    if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
+        table = table.take(pa.array(np.argsort(offsets, kind="stable")))
+    return table
 
 
 def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, target_bytes: int,
@@ -487,12 +699,10 @@ def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, targ
     ``row_group_bytes`` of uncompressed (Arrow) data. Nothing is committed: see
     :func:`swap_actions` / :func:`replace_segments`. Kafka's ``Cleaner.cleanSegments``.
 
-    Memory: without a row filter the records stream through -- each old segment is read one
-    row group at a time (:data:`READ_THREADS` ahead) and each new row group is encoded as
-    soon as it is complete -- so a merge holds a few row groups decoded plus the new object
-    being written (encoded, at most about ``target_bytes``), whatever the run's size. A row
-    filter sees the run's records at once (key compaction's rules need them together), and
-    so does a run whose segments turn out not to hold ascending offsets (they are sorted).
+    Memory: without a row filter the records stream through (:func:`rewrite_runs`): a merge
+    holds ``READ_THREADS + 1`` old row groups and one new one decoded, whatever the run's
+    size. A row filter sees the run's records at once (key compaction's rules need them
+    together).
 
     Args:
         reader: reads the old segments (its store receives the new objects); a segment its
@@ -515,44 +725,21 @@ def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, targ
     _check_run(segments)
     first = segments[0]
     run = MergeRun(first.topic, first.partition, tuple(segments), target_bytes)
-    records_in, bytes_in = run.record_count, run.size_bytes
-    rows_per_segment = max(1, int(target_bytes * records_in // max(bytes_in, 1)))
+    if row_filter is None:
+        return rewrite_runs(reader, [run], compression=compression, max_row_group_rows=max_row_group_rows,
+                            row_group_bytes=row_group_bytes, now_ms=now_ms)[0]
     stamp = int(time.time() * 1000) if now_ms is None else now_ms
-
-    def writer() -> tuple[SegmentRewrite, _SegmentWriter]:
-        out = SegmentRewrite(run, [], records_in, 0, bytes_in, 0)
-        return out, _SegmentWriter(reader.store, out, rows_per_segment, max_row_group_rows, row_group_bytes,
-                                   compression, stamp)
-
-    out, w = writer()
+    w = _SegmentWriter(reader.store, run, max_row_group_rows, row_group_bytes, compression, stamp)
     try:
-        if row_filter is None:
-            try:
-                for piece in _stream_segments(reader, segments):
-                    w.add(piece)
-                w.finish()
-                return out
-            except _OutOfOrder:
-                w.close()
-                discard_rewrite(reader.store, out)
-                out, w = writer()
-        tables = _read_segments(reader, segments)
-        tables = [t if t.schema.equals(RECORD_SCHEMA) else t.cast(RECORD_SCHEMA) for t in tables]
-        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        del tables
-        offsets = table.column("offset").to_numpy()
-        if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
-            table = table.take(pa.array(np.argsort(offsets, kind="stable")))
-        if row_filter is not None:
-            table = _filtered(table, row_filter)
-        w.add(table, ordered=True)
+        w.add(_filtered(_sorted_records(reader, segments), row_filter), ordered=True)
         w.finish()
+        w.wait()
     except BaseException:
-        discard_rewrite(reader.store, out)
+        discard_rewrite(reader.store, w.out)
         raise
     finally:
         w.close()
-    return out
+    return w.out
 
 
 def discard_rewrite(store, rewrite: SegmentRewrite) -> None:
@@ -627,9 +814,30 @@ def replace_segments(reader: LogReader, commit: Committer, segments: Sequence[Se
     else:
         rewrite = rewrite_segments(reader, segments, target_bytes=target_bytes, row_filter=row_filter,
                                    compression=compression, max_row_group_rows=max_row_group_rows, now_ms=now_ms)
+    return commit_rewrite(reader.store, commit, rewrite, now_ms)
+
+
+def commit_rewrite(store, commit: Committer, rewrite: SegmentRewrite, now_ms: int | None = None) -> SegmentRewrite | None:
+    """Swap a written rewrite in with ONE catalog commit (:func:`swap_actions`, computed under
+    the writer's commit lock by ``commit``). Kafka's ``UnifiedLog.replaceSegments``.
+
+    Args:
+        store: the store holding the rewrite's new objects.
+        commit: the writer's commit under its commit lock (``Broker.commit_under_lock``).
+        rewrite: from :func:`rewrite_segments` / :func:`rewrite_runs`.
+        now_ms: the retirement stamp of the replaced objects (wall clock at commit when None).
+
+    Returns:
+        ``rewrite``, or None when its segments changed meanwhile (its new objects are deleted
+        again; nothing was committed).
+
+    Raises:
+        ApiError (_FENCED, NOT_LEADER_OR_FOLLOWER) from ``commit``: the new objects then stay
+        for the orphan cleaner, since whether the commit landed is not known.
+    """
     try:
         commit(lambda state: swap_actions(state, rewrite, int(time.time() * 1000) if now_ms is None else now_ms))
     except StaleRewriteError:
-        discard_rewrite(reader.store, rewrite)
+        discard_rewrite(store, rewrite)
         return None
     return rewrite
