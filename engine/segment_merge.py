@@ -88,6 +88,9 @@ ROW_GROUP_BYTES = 128 * 1024 * 1024
 #: batch for all the partitions' segments it holds (a partition bigger than this is a batch
 #: alone); the engine's ``storage.compaction.batch.bytes``. (The merge streams: no batches.)
 MERGE_BATCH_BYTES = 512 * 1024 * 1024
+#: pieces (old segments' row groups) of a streamed merge's row group in progress that are copied
+#: into one table (see ``_SegmentWriter._coalesce``)
+COALESCE_PIECES = 64
 #: runs rewritten at once (Parquet encoding, writes and fsyncs release the GIL)
 MERGE_THREADS = 2
 #: objects a rewrite reads at once (Parquet decoding releases the GIL; a merge of flush objects
@@ -441,6 +444,7 @@ class _SegmentWriter:
         self.compression, self.stamp = compression, stamp
         # the caller's side: the row group being filled and the object it belongs to
         self.pending: list[pa.Table] = []
+        self._coalesced = 0  # pieces at the start of pending that are already coalesced tables
         self.pending_rows = self.pending_bytes = 0
         self.taken = 0  # rows given to the current object (pending ones included)
         self.first_offset = self.last_offset = -1  # of the current object
@@ -483,10 +487,22 @@ class _SegmentWriter:
             self.pending_rows += take
             self.pending_bytes += math.ceil(take * row_bytes)
             self.taken += take
+            self._coalesce()
             if self.pending_rows >= self.max_rows or self.pending_bytes >= self.group_bytes:
                 self._hand_group()
             if self.taken >= self.rows_per_segment:
                 self._hand_object()
+
+    def _coalesce(self) -> None:
+        """Copy the last :data:`COALESCE_PIECES` pieces of the row group being filled into one
+        table when there are that many small ones: a piece costs its column chunks' fixed
+        overhead (about 23 KiB for the 17 record columns, :mod:`.log_reader`) besides its
+        records, which outweighs the records of a trickle's flush segments (a hundred records
+        of 50 bytes). Each record is copied once."""
+        tail = self.pending[self._coalesced:]
+        if len(tail) >= COALESCE_PIECES:
+            self.pending[self._coalesced:] = [pa.concat_tables(tail).combine_chunks()]
+            self._coalesced = len(self.pending)
 
     def _run(self, task: Callable[..., None], *args: Any) -> None:
         """Run ``task`` on the lane: after the writer's previous task (waited for here, so at
@@ -501,7 +517,7 @@ class _SegmentWriter:
     def _hand_group(self) -> None:
         if self.pending:
             group = pa.concat_tables(self.pending) if len(self.pending) > 1 else self.pending[0]
-            self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
+            self.pending, self.pending_rows, self.pending_bytes, self._coalesced = [], 0, 0, 0
             self._run(self._encode, group)
 
     def _hand_object(self) -> None:
