@@ -594,8 +594,8 @@ def rewrite_runs(reader: LogReader, runs: Sequence[MergeRun], *, compression: st
     over their objects, as :func:`rewrite_segments` without a row filter merges one.
 
     Each object is read once for all the runs' segments it holds (a flush object holds a
-    segment of every partition it flushed; reading it once per partition made the merge
-    about twice as slow), objects in an order that serves every run its segments in offset
+    segment of every partition it flushed; reading it once per partition made the merge of
+    bench_compaction's 8 partitions about twice as slow), objects in an order that serves every run its segments in offset
     order, :data:`READ_THREADS` objects ahead; a segment of many row groups (an earlier
     merge's) is read a row group at a time. Each run's records go to its own writer, which
     encodes a row group as soon as it holds about ``row_group_bytes`` (see
