@@ -59,10 +59,10 @@ from .group_commit import DATA_PREFIX
 from .log_reader import LogReader
 from .object_cleaner import Committer
 
-__all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS", "READ_THREADS",
-           "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeCancelled", "MergeRun", "RowFilter",
-           "SegmentRewrite", "StaleRewriteError", "commit_rewrite", "discard_rewrite", "in_batches", "plan_merges", "replace_segments",
-           "rewrite_runs", "rewrite_segments", "swap_actions"]
+__all__ = ["COALESCE_PIECES", "DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS",
+           "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeCancelled", "MergeRun",
+           "RowFilter", "SegmentRewrite", "StaleRewriteError", "commit_rewrite", "discard_rewrite", "in_batches",
+           "plan_merges", "replace_segments", "rewrite_runs", "rewrite_segments", "swap_actions"]
 
 T = TypeVar("T")
 
@@ -595,13 +595,15 @@ def rewrite_runs(reader: LogReader, runs: Sequence[MergeRun], *, compression: st
 
     Each object is read once for all the runs' segments it holds (a flush object holds a
     segment of every partition it flushed; reading it once per partition made the merge of
-    bench_compaction's 8 partitions about twice as slow), objects in an order that serves every run its segments in offset
-    order, :data:`READ_THREADS` objects ahead; a segment of many row groups (an earlier
-    merge's) is read a row group at a time. Each run's records go to its own writer, which
-    encodes a row group as soon as it holds about ``row_group_bytes`` (see
-    :class:`_SegmentWriter`). So the pass holds ``READ_THREADS + 1`` objects' row groups of
-    these runs decoded, and each run's row group in progress: at most about
-    ``row_group_bytes`` per run, whatever the runs' sizes. A run is never committed here.
+    bench_compaction's 8 partitions about twice as slow), the objects in an order that
+    serves every run its segments in offset order (:func:`_plan_reads`), :data:`READ_THREADS`
+    objects ahead; a segment of many row groups (an earlier merge's) is read a row group at
+    a time. Each run's records go to its own writer, which encodes a row group as soon as it
+    holds about ``row_group_bytes`` (see :class:`_SegmentWriter`), :data:`MERGE_THREADS`
+    runs' row groups at a time. So the pass holds ``READ_THREADS + 1`` objects' row groups
+    decoded, and per run its row group in progress and the one being encoded: about two row
+    groups per run at most, whatever the runs' sizes (a run smaller than a row group is held
+    whole until it is written). A run is never committed here.
 
     A run whose segments do not hold ascending offsets (never written by txlake) is read
     again whole and sorted, as before streaming; runs no single object order serves are
@@ -833,7 +835,8 @@ def replace_segments(reader: LogReader, commit: Committer, segments: Sequence[Se
     return commit_rewrite(reader.store, commit, rewrite, now_ms)
 
 
-def commit_rewrite(store, commit: Committer, rewrite: SegmentRewrite, now_ms: int | None = None) -> SegmentRewrite | None:
+def commit_rewrite(store, commit: Committer, rewrite: SegmentRewrite,
+                   now_ms: int | None = None) -> SegmentRewrite | None:
     """Swap a written rewrite in with ONE catalog commit (:func:`swap_actions`, computed under
     the writer's commit lock by ``commit``). Kafka's ``UnifiedLog.replaceSegments``.
 
