@@ -61,8 +61,8 @@ from .object_cleaner import Committer
 
 __all__ = ["COALESCE_PIECES", "DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS",
            "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeCancelled",
-           "MergeRun", "RowFilter", "SegmentRewrite", "StaleRewriteError", "commit_rewrite", "discard_rewrite", "in_batches",
-           "plan_merges", "replace_segments", "rewrite_runs", "rewrite_segments", "swap_actions"]
+           "MergeRun", "RowFilter", "SegmentRewrite", "StaleRewriteError", "commit_rewrite", "discard_rewrite",
+           "in_batches", "plan_merges", "replace_segments", "rewrite_runs", "rewrite_segments", "swap_actions"]
 
 T = TypeVar("T")
 
