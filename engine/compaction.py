@@ -48,8 +48,8 @@ from .log_reader import LogReader, SegmentCache
 from .log_retention import retention_targets
 from .object_cleaner import ObjectCleanup, clean_objects
 from .partition_writer import PartitionWriter
-from .segment_merge import (MERGE_THREADS, READ_THREADS, MergeRun, RowFilter, SegmentRewrite, in_batches, plan_merges,
-                            replace_segments)
+from .segment_merge import (MERGE_THREADS, READ_THREADS, MergeCancelled, MergeRun, RowFilter, SegmentRewrite,
+                            commit_rewrite, discard_rewrite, in_batches, plan_merges, replace_segments, rewrite_runs)
 
 
 log = logging.getLogger(__name__)
@@ -351,28 +351,35 @@ def compact(writer: PartitionWriter, topics: Iterable[str] | None = None, *, dry
             if progress is not None and runs:
                 progress("merge", total, total)
         else:
-            batch_reader = LogReader(writer.catalog, SegmentCache(None))  # pins one batch's segments
-            with ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-merge") as pool:
-                for batch in in_batches(runs, lambda run: run.size_bytes, writer.config.compaction_batch_bytes):
-                    if cancel is not None and cancel.is_set():
-                        break
-                    batch_reader.prefetch([s for run in batch if not run.drop for s in run.segments], READ_THREADS)
-                    futures = [pool.submit(_merge_run, writer, batch_reader, run, now, cancel) for run in batch]
-                    for run, future in zip(batch, futures):
-                        outcome = future.result()
-                        if outcome is False:  # cancelled before it started
-                            continue
-                        if outcome is None:
-                            summary.skipped += 1
-                        else:
-                            summary.merges += 1
-                            for s in outcome.segments:
-                                sizes[s.path] = s.size_bytes
-                        if not run.drop:
-                            done += run.size_bytes
-                            if progress is not None:
-                                progress("merge", done, total)
-                    batch_reader.cache.clear()
+            # the merge streams (segment_merge.rewrite_runs): a batch's objects are read once for
+            # all its runs, a few at a time, and each run holds one row group in progress
+            merge_reader = LogReader(writer.catalog, SegmentCache(0))
+            for batch in in_batches(runs, lambda run: run.size_bytes, writer.config.compaction_batch_bytes):
+                if cancel is not None and cancel.is_set():
+                    break
+                try:
+                    rewrites = rewrite_runs(merge_reader, batch, compression=writer.config.compression,
+                                            max_row_group_rows=writer.config.row_group_rows, now_ms=now,
+                                            cancel=cancel)
+                except MergeCancelled:
+                    break
+                for i, (run, rewrite) in enumerate(zip(batch, rewrites)):
+                    try:
+                        outcome = commit_rewrite(merge_reader.store, writer.commit_under_lock, rewrite, now)
+                    except BaseException:
+                        for later in rewrites[i + 1:]:  # never committed: nothing will name them
+                            discard_rewrite(merge_reader.store, later)
+                        raise
+                    if outcome is None:
+                        summary.skipped += 1
+                    else:
+                        summary.merges += 1
+                        for s in outcome.segments:
+                            sizes[s.path] = s.size_bytes
+                    if not run.drop:
+                        done += run.size_bytes
+                        if progress is not None:
+                            progress("merge", done, total)
             if runs or summary.key_compacted_partitions:
                 release_unused_memory()
         if progress is not None and not runs:

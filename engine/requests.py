@@ -45,7 +45,8 @@ class BrokerConfig:
         compaction_interval_ms: how often (ms) the writer runs compaction in the background
             (small-file merge, key compaction, retention, object cleaning); 0 disables it.
         compaction_batch_bytes: catalog bytes of segments a compaction round reads together
-            (each object once for all the partitions it holds); a round's peak memory is
+            (each object once for all the partitions it holds). The merge streams a batch (a
+            few row groups per run in memory); key compaction holds one: its peak memory is
             about 2.5 times this.
         catalog_retention_ms: catalog commits and checkpoints a newer checkpoint covers are
             deleted by the compaction round once older than this (ms; at least 30 minutes,

@@ -12,7 +12,9 @@ Spark and DuckDB scans. This is Kafka's ``Cleaner.cleanSegments`` +
   that only drops rows: key compaction's), and write the survivors as new per-partition
   objects. Nothing else changes: offsets, timestamps, timestamp types, keys, values,
   headers, producer fields and control records are copied as they are; offsets may then
-  have gaps, and a range that became empty simply has no segment.
+  have gaps, and a range that became empty simply has no segment. Without a row filter
+  the records stream through a row group at a time, so a merge's memory does not grow
+  with its run (see :func:`rewrite_segments`).
 * **The swap** -- :func:`swap_actions`: ONE catalog commit removes the old segments, adds
   the new ones (carrying the partition's current high watermark and LSO, so neither moves;
   the log start offset is untouched) and retires every object no segment names any more,
@@ -30,11 +32,17 @@ exactly as after.
 
 from __future__ import annotations
 
+import math
+import mmap
+import os
+import tempfile
+import threading
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -43,16 +51,18 @@ import pyarrow.compute as pc
 from txlake.catalog.errors import UnknownTopicError
 from txlake.catalog.state import REMOVE_SEGMENT, RETIRE_OBJECT, CatalogState, SegmentInfo
 from txlake.catalog.topic_config import effective_config
-from txlake.formats.records import DEFAULT_ROW_GROUP_ROWS, RECORD_SCHEMA, encode_segments
+from txlake.formats.errors import CorruptObjectError
+from txlake.formats.records import (DEFAULT_ROW_GROUP_ROWS, RECORD_SCHEMA, read_row_group_sets, segment_writer,
+                                   write_records)
 
 from .group_commit import DATA_PREFIX
 from .log_reader import LogReader
 from .object_cleaner import Committer
 
-__all__ = ["DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS", "READ_THREADS",
-           "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeRun", "RowFilter",
-           "SegmentRewrite", "StaleRewriteError", "discard_rewrite", "in_batches", "plan_merges", "replace_segments",
-           "rewrite_segments", "swap_actions"]
+__all__ = ["COALESCE_PIECES", "DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS",
+           "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "MergeCancelled",
+           "MergeRun", "RowFilter", "SegmentRewrite", "StaleRewriteError", "commit_rewrite", "discard_rewrite",
+           "in_batches", "plan_merges", "replace_segments", "rewrite_runs", "rewrite_segments", "swap_actions"]
 
 T = TypeVar("T")
 
@@ -74,14 +84,18 @@ MERGE_FACTOR = 4
 TIER_FLOOR_BYTES = 1024 * 1024
 #: target in-memory (uncompressed Arrow) bytes of a row group: Parquet's and Spark's 128 MiB block
 ROW_GROUP_BYTES = 128 * 1024 * 1024
-#: catalog bytes of the runs one merge batch reads together: each object is read once per batch
-#: for all the partitions' segments it holds (a run bigger than this is a batch alone);
-#: the engine's ``storage.compaction.batch.bytes``
+#: catalog bytes of the partitions key compaction reads together: each object is read once per
+#: batch for all the partitions' segments it holds (a partition bigger than this is a batch
+#: alone); the engine's ``storage.compaction.batch.bytes``. (The merge streams: no batches.)
 MERGE_BATCH_BYTES = 512 * 1024 * 1024
-#: runs of a batch rewritten at once (Parquet encoding, writes and fsyncs release the GIL)
+#: pieces (old segments' row groups) of a streamed merge's row group in progress that are copied
+#: into one table (see ``_SegmentWriter._coalesce``)
+COALESCE_PIECES = 64
+#: runs rewritten at once (Parquet encoding, writes and fsyncs release the GIL)
 MERGE_THREADS = 2
 #: objects a rewrite reads at once (Parquet decoding releases the GIL; a merge of flush objects
-#: reads many small segments, each an object open + footer parse + a few row groups)
+#: reads many small segments, each an object open + footer parse + a few row groups); a
+#: streamed merge reads this many row groups ahead of the one it is writing
 READ_THREADS = 2
 
 
@@ -243,7 +257,7 @@ def _weight(segment: SegmentInfo) -> int:
 
 def in_batches(items: Sequence[T], size_bytes: Callable[[T], int],
                max_bytes: int = MERGE_BATCH_BYTES) -> list[list[T]]:
-    """Cut ``items`` (runs, or partitions to clean) into consecutive batches of at most
+    """Cut ``items`` (partitions to clean) into consecutive batches of at most
     ``max_bytes`` catalog bytes (``size_bytes(item)``; a bigger item is a batch alone). A
     batch's segments are prefetched together (:meth:`LogReader.prefetch`), so a flush object
     shared by the batch's partitions is read once; the bound keeps a batch's decoded records
@@ -295,25 +309,428 @@ def _read_segments(reader: LogReader, segments: Sequence[SegmentInfo]) -> list[p
     return [reader.segment_table(s) if t is None else t for s, t in zip(segments, tables)]
 
 
+def _check_count(reader: LogReader, segment: SegmentInfo, rows: int) -> None:
+    if rows != segment.record_count:
+        raise CorruptObjectError(reader.store.uri(segment.path),
+                                 f"holds {rows} records of {segment.topic} [{segment.partition}], "
+                                 f"the catalog expects {segment.record_count}")
+
+
+@dataclass
+class _Unit:
+    """One read of a streamed merge: row groups of one object, for one or more runs."""
+
+    path: str
+    #: (run index, segment, the segment's row groups read here): a flush object holds a segment
+    #: of several runs (read in one pass); a bigger segment is read a row group at a time
+    items: list[tuple[int, SegmentInfo, list[int]]]
+
+
+def _plan_reads(runs: Sequence[MergeRun]) -> tuple[list[_Unit], list[int]]:
+    """The order in which a streamed merge reads the objects of ``runs``: every object once,
+    each run's segments in its own order (an object is read once every run it holds a segment
+    of has reached that segment: Kahn's topological order). Returns the units and the runs
+    that no such order serves (left out of the units, to be read run by run): a run naming
+    one object twice apart, or runs meeting two objects in opposite orders -- neither happens
+    with flush objects, which every partition meets in flush order."""
+    by_path: dict[str, dict[int, list[int]]] = defaultdict(dict)  # path -> run -> segment indices
+    for r, run in enumerate(runs):
+        for i, seg in enumerate(run.segments):
+            by_path[seg.path].setdefault(r, []).append(i)
+    stuck = [r for r, run in enumerate(runs)
+             if any(idx[-1] - idx[0] != len(idx) - 1 for idx in (by_path[s.path][r] for s in run.segments))]
+    if stuck:
+        kept = [r for r in range(len(runs)) if r not in stuck]
+    else:
+        heads: Counter = Counter()  # path -> runs whose next segment is in it
+        ready: deque[str] = deque()
+
+        def arrive(r: int, i: int) -> None:
+            path = runs[r].segments[i].path
+            heads[path] += 1
+            if heads[path] == len(by_path[path]):
+                ready.append(path)
+
+        for r in range(len(runs)):
+            arrive(r, 0)
+        units: list[_Unit] = []
+        done = [0] * len(runs)
+        while ready:
+            path = ready.popleft()
+            items = [(r, runs[r].segments[i], list(runs[r].segments[i].row_groups))
+                     for r, idx in sorted(by_path[path].items()) for i in idx]
+            if len(items) == 1 and len(items[0][2]) > 1:  # one segment of many row groups: one at a time
+                r, seg, rgs = items[0]
+                units += [_Unit(path, [(r, seg, [rg])]) for rg in rgs]
+            else:
+                units.append(_Unit(path, items))
+            for r, idx in by_path[path].items():
+                done[r] = idx[-1] + 1
+                if done[r] < len(runs[r].segments):
+                    arrive(r, done[r])
+        stuck = [r for r, run in enumerate(runs) if done[r] < len(run.segments)]
+        if not stuck:
+            return units, []
+        kept = [r for r in range(len(runs)) if r not in stuck]
+    if not kept:
+        return [], stuck
+    units, more = _plan_reads([runs[r] for r in kept])
+    for unit in units:
+        unit.items = [(kept[r], seg, rgs) for r, seg, rgs in unit.items]
+    return units, stuck + [kept[r] for r in more]
+
+
+def _read_unit(reader: LogReader, unit: _Unit) -> list[pa.Table]:
+    """The records of each item of ``unit`` (RECORD_SCHEMA): from the reader's cache when it
+    holds a whole segment, else all the others in one pass over the object
+    (:func:`~txlake.formats.records.read_row_group_sets`)."""
+    tables: list[pa.Table | None] = [reader.cache.get((seg.path, seg.row_group_start)) if rgs == seg.row_groups
+                                     else None for _, seg, rgs in unit.items]
+    missing = [i for i, t in enumerate(tables) if t is None]
+    if missing:
+        with reader.store.open_input(unit.path) as f:
+            read = read_row_group_sets(f, reader.store.uri(unit.path), [unit.items[i][2] for i in missing])
+        for i, table in zip(missing, read):
+            tables[i] = table
+    return tables  # type: ignore[return-value]
+
+
+def _read_ahead(reader: LogReader, units: Sequence[_Unit]) -> Iterator[tuple[_Unit, list[pa.Table]]]:
+    """``(unit, its tables)`` in order, read :data:`READ_THREADS` units ahead of the consumer:
+    at most ``READ_THREADS + 1`` units are decoded at once, whatever the runs' sizes."""
+    if not units:
+        return
+    ahead: deque[Future] = deque()
+    with ThreadPoolExecutor(min(READ_THREADS, len(units)), thread_name_prefix="txlake-merge-read") as pool:
+        try:
+            for unit in units[:READ_THREADS]:
+                ahead.append(pool.submit(_read_unit, reader, unit))
+            for i, unit in enumerate(units):
+                tables = ahead.popleft().result()
+                if i + READ_THREADS < len(units):
+                    ahead.append(pool.submit(_read_unit, reader, units[i + READ_THREADS]))
+                yield unit, tables
+                del tables
+        finally:
+            for future in ahead:
+                future.cancel()
+
+
+class _OutOfOrder(Exception):
+    """A streamed piece's offsets do not follow the ones before it (the run must be sorted whole)."""
+
+
+class _SegmentWriter:
+    """Writes a run's records, streamed in offset order, as new segment objects of one
+    partition: ``rows_per_segment`` records an object, row groups of at most
+    ``max_row_group_rows`` rows and about ``row_group_bytes`` of Arrow data.
+
+    Only the row group being filled is held decoded, plus the one being encoded: a complete
+    row group is encoded into a spool file (an unlinked file in the system's temporary
+    folder, ``$TMPDIR``) -- on ``pool`` when given (the encodes of several runs' writers run
+    side by side, each writer's in order, at most one at a time), else at once -- and a
+    finished object is put from a memory map of that file, so the object being written is
+    never in the process's heap (a put to S3 copies it once: s3fs takes bytes).
+    """
+
+    def __init__(self, store, run: MergeRun, max_row_group_rows: int, row_group_bytes: int, compression: str,
+                 stamp: int, pool: ThreadPoolExecutor | None = None):
+        self.store, self.pool = store, pool
+        #: what was written so far (records_out / bytes_out / segments)
+        self.out = SegmentRewrite(run, [], run.record_count, 0, run.size_bytes, 0)
+        # segments of about target_bytes, estimated from the old segments' bytes per record
+        self.rows_per_segment = max(1, int(run.target_bytes * run.record_count // max(run.size_bytes, 1)))
+        self.max_rows, self.group_bytes = max_row_group_rows, row_group_bytes
+        self.compression, self.stamp = compression, stamp
+        # the caller's side: the row group being filled and the object it belongs to
+        self.pending: list[pa.Table] = []
+        self._coalesced = 0  # pieces at the start of pending that are already coalesced tables
+        self.pending_rows = self.pending_bytes = 0
+        self.taken = 0  # rows given to the current object (pending ones included)
+        self.first_offset = self.last_offset = -1  # of the current object
+        self.ts_min: int | None = None
+        self.ts_max: int | None = None
+        self.last_written = -1  # the last offset taken (the whole rewrite)
+        # the encoding side (the lane's task, or the caller when there is no pool)
+        self.lane: Future | None = None
+        self.spool: int | None = None  # a descriptor of the current object's spool file (unlinked)
+        self.sink: pa.NativeFile | None = None
+        self.writer = None
+        self.rows = self.groups = 0  # encoded into the current object
+
+    def add(self, piece: pa.Table, ordered: bool = False) -> None:
+        """Take ``piece``: RECORD_SCHEMA rows whose offsets ascend and follow every offset taken
+        before (checked unless the caller sorted them, ``ordered``: else :class:`_OutOfOrder`,
+        nothing of it taken)."""
+        if not piece.num_rows:
+            return
+        if not ordered:
+            offsets = piece.column("offset").to_numpy()
+            if offsets[0] <= self.last_written or (len(offsets) > 1 and not bool((np.diff(offsets) > 0).all())):
+                raise _OutOfOrder
+            self.last_written = int(offsets[-1])
+        if not piece.schema.equals(RECORD_SCHEMA):
+            piece = piece.cast(RECORD_SCHEMA)
+        row_bytes = max(1.0, piece.nbytes / piece.num_rows)
+        while piece.num_rows:
+            by_bytes = max(1, math.ceil((self.group_bytes - self.pending_bytes) / row_bytes))
+            take = min(piece.num_rows, self.rows_per_segment - self.taken, self.max_rows - self.pending_rows, by_bytes)
+            part, piece = piece.slice(0, take), piece.slice(take)
+            if not self.taken:
+                self.first_offset = part.column("offset")[0].as_py()
+            self.last_offset = part.column("offset")[-1].as_py()
+            ts = pc.min_max(part.column("timestamp"))
+            lo, hi = ts["min"].as_py(), ts["max"].as_py()
+            self.ts_min = lo if self.ts_min is None else min(self.ts_min, lo)
+            self.ts_max = hi if self.ts_max is None else max(self.ts_max, hi)
+            self.pending.append(part)
+            self.pending_rows += take
+            self.pending_bytes += math.ceil(take * row_bytes)
+            self.taken += take
+            self._coalesce()
+            if self.pending_rows >= self.max_rows or self.pending_bytes >= self.group_bytes:
+                self._hand_group()
+            if self.taken >= self.rows_per_segment:
+                self._hand_object()
+
+    def _coalesce(self) -> None:
+        """Copy the last :data:`COALESCE_PIECES` pieces of the row group being filled into one
+        table when there are that many small ones: a piece costs its column chunks' fixed
+        overhead (about 23 KiB for the 17 record columns, :mod:`.log_reader`) besides its
+        records, which outweighs the records of a trickle's flush segments (a hundred records
+        of 50 bytes). Each record is copied once."""
+        tail = self.pending[self._coalesced:]
+        if len(tail) >= COALESCE_PIECES:
+            self.pending[self._coalesced:] = [pa.concat_tables(tail).combine_chunks()]
+            self._coalesced = len(self.pending)
+
+    def _run(self, task: Callable[..., None], *args: Any) -> None:
+        """Run ``task`` on the lane: after the writer's previous task (waited for here, so at
+        most one row group waits to be encoded), on the pool; at once without one."""
+        if self.pool is None:
+            task(*args)
+            return
+        if self.lane is not None:
+            self.lane.result()
+        self.lane = self.pool.submit(task, *args)
+
+    def _hand_group(self) -> None:
+        if self.pending:
+            group = pa.concat_tables(self.pending) if len(self.pending) > 1 else self.pending[0]
+            self.pending, self.pending_rows, self.pending_bytes, self._coalesced = [], 0, 0, 0
+            self._run(self._encode, group)
+
+    def _hand_object(self) -> None:
+        self._hand_group()
+        if self.taken:
+            self._run(self._put, self.first_offset, self.last_offset, self.ts_min, self.ts_max)
+            self.taken = 0
+            self.ts_min = self.ts_max = None
+
+    def _encode(self, group: pa.Table) -> None:
+        if self.writer is None:
+            self.spool, name = tempfile.mkstemp(prefix="txlake-merge-", suffix=".parquet")
+            try:
+                self.sink = pa.OSFile(name, "wb")  # native: no GIL taken per page
+            finally:
+                os.unlink(name)  # nothing is left behind, even by a crash
+            self.writer = segment_writer(self.sink, self.compression)
+        self.groups += write_records(self.writer, group, group.num_rows)
+        self.rows += group.num_rows
+
+    def _put(self, first_offset: int, last_offset: int, ts_min: int, ts_max: int) -> None:
+        self.writer.close()
+        self.sink.close()
+        self.writer = self.sink = None
+        path = f"{DATA_PREFIX}{self.stamp:013d}-{uuid.uuid4().hex}.parquet"
+        with mmap.mmap(self.spool, 0, access=mmap.ACCESS_READ) as data:
+            size = len(data)
+            self.store.put(path, data)
+        os.close(self.spool)
+        self.spool = None
+        run = self.out.run
+        self.out.segments.append(SegmentInfo(run.topic, run.partition, path, first_offset, last_offset, self.rows,
+                                             size, ts_min, ts_max, 0, self.groups))
+        self.out.records_out += self.rows
+        self.out.bytes_out += size
+        self.rows = self.groups = 0
+
+    def finish(self) -> None:
+        """Hand over what is left (the last object); :meth:`wait` for it to be written."""
+        self._hand_object()
+
+    def wait(self) -> None:
+        """Wait for the writer's tasks (raising the first task's error)."""
+        if self.lane is not None:
+            lane, self.lane = self.lane, None
+            lane.result()
+
+    def close(self) -> None:
+        """Drop the spool file of an object in progress (after :meth:`wait` or a failure)."""
+        try:
+            self.wait()
+        except BaseException:  # noqa: BLE001 - the writer is abandoned (its caller saw the error)
+            pass
+        for closing in (self.writer, self.sink):
+            if closing is not None:
+                try:
+                    closing.close()
+                except Exception:  # noqa: BLE001 - the object is abandoned anyway
+                    pass
+        self.writer = self.sink = None
+        if self.spool is not None:
+            os.close(self.spool)
+            self.spool = None
+
+
+class MergeCancelled(Exception):
+    """:func:`rewrite_runs` stopped because its ``cancel`` event was set (nothing it wrote is kept)."""
+
+
+def rewrite_runs(reader: LogReader, runs: Sequence[MergeRun], *, compression: str = "snappy",
+                 max_row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, row_group_bytes: int = ROW_GROUP_BYTES,
+                 now_ms: int | None = None, cancel: threading.Event | None = None) -> list[SegmentRewrite]:
+    """Merge several runs (each: consecutive segments of one partition) in ONE streamed pass
+    over their objects, as :func:`rewrite_segments` without a row filter merges one.
+
+    Each object is read once for all the runs' segments it holds (a flush object holds a
+    segment of every partition it flushed; reading it once per partition made the merge of
+    bench_compaction's 8 partitions about twice as slow), the objects in an order that
+    serves every run its segments in offset order (:func:`_plan_reads`), :data:`READ_THREADS`
+    objects ahead; a segment of many row groups (an earlier merge's) is read a row group at
+    a time. Each run's records go to its own writer, which encodes a row group as soon as it
+    holds about ``row_group_bytes`` (see :class:`_SegmentWriter`), :data:`MERGE_THREADS`
+    runs' row groups at a time. So the pass holds ``READ_THREADS + 1`` objects' row groups
+    decoded, and per run its row group in progress and the one being encoded: about two row
+    groups per run at most, whatever the runs' sizes (a run smaller than a row group is held
+    whole until it is written). A run is never committed here.
+
+    A run whose segments do not hold ascending offsets (never written by txlake) is read
+    again whole and sorted, as before streaming; runs no single object order serves are
+    read run by run. A drop run (``run.drop``) reads nothing and writes nothing.
+
+    Args:
+        reader: reads the old segments (its store receives the new objects); segments its
+            cache holds are taken from there.
+        runs: the runs (their ``target_bytes``: the size the new segments aim at).
+        compression / max_row_group_rows / row_group_bytes / now_ms: as :func:`rewrite_segments`.
+        cancel: checked between objects; when set, everything written is deleted and
+            :class:`MergeCancelled` raised.
+
+    Returns:
+        One :class:`SegmentRewrite` per run, in the order of ``runs``.
+
+    Raises:
+        as :func:`rewrite_segments` (everything written by the pass is deleted first);
+        MergeCancelled.
+    """
+    for run in runs:
+        _check_run(run.segments)
+    stamp = int(time.time() * 1000) if now_ms is None else now_ms
+    live = [r for r, run in enumerate(runs) if not run.drop]
+    # several runs' row groups are encoded side by side (Parquet encoding, writes and fsyncs release the GIL)
+    pool = ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-merge") if len(live) > 1 else None
+    writers = {r: _SegmentWriter(reader.store, runs[r], max_row_group_rows, row_group_bytes, compression, stamp, pool)
+               for r in live}
+    outs = [SegmentRewrite(run, [], run.record_count, 0, run.size_bytes, 0) for run in runs]
+    done_alone: list[SegmentRewrite] = []  # written (not committed) by the calls for single runs
+    try:
+        units, alone = _plan_reads([runs[r] for r in live])
+        rows: Counter = Counter()  # (run, path, first row group) -> rows read
+        unread: dict[tuple[int, str, int], int] = {}  # (run, path, first row group) -> row groups still to read
+        sorted_whole: list[int] = []
+        for unit, tables in _read_ahead(reader, units):
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled()
+            for (r, seg, rgs), table in zip(unit.items, tables):
+                run_index = live[r]
+                key = (run_index, seg.path, seg.row_group_start)
+                unread[key] = unread.get(key, len(seg.row_groups)) - len(rgs)
+                rows[key] += table.num_rows
+                if not unread[key]:
+                    _check_count(reader, seg, rows[key])
+                if run_index in sorted_whole:
+                    continue
+                try:
+                    writers[run_index].add(table)
+                except _OutOfOrder:
+                    sorted_whole.append(run_index)
+        for r in sorted_whole:  # sorted whole, as before streaming
+            writers[r].close()
+            discard_rewrite(reader.store, writers[r].out)
+            writers[r] = _SegmentWriter(reader.store, runs[r], max_row_group_rows, row_group_bytes, compression,
+                                        stamp, pool)
+            writers[r].add(_sorted_records(reader, runs[r].segments), ordered=True)
+        for r in (live[i] for i in alone):  # no order served them together: each alone
+            writers[r].close()
+            if len(runs) == 1:
+                writers[r] = _SegmentWriter(reader.store, runs[r], max_row_group_rows, row_group_bytes,
+                                            compression, stamp)
+                writers[r].add(_sorted_records(reader, runs[r].segments), ordered=True)
+            else:
+                del writers[r]
+                (outs[r],) = rewrite_runs(reader, [runs[r]], compression=compression,
+                                          max_row_group_rows=max_row_group_rows, row_group_bytes=row_group_bytes,
+                                          now_ms=stamp, cancel=cancel)
+                done_alone.append(outs[r])
+        for w in writers.values():
+            w.finish()
+        for r, w in writers.items():
+            w.wait()
+            outs[r] = w.out
+    except BaseException:
+        for w in writers.values():
+            w.close()
+            discard_rewrite(reader.store, w.out)
+        for out in done_alone:
+            discard_rewrite(reader.store, out)
+        raise
+    finally:
+        for w in writers.values():
+            w.close()
+        if pool is not None:
+            pool.shutdown()
+    return outs
+
+
+def _sorted_records(reader: LogReader, segments: Sequence[SegmentInfo]) -> pa.Table:
+    """Every record of ``segments`` at once, in offset order (sorted when they are not)."""
+    tables = _read_segments(reader, segments)
+    tables = [t if t.schema.equals(RECORD_SCHEMA) else t.cast(RECORD_SCHEMA) for t in tables]
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    offsets = table.column("offset").to_numpy()
+    if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
+        table = table.take(pa.array(np.argsort(offsets, kind="stable")))
+    return table
+
+
 def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, target_bytes: int,
                      row_filter: RowFilter | None = None, compression: str = "snappy",
                      max_row_group_rows: int = DEFAULT_ROW_GROUP_ROWS, row_group_bytes: int = ROW_GROUP_BYTES,
                      now_ms: int | None = None) -> SegmentRewrite:
     """Rewrite consecutive segments of one partition into new per-partition segment objects.
 
-    The records are read (each segment's record count checked against the catalog), put in
+    The records are read (each segment's record count checked against the catalog), in
     offset order, passed through ``row_filter`` when given, and split into segments of about
     ``target_bytes`` each (estimated from the old segments' bytes per record), each its own
     object under ``data/`` with row groups of at most ``max_row_group_rows`` rows and about
-    ``row_group_bytes`` of uncompressed data. Nothing is committed: see :func:`swap_actions`
-    / :func:`replace_segments`. Kafka's ``Cleaner.cleanSegments``.
+    ``row_group_bytes`` of uncompressed (Arrow) data. Nothing is committed: see
+    :func:`swap_actions` / :func:`replace_segments`. Kafka's ``Cleaner.cleanSegments``.
+
+    Memory: without a row filter the records stream through (:func:`rewrite_runs`): a merge
+    holds ``READ_THREADS + 1`` old row groups and one new one decoded, whatever the run's
+    size. A row filter sees the run's records at once (key compaction's rules need them
+    together).
 
     Args:
-        reader: reads the old segments (its store receives the new objects).
+        reader: reads the old segments (its store receives the new objects); a segment its
+            cache holds is taken from there.
         segments: consecutive segments of one partition, in offset order.
         target_bytes: the topic's ``segment.bytes`` (bytes).
         row_filter: drops records (key compaction); None keeps them all.
         compression: Parquet codec of the new objects.
+        max_row_group_rows: rows per row group at most.
+        row_group_bytes: uncompressed bytes a row group aims at.
         now_ms: time used in the new object names (ms since the epoch; wall clock when None).
 
     Raises:
@@ -326,39 +743,21 @@ def rewrite_segments(reader: LogReader, segments: Sequence[SegmentInfo], *, targ
     _check_run(segments)
     first = segments[0]
     run = MergeRun(first.topic, first.partition, tuple(segments), target_bytes)
-    tables = _read_segments(reader, segments)
-    tables = [t if t.schema.equals(RECORD_SCHEMA) else t.cast(RECORD_SCHEMA) for t in tables]
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    records_in, bytes_in = table.num_rows, run.size_bytes
-    offsets = table.column("offset").to_numpy()
-    if len(offsets) > 1 and not bool((np.diff(offsets) > 0).all()):
-        table = table.take(pa.array(np.argsort(offsets, kind="stable")))
-    if row_filter is not None:
-        table = _filtered(table, row_filter)
-    n = table.num_rows
-    out = SegmentRewrite(run, [], records_in, n, bytes_in, 0)
-    if n == 0:
-        return out
-    rows_per_segment = max(1, int(target_bytes * records_in // max(bytes_in, 1)))
-    rows_per_group = max(1, min(max_row_group_rows, int(row_group_bytes * n // max(table.nbytes, 1))))
+    if row_filter is None:
+        return rewrite_runs(reader, [run], compression=compression, max_row_group_rows=max_row_group_rows,
+                            row_group_bytes=row_group_bytes, now_ms=now_ms)[0]
     stamp = int(time.time() * 1000) if now_ms is None else now_ms
-    store = reader.store
+    w = _SegmentWriter(reader.store, run, max_row_group_rows, row_group_bytes, compression, stamp)
     try:
-        for start in range(0, n, rows_per_segment):
-            chunk = table.slice(start, rows_per_segment)
-            data, [(_, groups)] = encode_segments([chunk], compression, rows_per_group, as_buffer=True)
-            path = f"{DATA_PREFIX}{stamp:013d}-{uuid.uuid4().hex}.parquet"
-            store.put(path, data)
-            ts = pc.min_max(chunk.column("timestamp"))
-            chunk_offsets = chunk.column("offset")
-            out.segments.append(SegmentInfo(
-                first.topic, first.partition, path, chunk_offsets[0].as_py(), chunk_offsets[-1].as_py(),
-                chunk.num_rows, len(data), ts["min"].as_py(), ts["max"].as_py(), 0, groups))
-            out.bytes_out += len(data)
+        w.add(_filtered(_sorted_records(reader, segments), row_filter), ordered=True)
+        w.finish()
+        w.wait()
     except BaseException:
-        discard_rewrite(reader.store, out)
+        discard_rewrite(reader.store, w.out)
         raise
-    return out
+    finally:
+        w.close()
+    return w.out
 
 
 def discard_rewrite(store, rewrite: SegmentRewrite) -> None:
@@ -433,9 +832,31 @@ def replace_segments(reader: LogReader, commit: Committer, segments: Sequence[Se
     else:
         rewrite = rewrite_segments(reader, segments, target_bytes=target_bytes, row_filter=row_filter,
                                    compression=compression, max_row_group_rows=max_row_group_rows, now_ms=now_ms)
+    return commit_rewrite(reader.store, commit, rewrite, now_ms)
+
+
+def commit_rewrite(store, commit: Committer, rewrite: SegmentRewrite,
+                   now_ms: int | None = None) -> SegmentRewrite | None:
+    """Swap a written rewrite in with ONE catalog commit (:func:`swap_actions`, computed under
+    the writer's commit lock by ``commit``). Kafka's ``UnifiedLog.replaceSegments``.
+
+    Args:
+        store: the store holding the rewrite's new objects.
+        commit: the writer's commit under its commit lock (``Broker.commit_under_lock``).
+        rewrite: from :func:`rewrite_segments` / :func:`rewrite_runs`.
+        now_ms: the retirement stamp of the replaced objects (wall clock at commit when None).
+
+    Returns:
+        ``rewrite``, or None when its segments changed meanwhile (its new objects are deleted
+        again; nothing was committed).
+
+    Raises:
+        ApiError (_FENCED, NOT_LEADER_OR_FOLLOWER) from ``commit``: the new objects then stay
+        for the orphan cleaner, since whether the commit landed is not known.
+    """
     try:
         commit(lambda state: swap_actions(state, rewrite, int(time.time() * 1000) if now_ms is None else now_ms))
     except StaleRewriteError:
-        discard_rewrite(reader.store, rewrite)
+        discard_rewrite(store, rewrite)
         return None
     return rewrite

@@ -87,6 +87,37 @@ CONTROL_COMMIT = 1
 DEFAULT_ROW_GROUP_ROWS = 1024 * 1024
 
 
+def segment_writer(sink, compression: str = "snappy") -> pq.ParquetWriter:
+    """A Parquet writer of one segment object (:data:`STAMPED_SCHEMA`) on ``sink`` (a path or
+    Arrow output stream), with the encodings every segment object uses: what
+    :func:`encode_segments` writes, and what a compaction merge streams row group by row
+    group (:func:`write_records`). The caller closes it (it is a context manager).
+    """
+    # Values are mostly unique payloads and offsets always are: dictionary-encoding them costs
+    # time and saves nothing (offsets: 5x the encoding time of the delta encoding below, which
+    # stores consecutive offsets in a few bits each). Nor do min/max statistics of payloads
+    # help any reader.
+    dictionary_columns = [name for name in RECORD_SCHEMA.names if name not in ("value", "offset")]
+    stats_columns = [name for name in RECORD_SCHEMA.names if name not in ("value", "headers")]
+    # values are handed to the column encoders 64 Ki at a time (Arrow's default: 1 Ki): ~10% faster
+    return pq.ParquetWriter(sink, STAMPED_SCHEMA, compression=compression, use_dictionary=dictionary_columns,
+                            column_encoding={"offset": "DELTA_BINARY_PACKED"}, write_batch_size=65_536,
+                            write_statistics=stats_columns)
+
+
+def write_records(writer: pq.ParquetWriter, table: pa.Table, row_group_rows: int = DEFAULT_ROW_GROUP_ROWS) -> int:
+    """Append ``table`` (:data:`RECORD_SCHEMA` rows of one partition, offset order, at least one
+    row) to a :func:`segment_writer` as new row groups of at most ``row_group_rows`` rows.
+
+    Returns:
+        The number of row groups written.
+    """
+    assert table.num_rows > 0, "never write an empty partition chunk"
+    table = table.cast(RECORD_SCHEMA) if not table.schema.equals(RECORD_SCHEMA) else table
+    writer.write_table(table.replace_schema_metadata(STAMPED_SCHEMA.metadata), row_group_size=row_group_rows)
+    return -(-table.num_rows // row_group_rows)
+
+
 def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
                     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
                     as_buffer: bool = False) -> tuple[bytes | pa.Buffer, list[tuple[int, int]]]:
@@ -108,21 +139,9 @@ def encode_segments(tables: Sequence[pa.Table], compression: str = "snappy",
     sink = pa.BufferOutputStream()
     ranges: list[tuple[int, int]] = []
     next_rg = 0
-    # Values are mostly unique payloads and offsets always are: dictionary-encoding them costs
-    # time and saves nothing (offsets: 5x the encoding time of the delta encoding below, which
-    # stores consecutive offsets in a few bits each). Nor do min/max statistics of payloads
-    # help any reader.
-    dictionary_columns = [name for name in RECORD_SCHEMA.names if name not in ("value", "offset")]
-    stats_columns = [name for name in RECORD_SCHEMA.names if name not in ("value", "headers")]
-    # values are handed to the column encoders 64 Ki at a time (Arrow's default: 1 Ki): ~10% faster
-    with pq.ParquetWriter(sink, STAMPED_SCHEMA, compression=compression, use_dictionary=dictionary_columns,
-                          column_encoding={"offset": "DELTA_BINARY_PACKED"}, write_batch_size=65_536,
-                          write_statistics=stats_columns) as writer:
+    with segment_writer(sink, compression) as writer:
         for table in tables:
-            assert table.num_rows > 0, "never write an empty partition chunk"
-            table = table.cast(RECORD_SCHEMA) if not table.schema.equals(RECORD_SCHEMA) else table
-            n_groups = -(-table.num_rows // row_group_rows)
-            writer.write_table(table.replace_schema_metadata(STAMPED_SCHEMA.metadata), row_group_size=row_group_rows)
+            n_groups = write_records(writer, table, row_group_rows)
             ranges.append((next_rg, n_groups))
             next_rg += n_groups
     buffer = sink.getvalue()

@@ -1,0 +1,184 @@
+"""The small-file merge streams its records (issue 14: a low-rate producer's RSS must stay flat).
+
+Proved here: merging a run of many flush segments holds a few row groups of decoded records
+at once, not the run -- the peak of Arrow's memory pool (in a fresh process) while
+``rewrite_segments`` merges ~43 MB of records stays under half of the run's decoded size
+and barely grows from 10 segments to 40 (the whole-run read held all of it, plus its
+encoding: 2.7 times the records); the streamed output is exactly the input, with row groups
+of about ``row_group_bytes``; a segment whose rows are not in offset order (never written by
+txlake, but the merge always sorted it) is still merged in offset order; segments the
+reader's cache holds are merged in place among the ones it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from compaction_support import committed_tables
+from helpers import close_engines  # noqa: F401
+from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
+from txlake.engine.errors import Errors
+from txlake.engine.log_reader import LogReader, SegmentCache
+from txlake.catalog.state import SegmentInfo
+from txlake.engine.segment_merge import MergeRun, _plan_reads, rewrite_runs, rewrite_segments
+from txlake.formats.records import PAYLOAD_SCHEMA, encode_segments, read_segment
+
+FILE_ONLY = pytest.mark.parametrize("backend", ["file"])
+
+#: the merge in a fresh interpreter: its Arrow pool's peak (``max_memory``) is the merge's alone
+MERGE_CHILD = r"""
+import json, sys
+import pyarrow as pa
+from txlake.catalog.catalog import Catalog
+from txlake.catalog.storage import ObjectStore
+from txlake.engine.log_reader import LogReader, SegmentCache
+from txlake.catalog.state import SegmentInfo
+from txlake.engine.segment_merge import MergeRun, _plan_reads, rewrite_runs, rewrite_segments
+
+spec = json.loads(sys.argv[1])
+catalog = Catalog.open(ObjectStore(spec["url"]))
+segments = list(catalog.state.topics["m"].partitions[0].segments)[:spec["segments"]]
+reader = LogReader(catalog, SegmentCache(0))
+pool = pa.default_memory_pool()
+before = pool.bytes_allocated()
+rewrite = rewrite_segments(reader, segments, target_bytes=spec["target_bytes"],
+                           row_group_bytes=spec["row_group_bytes"])
+print(json.dumps({"peak": pool.max_memory() - before, "records_out": rewrite.records_out,
+                  "segments": [[s.path, s.base_offset, s.last_offset, s.record_count, s.row_group_count]
+                               for s in rewrite.segments]}))
+"""
+
+
+def _produce_flushes(storage, flushes: int, records: int, value_bytes: int, partitions: int = 1) -> Broker:
+    """A topic ``m`` of ``partitions`` partitions and ``flushes`` flush objects, each holding
+    ``records`` records (random, incompressible values of ``value_bytes``) of every partition."""
+    broker = Broker(storage.object_store(), BrokerConfig(flush_linger_ms=1, flush_interval_ms=0, lease_ms=60_000,
+                                                         compaction_interval_ms=0))
+    broker.create_topics([("m", partitions, {})])
+    rng = np.random.default_rng(7)
+    for f in range(flushes):
+        batches = []
+        for p in range(partitions):
+            values = [rng.bytes(value_bytes) for _ in range(records)]
+            batches.append(ProduceBatch("m", p, pa.Table.from_pydict(
+                {"timestamp": [1_000 + f * records + i for i in range(records)],
+                 "key": [b"k%d" % i for i in range(records)], "value": values, "headers": [None] * records},
+                schema=PAYLOAD_SCHEMA)))
+        assert [r.error for r in broker.produce(batches)] == [Errors.NO_ERROR] * partitions
+    assert all(len(p.segments) == flushes for p in broker.catalog.state.topics["m"].partitions)
+    return broker
+
+
+def _merge_in_child(storage, segments: int, row_group_bytes: int) -> dict:
+    """Merge the first ``segments`` segments of ``m`` (segment.bytes 1 GiB: one output object)
+    in a fresh interpreter: ``{"peak": bytes, "records_out": n, "segments": [[path, base, last,
+    records, row groups], ...]}``."""
+    spec = {"url": storage.url, "segments": segments, "target_bytes": 1 << 30, "row_group_bytes": row_group_bytes}
+    out = subprocess.run([sys.executable, "-c", MERGE_CHILD, json.dumps(spec)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@FILE_ONLY
+def test_a_merge_holds_a_few_row_groups_not_the_run(storage, close_engines):
+    flushes, records, value_bytes = 40, 1_000, 1_000  # ~43 MB of records, ~1 MB a flush segment
+    broker = _produce_flushes(storage, flushes, records, value_bytes)
+    before = committed_tables(storage, "m")[0]
+    decoded = before.nbytes
+    assert decoded > 40 * 10**6
+    broker.close()
+
+    row_group_bytes = 2 * 2**20
+    quarter = _merge_in_child(storage, flushes // 4, row_group_bytes)
+    whole = _merge_in_child(storage, flushes, row_group_bytes)
+    # The whole-run read held every decoded record, then the encoded object in a growing
+    # buffer: 117 MB of Arrow memory at its peak for the 40 segments, 31 MB for 10. Streamed:
+    # READ_THREADS + 1 flush segments (~1 MB each), the row group being filled (2 MiB) and its
+    # encoding (the object goes to a spool file): 12 MB for 40 segments, 10.5 MB for 10.
+    assert whole["peak"] < decoded / 2, (whole["peak"], decoded)
+    assert whole["peak"] < 1.5 * quarter["peak"], (whole["peak"], quarter["peak"])
+    assert whole["records_out"] == flushes * records
+    ((path, base, last, count, groups),) = whole["segments"]
+    assert (base, last, count) == (0, flushes * records - 1, flushes * records)
+    assert abs(groups - decoded / row_group_bytes) <= 2, groups  # row groups of about row_group_bytes
+    merged = read_segment(storage.object_store().get(path), path)
+    assert merged.equals(before)
+
+
+@FILE_ONLY
+def test_a_segment_out_of_offset_order_is_merged_in_offset_order(storage, close_engines):
+    broker = _produce_flushes(storage, 3, 20, 10)
+    before = committed_tables(storage, "m")[0]
+    segments = list(broker.catalog.state.topics["m"].partitions[0].segments)
+    # the middle segment's object rewritten with its rows reversed (same records, same row group)
+    middle = segments[1]
+    rows = read_segment(broker.store.get(middle.path), middle.path)
+    broker.store.put(middle.path, encode_segments([rows.take(pa.array(range(rows.num_rows - 1, -1, -1)))])[0])
+    rewrite = rewrite_segments(LogReader(broker.catalog, SegmentCache(0)), segments, target_bytes=1 << 30)
+    (seg,) = rewrite.segments
+    assert (seg.base_offset, seg.last_offset, seg.record_count) == (0, 59, 60)
+    assert read_segment(broker.store.get(seg.path), seg.path).equals(before)
+    # the objects the streamed attempt wrote before it met the reversed rows are gone again
+    referenced = {s.path for s in segments} | {seg.path}
+    assert {o.key for o in broker.store.list("data/")} == referenced
+
+
+@FILE_ONLY
+def test_segments_the_reader_holds_are_merged_in_place_with_the_ones_it_reads(storage, close_engines):
+    broker = _produce_flushes(storage, 7, 5, 10)
+    before = committed_tables(storage, "m")[0]
+    segments = list(broker.catalog.state.topics["m"].partitions[0].segments)
+    reader = LogReader(broker.catalog, SegmentCache(None))
+    for seg in (segments[0], segments[2], segments[3], segments[6]):  # cached; the others are read
+        reader.segment_table(seg)
+    rewrite = rewrite_segments(reader, segments, target_bytes=1 << 30)
+    (seg,) = rewrite.segments
+    assert (seg.base_offset, seg.last_offset, seg.record_count) == (0, 34, 35)
+    assert read_segment(broker.store.get(seg.path), seg.path).equals(before)
+
+
+@FILE_ONLY
+def test_a_batch_reads_each_flush_object_once_for_all_its_runs(storage, close_engines):
+    broker = _produce_flushes(storage, 4, 5, 10, partitions=3)
+    before = committed_tables(storage, "m")
+    runs = [MergeRun("m", p.partition, tuple(p.segments), 1 << 30) for p in broker.catalog.state.topics["m"].partitions]
+    objects = {s.path for run in runs for s in run.segments}
+    assert len(objects) == 4  # each flush object holds a segment of each of the 3 partitions
+    reader = LogReader(broker.catalog, SegmentCache(0))
+    opened = []
+    real_open = reader.store.open_input
+    reader.store.open_input = lambda key: opened.append(key) or real_open(key)
+    rewrites = rewrite_runs(reader, runs)
+    assert sorted(opened) == sorted(objects)  # once each, not once per partition
+    for run, rewrite in zip(runs, rewrites):
+        (seg,) = rewrite.segments
+        assert (seg.partition, seg.base_offset, seg.last_offset, seg.record_count) == (run.partition, 0, 19, 20)
+        assert read_segment(broker.store.get(seg.path), seg.path).equals(before[run.partition])
+
+
+def _seg(path: str, base: int, partition: int = 0, row_groups: int = 1) -> SegmentInfo:
+    return SegmentInfo("t", partition, path, base, base + 9, 10, 100, 0, 0, 0, row_groups)
+
+
+def test_the_read_plan_serves_every_run_its_segments_in_order():
+    # flush objects X, Y, Z hold a segment of both partitions; M is an earlier merge's output
+    # of partition 0 with 3 row groups
+    p0 = MergeRun("t", 0, (_seg("M", 0, row_groups=3), _seg("X", 10), _seg("Y", 20), _seg("Z", 30)), 1 << 30)
+    p1 = MergeRun("t", 1, (_seg("X", 0, 1), _seg("Y", 10, 1), _seg("Z", 20, 1)), 1 << 30)
+    units, alone = _plan_reads([p0, p1])
+    assert alone == []
+    assert [(u.path, [(r, s.partition, rgs) for r, s, rgs in u.items]) for u in units] == [
+        ("M", [(0, 0, [0])]), ("M", [(0, 0, [1])]), ("M", [(0, 0, [2])]),
+        ("X", [(0, 0, [0]), (1, 1, [0])]), ("Y", [(0, 0, [0]), (1, 1, [0])]), ("Z", [(0, 0, [0]), (1, 1, [0])])]
+    # two runs meeting two objects in opposite orders: no one order serves both; each is read alone
+    q1 = MergeRun("t", 1, (_seg("Y", 0, 1), _seg("X", 10, 1)), 1 << 30)
+    q0 = MergeRun("t", 0, (_seg("X", 0), _seg("Y", 10)), 1 << 30)
+    units, alone = _plan_reads([q0, q1, p1])
+    assert sorted(alone) == [0, 1, 2] and units == []  # p1 waits on X with q0: it is read alone too
