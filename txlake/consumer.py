@@ -382,12 +382,14 @@ class Consumer:
             with self._lock, kafka_errors(reading):
                 # what is available now, up to num_messages: each fetch is bounded by
                 # max.partition.fetch.bytes, so go on while the fetches bring records
-                # (librdkafka hands out its prefetched queue the same way)
+                # (librdkafka hands out its prefetched queue the same way); an error event
+                # ends the call, as before, so a failing partition reports once per call
                 while True:
                     before = len(out)
                     self._drain(out, num_messages)
-                    if len(out) >= num_messages or len(out) == before:
-                        break
+                    if (len(out) >= num_messages or len(out) == before
+                            or any(m.error() is not None for m in out[before:])):
+                        break   # full, nothing more now, or an error event to hand out first
             if out:
                 return out
             remaining = None if deadline is None else deadline - time.monotonic()
