@@ -761,9 +761,7 @@ class Consumer:
 
         if self._closed:
             raise RuntimeError("Handle has been closed")  # confluent-kafka's text for this call
-        with kafka_errors(f"list_topics() of {self._broker.store.url}"):
-            self._broker.refresh()
-        return cluster_metadata(self._broker, topic)
+        return cluster_metadata(self._broker, topic)   # Metadata refreshes the catalog itself in-process
 
     def close(self) -> None:
         """Leave the group (auto-commit first, if enabled), wait for the commits still queued,
