@@ -113,6 +113,7 @@ class Broker:
         self._handoff: HandoffServer | None = None
         #: hand-over kinds this broker's request surface answers (:meth:`serve_handoff`)
         self._handoff_handlers: dict[str, Handler] = {}
+        self._group_offsets: GroupOffsets | None = None
         self._expiration_stop = threading.Event()
         self._expiration_thread: threading.Thread | None = None
         self._compaction: CompactionThread | None = None  # engine/compaction.py, started with the writer
@@ -704,8 +705,10 @@ class Broker:
 
     def group_offsets(self) -> GroupOffsets:
         """Consumer-group offsets in ``__consumer_offsets`` (commits take the writer lease; fetches read)."""
-        return GroupOffsets(self, self._group_config.offsets_topic_num_partitions,
-                            group_coordinator=self.group_coordinator)
+        if self._group_offsets is None:   # one per broker: it keeps the topic's partition count once seen
+            self._group_offsets = GroupOffsets(self, self._group_config.offsets_topic_num_partitions,
+                                               group_coordinator=self.group_coordinator)
+        return self._group_offsets
 
     def group_coordinator(self) -> GroupCoordinator:
         """The group coordinator of this storage root (started on first use, in the writer).
