@@ -10,7 +10,8 @@ Run:  .venv/bin/python benchmarks/bench_server_txn.py [--records 100000] [--valu
   ratio = idempotent time / transactional time (issue 3's goal ≥ 0.9).
 * ProducerPerformance (kafka-tools 4.3.1, ``--record-size`` 1 000 B, acks=all, no throttle)
   against ``txlake serve`` and against Apache Kafka: records/s, MB/s, p50/p99 latency of each
-  and the throughput ratio txlake / Kafka.
+  and the throughput ratio txlake / Kafka; once with the Java client's defaults
+  (``--perf-records``), once with bigger batches (:data:`BIG_BATCHES`, ``--perf-big-records``).
 * EndToEndLatency (kafka-tools, acks=all, 1 000 B): one record at a time, produce to consume;
   average and p50/p99 of each broker.
 * TransactionalMessageCopier: VerifiableProducer seeds ``--copy-records`` records into a
@@ -126,11 +127,17 @@ def produce_transactional(bootstrap: str, keys, values, partitions: int, commit_
 
 
 # ---------------------------------------------------------------------------- Kafka's tools
-def producer_performance(bootstrap: str, topic: str, records: int, record_size: int) -> dict:
-    """ProducerPerformance, acks=all, no throttle: its summary as a dict (records/s, MB/s, ms)."""
+#: ProducerPerformance's "bigger batches" run: librdkafka's default request size (1 MB batches,
+#: requests up to 10 MB) instead of the Java client's 16 KB batches and 1 MB requests
+BIG_BATCHES = ("batch.size=1048576", "linger.ms=50", "max.request.size=10485760", "buffer.memory=268435456")
+
+
+def producer_performance(bootstrap: str, topic: str, records: int, record_size: int, props: tuple = ()) -> dict:
+    """ProducerPerformance, acks=all, no throttle, the Java client's defaults unless ``props``:
+    its summary as a dict (records/s, MB/s, ms)."""
     out = subprocess.run(tool_command("ProducerPerformance", "--topic", topic, "--num-records", str(records),
                                       "--record-size", str(record_size), "--throughput", "-1", "--producer-props",
-                                      f"bootstrap.servers={bootstrap}", "acks=all", heap="1g", jvm_options=()),
+                                      f"bootstrap.servers={bootstrap}", "acks=all", *props, heap="1g", jvm_options=()),
                          capture_output=True, text=True, timeout=900)
     found = [m for m in map(PERF_LINE.search, out.stdout.splitlines()) if m]
     assert out.returncode == 0 and found, f"ProducerPerformance exited {out.returncode}:\n{out.stdout[-2000:]}{out.stderr[-2000:]}"
@@ -225,8 +232,12 @@ def main() -> None:
     parser = workload_parser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--commit-ms", type=int, default=100)
-    parser.add_argument("--perf-records", type=int, default=100_000)
-    parser.add_argument("--latency-records", type=int, default=2_000)
+    parser.add_argument("--perf-records", type=int, default=20_000,
+                        help="ProducerPerformance with the Java client's defaults (16 KB batches)")
+    parser.add_argument("--perf-big-records", type=int, default=100_000,
+                        help="ProducerPerformance with bigger batches (BIG_BATCHES)")
+    parser.add_argument("--latency-records", type=int, default=100,
+                        help="EndToEndLatency sends one record at a time (about 0.5 s each through txlake serve)")
     parser.add_argument("--copy-records", type=int, default=100_000)
     parser.add_argument("--server-config", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--profile", metavar="PATH", help="profile the server with py-spy during ProducerPerformance")
@@ -261,6 +272,9 @@ def main() -> None:
         results["txlake_perf_cpu_ms_per_mb"] = (cpu_seconds(pid) - cpu0) / (args.perf_records * args.value_bytes / 1e6) * 1000
         print(f"ProducerPerformance -> txlake serve: {results['txlake_perf']}; server CPU "
               f"{results['txlake_perf_cpu_ms_per_mb']:.1f} ms/MB")
+        results["txlake_perf_big"] = producer_performance(bootstrap, "perf", args.perf_big_records, args.value_bytes,
+                                                          BIG_BATCHES)
+        print(f"ProducerPerformance {BIG_BATCHES} -> txlake serve: {results['txlake_perf_big']}")
         results["txlake_e2e"] = end_to_end_latency(bootstrap, "e2e", args.latency_records, args.value_bytes)
         print(f"EndToEndLatency -> txlake serve: {results['txlake_e2e']}")
         results["txlake_copy"] = copy_run(bootstrap, args.copy_records)
@@ -277,6 +291,9 @@ def main() -> None:
             results["kafka_perf_cpu_ms_per_mb"] = (cpu_seconds(kafka.pid) - k0) / (args.perf_records * args.value_bytes / 1e6) * 1000
             print(f"ProducerPerformance -> Apache Kafka: {results['kafka_perf']}; broker CPU "
                   f"{results['kafka_perf_cpu_ms_per_mb']:.1f} ms/MB")
+            results["kafka_perf_big"] = producer_performance(kafka.bootstrap, "perf", args.perf_big_records,
+                                                             args.value_bytes, BIG_BATCHES)
+            print(f"ProducerPerformance {BIG_BATCHES} -> Apache Kafka: {results['kafka_perf_big']}")
             results["kafka_e2e"] = end_to_end_latency(kafka.bootstrap, "e2e", args.latency_records, args.value_bytes)
             print(f"EndToEndLatency -> Apache Kafka: {results['kafka_e2e']}")
             results["kafka_copy"] = copy_run(kafka.bootstrap, args.copy_records)
@@ -284,8 +301,11 @@ def main() -> None:
         finally:
             kafka.stop()
         results["ratio_perf_txlake_vs_kafka"] = results["txlake_perf"]["records_s"] / results["kafka_perf"]["records_s"]
+        results["ratio_perf_big_txlake_vs_kafka"] = (results["txlake_perf_big"]["records_s"]
+                                                     / results["kafka_perf_big"]["records_s"])
         results["ratio_copy_kafka_vs_txlake"] = results["kafka_copy"]["copy_s"] / results["txlake_copy"]["copy_s"]
-        print(f"ratios: ProducerPerformance txlake / Kafka {results['ratio_perf_txlake_vs_kafka']:.2f}; "
+        print(f"ratios: ProducerPerformance txlake / Kafka {results['ratio_perf_txlake_vs_kafka']:.2f} "
+              f"(bigger batches {results['ratio_perf_big_txlake_vs_kafka']:.2f}); "
               f"copy time Kafka / txlake {results['ratio_copy_kafka_vs_txlake']:.2f}")
 
     if args.profile:
