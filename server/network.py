@@ -4,8 +4,10 @@ One asyncio event loop accepts connections and reads size-prefixed frames. Each 
 is decoded (:mod:`.codec`) and handed to the engine's request surface
 (:class:`txlake.engine.apis.KafkaApis`) on a worker thread, because engine calls block
 (object storage, commits). Several requests of one connection may be in flight at once
-(librdkafka pipelines them), but their responses are written in request order, as Kafka
-guarantees per connection.
+(librdkafka pipelines them): they reach the engine one after the other in the order they
+arrived (a Produce is handed to the engine before the next request of its connection is
+looked at, so an idempotent producer's pipelined batches are appended in sequence order, as
+Kafka's per-connection muting guarantees), and their responses are written in request order.
 
 Defences (no request can take the server down):
 
@@ -105,6 +107,8 @@ class KafkaServer:
         peer_name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         responses: asyncio.Queue = asyncio.Queue(maxsize=MAX_IN_FLIGHT_PER_CONNECTION)
         sender = asyncio.create_task(self._send(responses, writer, peer_name))
+        #: done when the previous request of this connection has been handed to the engine
+        previous: asyncio.Future | None = None
         try:
             while True:
                 try:
@@ -134,7 +138,9 @@ class KafkaServer:
                 context = RequestContext(request.api_key, request.api_version, request.correlation_id,
                                          request.client_id or "", peer[0] if isinstance(peer, tuple) else "")
                 self._in_flight += 1
-                await responses.put(asyncio.ensure_future(self._answer(context, request, peer_name)))
+                handed = asyncio.get_running_loop().create_future()
+                await responses.put(asyncio.ensure_future(self._answer(context, request, peer_name, previous, handed)))
+                previous = handed
         finally:
             await responses.put(None)
             try:
@@ -148,16 +154,30 @@ class KafkaServer:
                 pass
             self._connections.pop(task, None)
 
-    async def _answer(self, context: RequestContext, request: RequestFrame, peer_name: str) -> bytes | None:
+    async def _answer(self, context: RequestContext, request: RequestFrame, peer_name: str,
+                      previous: asyncio.Future | None, handed: asyncio.Future) -> bytes | None:
         """The framed response to one request, None when none is sent (acks=0), or raises
-        :class:`UnsupportedRequest` (the connection is closed)."""
+        :class:`UnsupportedRequest` (the connection is closed).
+
+        The engine gets the request only once ``previous`` (the connection's request before it)
+        is done being handed over; ``handed`` is set when this one is (a Produce is then queued
+        for its commit, whose answer comes later as a Future). Without this two pipelined
+        Produce requests of one idempotent producer could reach the partition in either order,
+        and the later one would be refused with OUT_OF_ORDER_SEQUENCE_NUMBER (the Java client
+        then aborts its transaction: the failure TransactionalMessageCopier showed)."""
         loop = asyncio.get_running_loop()
         body = request.body
-        if body is None:  # only ApiVersions of a version beyond Kafka's schema gets here
-            assert request.api_key == API_VERSIONS_KEY
-            result = await loop.run_in_executor(self._pool, self.apis.handle, context, None)
-            return encode_response(request.api_key, 0, request.correlation_id, result)
-        result = await loop.run_in_executor(self._pool, self.apis.handle, context, body)
+        try:
+            if previous is not None:
+                await asyncio.shield(previous)
+            if body is None:  # only ApiVersions of a version beyond Kafka's schema gets here
+                assert request.api_key == API_VERSIONS_KEY
+                result = await loop.run_in_executor(self._pool, self.apis.handle, context, None)
+                return encode_response(request.api_key, 0, request.correlation_id, result)
+            result = await loop.run_in_executor(self._pool, self.apis.handle, context, body)
+        finally:
+            if not handed.done():
+                handed.set_result(None)
         if isinstance(result, Future):
             result = await asyncio.wrap_future(result)
         if result is None:

@@ -34,7 +34,8 @@ if str(_TESTS_DIR) not in sys.path:
 
 from s3_server import _die_with_parent, _free_ports  # noqa: E402
 
-__all__ = ["ApacheKafka", "KafkaReferenceError", "KAFKA_LIB", "FETCH_SCRIPT", "KAFKA_VERSION", "kafka_jars_present"]
+__all__ = ["ApacheKafka", "KafkaReferenceError", "KAFKA_LIB", "FETCH_SCRIPT", "KAFKA_VERSION", "kafka_jars_present",
+           "java_command", "tool_command"]
 
 REPO = _TESTS_DIR.parent
 #: the script that fetches the jars (Maven Central, ``mvn dependency:copy-dependencies``)
@@ -101,6 +102,24 @@ def ensure_kafka_jars() -> None:
             f"{(proc.stdout + proc.stderr)[-3000:]}")
 
 
+def java_command(main: str, *args: str, heap: str = "512m", log_level: str = "warn",
+                 jvm_options: tuple[str, ...] = ()) -> list[str]:
+    """The command line that runs class ``main`` of the jars in :data:`KAFKA_LIB` with ``args``
+    (``java -Xmx<heap> ... -cp 'dev/kafka-lib/*' main args``); ``log_level`` is SLF4J's simple
+    logger's default level (the tools and the broker log through it)."""
+    return ["java", f"-Xmx{heap}", f"-Dorg.slf4j.simpleLogger.defaultLogLevel={log_level}",
+            "-Djava.awt.headless=true", *jvm_options, "-cp", str(KAFKA_LIB / "*"), main, *args]
+
+
+def tool_command(tool: str, *args: str, heap: str = "256m", jvm_options: tuple[str, ...] = FAST_START_JVM_OPTIONS) -> list[str]:
+    """The command line of one of Kafka's tools (``org.apache.kafka.tools.<tool>`` of the
+    kafka-tools jar: ``VerifiableProducer``, ``TransactionalMessageCopier``, ``TransactionsCommand``,
+    ``ProducerPerformance``, ``EndToEndLatency``, ...), as Kafka's ``bin/kafka-run-class.sh``
+    would start it, with the fast-starting JVM options by default (tests; a benchmark passes
+    ``jvm_options=()``). Call :func:`ensure_kafka_jars` first."""
+    return java_command(f"org.apache.kafka.tools.{tool}", *args, heap=heap, jvm_options=jvm_options)
+
+
 def _cluster_id() -> str:
     """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's
     ``Uuid.toString``), not starting with ``-`` (``Uuid.randomUuid`` avoids those too)."""
@@ -162,8 +181,7 @@ class ApacheKafka:
         return self.dir / "broker.log"
 
     def _java(self, main: str, *args: str) -> list[str]:
-        return ["java", f"-Xmx{self.heap}", f"-Dorg.slf4j.simpleLogger.defaultLogLevel={self.log_level}",
-                "-Djava.awt.headless=true", *self.jvm_options, "-cp", str(KAFKA_LIB / "*"), main, *args]
+        return java_command(main, *args, heap=self.heap, log_level=self.log_level, jvm_options=self.jvm_options)
 
     def _write_properties(self) -> Path:
         assert self.dir is not None

@@ -100,17 +100,17 @@ def add_partitions(server, transactional_id: str, pid: int, epoch: int, partitio
 
 
 def produce_raw(server, transactional_id: str | None, topic: str, partition: int, pid: int, epoch: int,
-                sequence: int, values: list[bytes]) -> tuple[int, int]:
-    """A Produce v9 of one transactional batch: ``(error code, base offset)``."""
+                sequence: int, values: list[bytes], version: int = 9) -> tuple[int, int]:
+    """A Produce (v9 unless ``version``) of one transactional batch: ``(error code, base offset)``."""
     builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20, transactional=True,
                                    producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
     for v in values:
         builder.append(timestamp=TS, key=None, value=v, headers=[])
     builder.close()
-    request = ProduceRequest[9](transactional_id=transactional_id, acks=-1, timeout_ms=30_000, topic_data=[
+    request = ProduceRequest[version](transactional_id=transactional_id, acks=-1, timeout_ms=30_000, topic_data=[
         ProduceRequest.TopicProduceData(name=topic, partition_data=[
             ProduceRequest.TopicProduceData.PartitionProduceData(index=partition, records=bytes(builder.buffer()))])])
-    part = raw(server, request, 9, ProduceResponse).responses[0].partition_responses[0]
+    part = raw(server, request, version, ProduceResponse).responses[0].partition_responses[0]
     return part.error_code, part.base_offset
 
 
@@ -264,6 +264,8 @@ def test_raw_transaction_requests_answer_kafkas_error_codes(server):
     # Produce: transactional records without the request's transactional id; then to a partition not added
     assert produce_raw(server, None, "raw", 0, pid, epoch, 0, [b"v"]) == (53, -1)    # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert produce_raw(server, "t-raw", "raw", 0, pid, epoch, 0, [b"v"]) == (48, -1)  # INVALID_TXN_STATE (KIP-890)
+    # ... which Kafka answers TRANSACTION_ABORTABLE from Produce v11 (KafkaApis: genericError above v10)
+    assert produce_raw(server, "t-raw", "raw", 0, pid, epoch, 0, [b"v"], version=11) == (120, -1)
     # AddPartitionsToTxn: an unknown topic fails the transaction; an internal topic is not a client's to add
     assert add_partitions(server, "t-raw", pid, epoch, {"raw": [0], "nope": [0]}) == {("raw", 0): 55, ("nope", 0): 3}
     assert add_partitions(server, "t-raw", pid, epoch, {"raw": [0], "__consumer_offsets": [0]}) == {
@@ -284,6 +286,9 @@ def test_raw_transaction_requests_answer_kafkas_error_codes(server):
         ("t-raw", [("raw", 0, 0), ("raw", 1, 120)])]                                   # TRANSACTION_ABORTABLE
     # TxnOffsetCommit: before AddOffsetsToTxn, a stale generation of a group that does not exist, then valid
     assert txn_offset_commit(server, "t-raw", "g-raw", pid, epoch, {("raw", 0): 7}) == {("raw", 0): 48}
+    # ... TRANSACTION_ABORTABLE from v4 (Kafka's CoordinatorPartitionWriter: genericError), which the
+    # Java client aborts on; INVALID_TXN_STATE is fatal to it
+    assert txn_offset_commit(server, "t-raw", "g-raw", pid, epoch, {("raw", 0): 7}, version=4) == {("raw", 0): 120}
     assert raw(server, AddOffsetsToTxnRequest[3](transactional_id="t-raw", producer_id=pid, producer_epoch=epoch,
                                                  group_id="g-raw"), 3, AddOffsetsToTxnResponse).error_code == 0
     assert txn_offset_commit(server, "t-raw", "g-raw", pid, epoch, {("raw", 0): 7}, generation=3,

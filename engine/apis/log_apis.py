@@ -25,6 +25,7 @@ the end offset of any epoch up to the current one: a client never has to truncat
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import threading
@@ -93,6 +94,12 @@ def _topic_name(apis: ApiNode, name: str | None, topic_id: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------------------- Produce
+#: Produce versions that get TRANSACTION_ABORTABLE for a batch KIP-890 verification refused
+#: (Kafka's ``KafkaApis.handleProduceRequest``: ``genericError`` for ``apiVersion > 10``; older
+#: versions get INVALID_TXN_STATE, which they know)
+TRANSACTION_ABORTABLE_PRODUCE_SINCE = 11
+
+
 def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """Produce: take each partition's record batch (wire bytes decoded, or an in-process
     caller's :class:`ProduceBatch` as it is: :func:`_produce_batch`), append it, answer after the catalog
@@ -146,7 +153,21 @@ def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
         answers[slot] = (*answers[slot][:3], fut)
     if request.acks == 0:
         return None
-    return _when_all(answers, request.timeout_ms, lambda done: _produce_response(apis, done))
+    transactional = {slot for slot, batch in zip(slots, batches) if batch.is_transactional}
+    # the in-process producer (txlake's, whose error handling is librdkafka's) keeps INVALID_TXN_STATE
+    wire_v11 = context.api_version >= TRANSACTION_ABORTABLE_PRODUCE_SINCE and not context.in_process
+    abortable = transactional if wire_v11 else set()
+    return _when_all(answers, request.timeout_ms,
+                     lambda done: _produce_response(apis, _verification_abortable(done, abortable)))
+
+
+def _verification_abortable(answers: list[tuple], slots: set[int]) -> list[tuple]:
+    """``answers`` with INVALID_TXN_STATE of the answers at ``slots`` (transactional batches, for
+    which only KIP-890 verification answers it: the producer state refuses a *non*-transactional
+    batch of an open transaction with it) turned into TRANSACTION_ABORTABLE."""
+    return [(*where, dataclasses.replace(result, error=Errors.TRANSACTION_ABORTABLE))
+            if i in slots and result.error == Errors.INVALID_TXN_STATE else (*where, result)
+            for i, (*where, result) in enumerate(answers)]
 
 
 def _start_transaction_coordinator(apis: ApiNode) -> None:

@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 #: the first version of each API that understands PRODUCER_FENCED (older ones get INVALID_PRODUCER_EPOCH)
 PRODUCER_FENCED_SINCE = {ApiKey.AddPartitionsToTxn: 2, ApiKey.AddOffsetsToTxn: 2, ApiKey.EndTxn: 2,
                          ApiKey.InitProducerId: 4}
+#: the first TxnOffsetCommit version told TRANSACTION_ABORTABLE when KIP-890 verification finds the
+#: group's partition outside the transaction (Kafka's ``CoordinatorPartitionWriter``: ``genericError``
+#: from v4; older versions get INVALID_TXN_STATE, which the Java client takes as fatal)
+TXN_OFFSET_COMMIT_ABORTABLE_SINCE = 4
 #: AddPartitionsToTxn: versions 4+ are the brokers' batched form (Kafka's ``EARLIEST_BROKER_VERSION``)
 ADD_PARTITIONS_BROKER_VERSION = 4
 
@@ -226,7 +230,10 @@ def handle_txn_offset_commit(apis: ApiNode, context: RequestContext, request: An
     Per partition: UNKNOWN_TOPIC_OR_PARTITION (not in the catalog, Kafka's metadata check);
     INVALID_GROUP_ID (empty group id); the group coordinator's fencing (ILLEGAL_GENERATION,
     UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID); OFFSET_METADATA_TOO_LARGE; INVALID_TXN_STATE when
-    AddOffsetsToTxn did not add the group's partition; INVALID_PRODUCER_EPOCH for a fenced
+    the group's partition is not in the producer's transaction at the coordinator (KIP-890
+    verification: AddOffsetsToTxn did not add it, or -- after a crash -- its answer was not yet
+    durable), TRANSACTION_ABORTABLE for that from v4 (:data:`TXN_OFFSET_COMMIT_ABORTABLE_SINCE`),
+    so the client aborts and retries the transaction; INVALID_PRODUCER_EPOCH for a fenced
     epoch; NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE."""
     version = context.api_version
     topics = apis.broker.topics()
@@ -252,6 +259,9 @@ def handle_txn_offset_commit(apis: ApiNode, context: RequestContext, request: An
                 request.generation_id if version >= 3 else -1, (request.member_id or "") if version >= 3 else "",
                 request.group_instance_id if version >= 3 else None)
             answers.update({tp: append_error_to_response_error(e) for tp, e in committed.items()})
+            if version >= TXN_OFFSET_COMMIT_ABORTABLE_SINCE:
+                answers.update({tp: Errors.TRANSACTION_ABORTABLE for tp in offsets
+                                if answers[tp] == Errors.INVALID_TXN_STATE})
     return _txn_offset_commit_response([(t.name, [(p.partition_index, _wire(answers[(t.name, p.partition_index)]))
                                                   for p in t.partitions]) for t in request.topics], version)
 
