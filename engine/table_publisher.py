@@ -452,3 +452,107 @@ def table_topics(store: ObjectStore) -> list[str]:
         if "/_delta_log/" in rest:
             names.add(rest.split("/_delta_log/")[0])
     return sorted(names)
+
+
+class TablePublishThread:
+    """The writer's scheduled publication: every ``interval_ms`` each topic's table follows the
+    catalog (internal topics only when ``include_internal``). Started when the broker becomes the
+    writer, stopped by its close; it ends by itself when the process stops being the writer.
+
+    It never blocks produce: it works on its own copy of the catalog state, fed by the catalog's
+    commit listener (one append per commit under the catalog's lock), and reads and writes only
+    the tables and the objects' footers and view columns.
+
+    Args:
+        writer: the partition writer (broker) of the storage root.
+        interval_ms: time between publications (ms), from the end of one to the start of the next.
+        configuration: the tables' Delta properties (:func:`table_configuration`).
+    """
+
+    def __init__(self, writer, interval_ms: int, configuration: dict[str, str] | None = None,
+                 include_internal: bool = False):
+        assert interval_ms > 0
+        self.writer = writer
+        self.interval_ms = interval_ms
+        self.include_internal = include_internal
+        self.publisher = TablePublisher(writer.store, configuration)
+        self.stopped = threading.Event()
+        self.rounds = 0
+        self._pending: list[tuple[int, list[dict[str, Any]]]] = []
+        self._pending_lock = threading.Lock()
+        self._state: CatalogState | None = None
+        self._known: set[str] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread (daemon, named ``txlake-table-publish``)."""
+        with self.writer.catalog.lock:
+            self._state = _copy_state(self.writer.catalog.state)
+            self.writer.catalog.add_listener(self._committed)
+        self._thread = threading.Thread(target=self._loop, name="txlake-table-publish", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask the thread to stop (after the publication in progress) and wait for it."""
+        self.stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def _committed(self, version: int, actions: list[dict[str, Any]]) -> None:
+        with self._pending_lock:
+            self._pending.append((version, actions))
+
+    def _current_state(self) -> CatalogState:
+        """The private state brought up to the newest commit seen (rebuilt if one was skipped)."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        state = self._state
+        for version, actions in pending:
+            if version <= state.version:
+                continue
+            if version != state.version + 1:  # the catalog restarted from a checkpoint: copy it again
+                with self.writer.catalog.lock:
+                    state = _copy_state(self.writer.catalog.state)
+                    with self._pending_lock:
+                        self._pending = []
+                break
+            for action in actions:
+                state.apply(action)
+            state.version = version
+        self._state = state
+        return state
+
+    def publish_round(self, now_ms: int | None = None) -> list[PublishResult]:
+        """Publish every topic once (and empty the tables of topics deleted since)."""
+        state = self._current_state()
+        if self._known is None:
+            self._known = set(table_topics(self.writer.store))
+        topics = publishable_topics(state, self.include_internal)
+        gone = sorted(t for t in self._known if t not in state.topics)
+        out = []
+        for topic in topics + gone:
+            if self.stopped.is_set():
+                break
+            out.append(self.publisher.publish(state, topic, now_ms))
+            self._known.add(topic)
+        self._known.difference_update(gone)
+        self.rounds += 1
+        return out
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.interval_ms / 1000):
+            if not self.writer.is_writer:
+                return
+            try:
+                self.publish_round()
+            except Exception as exc:  # one bad round must not end the schedule
+                log.warning("table publication of %s failed: %s", self.writer.store.url, exc)
+
+
+def _copy_state(state: CatalogState) -> CatalogState:
+    """An independent copy of a catalog state (replayed from its checkpoint actions)."""
+    copy = CatalogState()
+    for action in state.checkpoint_actions():
+        copy.apply(action)
+    copy.version = state.version
+    return copy

@@ -21,6 +21,7 @@ from txlake.engine.compaction import compact  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
 from txlake.engine.table_publisher import TablePublisher, table_key, txn_app_id  # noqa: E402
 from txlake.formats import delta_log as dl  # noqa: E402
+from txlake.tables import delta_storage_options  # noqa: E402
 
 TOPIC, OTHER = "orders", "audit"
 
@@ -60,7 +61,7 @@ def table_rows(table: pa.Table) -> list[tuple]:
 def delta_rs_rows(uri: str, storage_options: dict | None = None) -> list[tuple]:
     """Rows of the table's newest version read by delta-rs (DataFusion, which applies deletion
     vectors; delta-rs' pyarrow-dataset reader refuses tables with them)."""
-    dt = deltalake.DeltaTable(uri, storage_options=storage_options)
+    dt = deltalake.DeltaTable(uri, storage_options=delta_storage_options(storage_options))
     return table_rows(pa.table(dt.scan()))
 
 
@@ -69,7 +70,7 @@ class Log:
 
     def __init__(self, storage):
         self.storage = storage
-        self.conf = client_conf(storage, {**QUIET, "storage.flush.linger.ms": 20})
+        self.conf = client_conf(storage, {**QUIET, "storage.flush.linger.ms": 20, "lake.publish.interval.ms": 0})
         self.admin = AdminClient(self.conf)
         for name, n in ((TOPIC, 3), (OTHER, 2)):
             self.admin.create_topics([NewTopic(name, n)])[name].result()
@@ -105,7 +106,7 @@ def check(log: Log, publisher: TablePublisher, expect_version: int | None, chang
     if expect_version is not None:
         assert result.version == expect_version
     expected = consumer_rows(log.conf, TOPIC, 3)
-    assert delta_rs_rows(result.uri, log.storage.options or None) == expected
+    assert delta_rs_rows(result.uri, log.storage.options) == expected
     # freshness: the newest version's txn per partition is the LSO, commitInfo names the catalog version
     snap = TablePublisher(log.storage.object_store()).snapshot(TOPIC)  # a fresh reader of the log
     t = state.topics[TOPIC]
