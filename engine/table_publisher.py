@@ -146,7 +146,8 @@ class TablePublisher:
         self._footers: dict[str, tuple[int, int, list[int]]] = {}
         self._snapshots: dict[str, dl.TableSnapshot] = {}
         self._empty: OrderedDict[str, None] = OrderedDict()
-        #: test hook: called with a step name ("dv_file", "commit", "checkpoint") before that write
+        #: test hook: called with a step name before that write ("dv_file", "commit", "checkpoint") and
+        #: after the commit ("committed")
         self.before_write: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ reading the table
@@ -343,6 +344,7 @@ class TablePublisher:
         if not self.store.put_if_absent(f"{table_key(topic)}/{dl.commit_key(version)}", dl.encode_commit(actions)):
             return None
         puts += 1
+        self._hook("committed")
         snap.apply(version, actions)
         if version % CHECKPOINT_INTERVAL == 0 and hasattr(dl, "encode_checkpoint"):
             self._hook("checkpoint")

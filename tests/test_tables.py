@@ -173,3 +173,133 @@ def test_deletion_vector_encoding_is_delta_conformant():
     body, offsets = dl.dv_file([dv, dv])
     assert body[0] == 1 and offsets == [1, 1 + 4 + len(dv) + 4]
     assert dl.dv_from_file(body, offsets[1], len(dv), "x") == dv
+
+
+KILL_SCRIPT = """
+import json, os, signal, sys
+from txlake.catalog.catalog import Catalog
+from txlake.catalog.storage import ObjectStore
+from txlake.engine.table_publisher import TablePublisher
+url, topic, step, opts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+store = ObjectStore(url, opts)
+publisher = TablePublisher(store, inline_dv_max_bytes=0)  # every deletion vector in a DV file
+publisher.before_write = lambda s: os.kill(os.getpid(), signal.SIGKILL) if s == step else None
+publisher.publish(Catalog.open(store).state, topic)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("step", ["dv_file", "commit", "committed"])
+def test_a_killed_publication_leaves_the_previous_version_readable(storage, step):
+    import subprocess
+    import sys
+
+    if storage.backend == "memory":
+        pytest.skip("a memory:// root is private to its process")
+    if storage.backend == "s3" and step != "commit":
+        pytest.skip("the S3 case kills at one point (the suite's time budget)")
+    log = Log(storage)
+    try:
+        log.produce(log.producer, 2)
+        publisher = TablePublisher(storage.object_store())
+        _, before = check(log, publisher, 0)
+        log.txn.begin_transaction()
+        log.produce(log.txn, 2)
+        log.txn.abort_transaction(30)
+        log.produce(log.producer, 1)
+        proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, storage.url, TOPIC, step,
+                               json.dumps(storage.options)], capture_output=True, timeout=120)
+        assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+        uri = publisher.table_uri(TOPIC)
+        after = consumer_rows(log.conf, TOPIC, 3)
+        assert len(after) == len(before) + 3
+        # killed before its commit: version 0 as it was; right after: version 1, complete
+        assert delta_rs_rows(uri, storage.options) == (after if step == "committed" else before)
+        # the next publication (a fresh process's view) continues from what is there
+        check(log, TablePublisher(storage.object_store()), 1, changed=step != "committed")
+    finally:
+        log.close()
+
+
+def test_cli_publishes_and_lists_tables(tmp_path):
+    from click.testing import CliRunner
+
+    from txlake.cli import main
+    from txlake.tables import list_tables, publish, table_uri
+
+    class Root:
+        url, options, backend = f"file://{tmp_path}/root", {}, "file"
+
+        def object_store(self):
+            from txlake.catalog.storage import ObjectStore
+
+            return ObjectStore(self.url)
+
+    log = Log(Root())
+    try:
+        log.produce(log.producer, 2)
+        out = CliRunner().invoke(main, ["tables", "publish", "--storage", Root.url], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        uri = table_uri(Root.url, TOPIC)
+        assert uri == f"{Root.url}/tables/{TOPIC}"
+        objects = len({s.path for p in fresh_catalog(Root()).state.topics[TOPIC].partitions for s in p.segments})
+        assert out.output.splitlines()[1] == f"{TOPIC}\t{uri}\tversion 0\tcommitted\t+{objects} -0 files"
+        assert out.output.splitlines()[0].startswith(f"{OTHER}\t{table_uri(Root.url, OTHER)}\tversion 0\tcommitted\t")
+        assert [r.committed for r in publish(Root.url)] == [False, False]
+        state = fresh_catalog(Root()).state
+        listed = {t.topic: t for t in list_tables(Root.url)}
+        assert listed[TOPIC].version == 0 and listed[TOPIC].catalog_version == state.version
+        assert listed[TOPIC].last_stable_offsets == {p.partition: p.last_stable_offset
+                                                     for p in state.topics[TOPIC].partitions} == {0: 2, 1: 2, 2: 2}
+        out = CliRunner().invoke(main, ["tables", "list", "--storage", Root.url], catch_exceptions=False)
+        lines = out.output.splitlines()
+        assert lines[0].split() == ["TOPIC", "URI", "VERSION", "CATALOG", "VERSION", "LSO", "(partition:offset)",
+                                    "COMMITTED"]
+        assert lines[2].split()[:5] == [TOPIC, uri, "0", str(state.version), "0:2,1:2,2:2"]
+    finally:
+        log.close()
+
+
+def test_the_writer_publishes_on_its_schedule(tmp_path):
+    from txlake.tables import list_tables
+
+    url = f"file://{tmp_path}/root"
+    conf = {"storage.url": url, **QUIET, "storage.flush.linger.ms": 5, "lake.publish.interval.ms": 100}
+    with AdminClient(conf) as admin:
+        admin.create_topics([NewTopic(TOPIC, 2)])[TOPIC].result()
+        p = Producer(conf)
+        for i in range(4):
+            p.produce(TOPIC, value=b"v%d" % i, partition=i % 2)
+        assert p.flush(30) == 0
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            tables = {t.topic: t for t in list_tables(url)}
+            if TOPIC in tables and tables[TOPIC].last_stable_offsets == {0: 2, 1: 2}:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"no publication within 20 s: {list_tables(url)}")
+        assert sorted(r[3] for r in delta_rs_rows(tables[TOPIC].uri)) == [b"v0", b"v1", b"v2", b"v3"]
+        p.close()
+
+
+@pytest.mark.xfail(strict=True, reason="delta-rs 1.6 DeltaTable.file_uris() joins an absolute add path onto the "
+                                       "table root ('<root>/file:/...'), and polars.read_delta scans those paths")
+def test_polars_reads_the_table(tmp_path):
+    import polars
+
+    class Root:
+        url, options, backend = f"file://{tmp_path}/root", {}, "file"
+
+        def object_store(self):
+            from txlake.catalog.storage import ObjectStore
+
+            return ObjectStore(self.url)
+
+    log = Log(Root())
+    try:
+        log.produce(log.producer, 2)
+        result, expected = check(log, TablePublisher(Root().object_store()), 0)
+        assert table_rows(polars.read_delta(result.uri).to_arrow()) == expected
+    finally:
+        log.close()
