@@ -425,7 +425,7 @@ class TablePublisher:
         """Object keys any of ``topics``' tables still names: in its newest version, or removed
         less than ``retention_ms`` before ``now_ms`` (a reader may still open a version naming
         them within the table's retention)."""
-        prefix = self.store.uri("")
+        prefix = self.store.url + "/"
         out: set[str] = set()
         with self._lock:
             for topic in topics:
@@ -433,6 +433,13 @@ class TablePublisher:
                 paths = list(snap.files) + [p for p, ts in snap.tombstones.items() if ts + retention_ms > now_ms]
                 out.update(p[len(prefix):] for p in paths if p.startswith(prefix))
         return out
+
+
+def tables_name(store: ObjectStore, now_ms: int, retention_ms: int) -> set[str]:
+    """Object keys a table under ``store`` may still read: named by its newest version, or removed
+    less than ``retention_ms`` (the tables' ``delta.deletedFileRetentionDuration``) before
+    ``now_ms``. One listing of ``tables/`` and a read of each table's log."""
+    return TablePublisher(store).named_objects(table_topics(store), now_ms, retention_ms)
 
 
 def table_configuration(log_retention_ms: int, deleted_file_retention_ms: int) -> dict[str, str]:

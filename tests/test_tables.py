@@ -68,9 +68,10 @@ def delta_rs_rows(uri: str, storage_options: dict | None = None) -> list[tuple]:
 class Log:
     """A root with topic ``orders`` (3 partitions) and ``audit`` (2) whose flushes share objects."""
 
-    def __init__(self, storage):
+    def __init__(self, storage, extra: dict | None = None):
         self.storage = storage
-        self.conf = client_conf(storage, {**QUIET, "storage.flush.linger.ms": 20, "lake.publish.interval.ms": 0})
+        self.conf = client_conf(storage, {**QUIET, "storage.flush.linger.ms": 20, "lake.publish.interval.ms": 0,
+                                          **(extra or {})})
         self.admin = AdminClient(self.conf)
         for name, n in ((TOPIC, 3), (OTHER, 2)):
             self.admin.create_topics([NewTopic(name, n)])[name].result()
@@ -301,5 +302,45 @@ def test_polars_reads_the_table(tmp_path):
         log.produce(log.producer, 2)
         result, expected = check(log, TablePublisher(Root().object_store()), 0)
         assert table_rows(polars.read_delta(result.uri).to_arrow()) == expected
+    finally:
+        log.close()
+
+
+def test_compaction_keeps_objects_a_table_version_names(tmp_path):
+    """A retired object is deleted only when no table version within the tables' retention
+    (``delta.deletedFileRetentionDuration`` = ``storage.file.delete.delay.ms``) names it."""
+    from compaction_support import data_objects
+
+    class Root:
+        url, options, backend = f"file://{tmp_path}/root", {}, "file"
+
+        def object_store(self):
+            from txlake.catalog.storage import ObjectStore
+
+            return ObjectStore(self.url)
+
+    delay = 1_000
+    log = Log(Root(), {"storage.file.delete.delay.ms": delay})
+    try:
+        for _ in range(2):
+            log.produce(log.producer, 2)
+        publisher = TablePublisher(Root().object_store())
+        check(log, publisher, 0)
+        named = {p[len(Root.url) + 1:] for p in publisher.snapshot(TOPIC).files}
+        writer = writer_broker(Root(), {"storage.file.delete.delay.ms": delay})
+        assert writer.config.file_delete_delay_ms == delay
+        t0 = int(time.time() * 1000)
+        assert compact(writer, now_ms=t0).merges > 0                  # swaps retire the flush objects
+        retired = set(fresh_catalog(Root()).state.retired)
+        assert named & retired
+        compact(writer, now_ms=t0 + 10 * delay)                       # past the catalog's grace
+        assert named & retired <= data_objects(Root())                # ... but version 0 still names them
+        result = publisher.publish(fresh_catalog(Root()).state, TOPIC, now_ms=t0 + 10 * delay)
+        assert result.version == 1 and result.removed >= len(named & retired)
+        compact(writer, now_ms=t0 + 10 * delay + delay - 1)           # removed less than the retention ago
+        assert named & retired <= data_objects(Root())
+        compact(writer, now_ms=t0 + 10 * delay + delay)
+        assert not (named & retired & data_objects(Root()))
+        assert delta_rs_rows(result.uri) == consumer_rows(log.conf, TOPIC, 3)
     finally:
         log.close()
