@@ -24,8 +24,8 @@ Each version carries a ``txn`` per partition (``appId`` ``txlake:<topic id>:<par
 ``version`` = the published LSO) and a ``commitInfo`` naming the catalog version and the
 per-partition LSOs it reflects.
 
-Every 10 versions a Parquet checkpoint and ``_delta_log/_last_checkpoint`` are written as
-Delta specifies, so readers (and this publisher after a restart) replay at most 10 commits.
+Checkpoints are not written yet (a reader replays every commit); a ``_last_checkpoint`` another
+Delta writer left would be ignored by this publisher.
 """
 
 from __future__ import annotations

@@ -65,6 +65,14 @@ def delta_rs_rows(uri: str, storage_options: dict | None = None) -> list[tuple]:
     return table_rows(pa.table(dt.scan()))
 
 
+@pytest.fixture
+def file_root(tmp_path):
+    """A fresh local root (a conftest ``StorageTarget``), for the tests that need no S3 case."""
+    from conftest import StorageTarget
+
+    return StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file")
+
+
 class Log:
     """A root with topic ``orders`` (3 partitions) and ``audit`` (2) whose flushes share objects."""
 
@@ -222,37 +230,29 @@ def test_a_killed_publication_leaves_the_previous_version_readable(storage, step
         log.close()
 
 
-def test_cli_publishes_and_lists_tables(tmp_path):
+def test_cli_publishes_and_lists_tables(file_root):
     from click.testing import CliRunner
 
     from txlake.cli import main
     from txlake.tables import list_tables, publish, table_uri
 
-    class Root:
-        url, options, backend = f"file://{tmp_path}/root", {}, "file"
-
-        def object_store(self):
-            from txlake.catalog.storage import ObjectStore
-
-            return ObjectStore(self.url)
-
-    log = Log(Root())
+    log = Log(file_root)
     try:
         log.produce(log.producer, 2)
-        out = CliRunner().invoke(main, ["tables", "publish", "--storage", Root.url], catch_exceptions=False)
+        out = CliRunner().invoke(main, ["tables", "publish", "--storage", file_root.url], catch_exceptions=False)
         assert out.exit_code == 0, out.output
-        uri = table_uri(Root.url, TOPIC)
-        assert uri == f"{Root.url}/tables/{TOPIC}"
-        objects = len({s.path for p in fresh_catalog(Root()).state.topics[TOPIC].partitions for s in p.segments})
+        uri = table_uri(file_root.url, TOPIC)
+        assert uri == f"{file_root.url}/tables/{TOPIC}"
+        objects = len({s.path for p in fresh_catalog(file_root).state.topics[TOPIC].partitions for s in p.segments})
         assert out.output.splitlines()[1] == f"{TOPIC}\t{uri}\tversion 0\tcommitted\t+{objects} -0 files"
-        assert out.output.splitlines()[0].startswith(f"{OTHER}\t{table_uri(Root.url, OTHER)}\tversion 0\tcommitted\t")
-        assert [r.committed for r in publish(Root.url)] == [False, False]
-        state = fresh_catalog(Root()).state
-        listed = {t.topic: t for t in list_tables(Root.url)}
+        assert out.output.splitlines()[0].startswith(f"{OTHER}\t{table_uri(file_root.url, OTHER)}\tversion 0\tcommitted\t")
+        assert [r.committed for r in publish(file_root.url)] == [False, False]
+        state = fresh_catalog(file_root).state
+        listed = {t.topic: t for t in list_tables(file_root.url)}
         assert listed[TOPIC].version == 0 and listed[TOPIC].catalog_version == state.version
         assert listed[TOPIC].last_stable_offsets == {p.partition: p.last_stable_offset
                                                      for p in state.topics[TOPIC].partitions} == {0: 2, 1: 2, 2: 2}
-        out = CliRunner().invoke(main, ["tables", "list", "--storage", Root.url], catch_exceptions=False)
+        out = CliRunner().invoke(main, ["tables", "list", "--storage", file_root.url], catch_exceptions=False)
         lines = out.output.splitlines()
         assert lines[0].split() == ["TOPIC", "URI", "VERSION", "CATALOG", "VERSION", "LSO", "(partition:offset)",
                                     "COMMITTED"]
@@ -286,61 +286,45 @@ def test_the_writer_publishes_on_its_schedule(tmp_path):
 
 @pytest.mark.xfail(strict=True, reason="delta-rs 1.6 DeltaTable.file_uris() joins an absolute add path onto the "
                                        "table root ('<root>/file:/...'), and polars.read_delta scans those paths")
-def test_polars_reads_the_table(tmp_path):
+def test_polars_reads_the_table(file_root):
     import polars
 
-    class Root:
-        url, options, backend = f"file://{tmp_path}/root", {}, "file"
-
-        def object_store(self):
-            from txlake.catalog.storage import ObjectStore
-
-            return ObjectStore(self.url)
-
-    log = Log(Root())
+    log = Log(file_root)
     try:
         log.produce(log.producer, 2)
-        result, expected = check(log, TablePublisher(Root().object_store()), 0)
+        result, expected = check(log, TablePublisher(file_root.object_store()), 0)
         assert table_rows(polars.read_delta(result.uri).to_arrow()) == expected
     finally:
         log.close()
 
 
-def test_compaction_keeps_objects_a_table_version_names(tmp_path):
+def test_compaction_keeps_objects_a_table_version_names(file_root):
     """A retired object is deleted only when no table version within the tables' retention
     (``delta.deletedFileRetentionDuration`` = ``storage.file.delete.delay.ms``) names it."""
     from compaction_support import data_objects
 
-    class Root:
-        url, options, backend = f"file://{tmp_path}/root", {}, "file"
-
-        def object_store(self):
-            from txlake.catalog.storage import ObjectStore
-
-            return ObjectStore(self.url)
-
     delay = 1_000
-    log = Log(Root(), {"storage.file.delete.delay.ms": delay})
+    log = Log(file_root, {"storage.file.delete.delay.ms": delay})
     try:
         for _ in range(2):
             log.produce(log.producer, 2)
-        publisher = TablePublisher(Root().object_store())
+        publisher = TablePublisher(file_root.object_store())
         check(log, publisher, 0)
-        named = {p[len(Root.url) + 1:] for p in publisher.snapshot(TOPIC).files}
-        writer = writer_broker(Root(), {"storage.file.delete.delay.ms": delay})
+        named = {p[len(file_root.url) + 1:] for p in publisher.snapshot(TOPIC).files}
+        writer = writer_broker(file_root, {"storage.file.delete.delay.ms": delay})
         assert writer.config.file_delete_delay_ms == delay
         t0 = int(time.time() * 1000)
         assert compact(writer, now_ms=t0).merges > 0                  # swaps retire the flush objects
-        retired = set(fresh_catalog(Root()).state.retired)
+        retired = set(fresh_catalog(file_root).state.retired)
         assert named & retired
         compact(writer, now_ms=t0 + 10 * delay)                       # past the catalog's grace
-        assert named & retired <= data_objects(Root())                # ... but version 0 still names them
-        result = publisher.publish(fresh_catalog(Root()).state, TOPIC, now_ms=t0 + 10 * delay)
+        assert named & retired <= data_objects(file_root)                # ... but version 0 still names them
+        result = publisher.publish(fresh_catalog(file_root).state, TOPIC, now_ms=t0 + 10 * delay)
         assert result.version == 1 and result.removed >= len(named & retired)
         compact(writer, now_ms=t0 + 10 * delay + delay - 1)           # removed less than the retention ago
-        assert named & retired <= data_objects(Root())
+        assert named & retired <= data_objects(file_root)
         compact(writer, now_ms=t0 + 10 * delay + delay)
-        assert not (named & retired & data_objects(Root()))
+        assert not (named & retired & data_objects(file_root))
         assert delta_rs_rows(result.uri) == consumer_rows(log.conf, TOPIC, 3)
     finally:
         log.close()
