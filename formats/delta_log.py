@@ -32,7 +32,10 @@ from pyroaring import BitMap64
 #: Delta's deletion-vector protocol: reader 3 / writer 7 with the table feature ``deletionVectors``
 MIN_READER_VERSION = 3
 MIN_WRITER_VERSION = 7
-FEATURES = ["deletionVectors"]
+READER_FEATURES = ["deletionVectors"]
+#: ``invariants``: the schema's NOT NULL columns are invariants, and delta-spark refuses a table
+#: whose metadata uses a feature its protocol does not list (DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH)
+WRITER_FEATURES = ["deletionVectors", "invariants"]
 #: magic number of the RoaringBitmapArray portable serialization (PROTOCOL.md "Deletion Vector Format")
 DV_MAGIC = 1681511377
 #: format version byte of a deletion-vector file
@@ -207,7 +210,7 @@ def delta_schema(schema: pa.Schema) -> dict[str, Any]:
 def protocol_action() -> dict[str, Any]:
     """The ``protocol`` action of a table with deletion vectors."""
     return {"protocol": {"minReaderVersion": MIN_READER_VERSION, "minWriterVersion": MIN_WRITER_VERSION,
-                         "readerFeatures": list(FEATURES), "writerFeatures": list(FEATURES)}}
+                         "readerFeatures": list(READER_FEATURES), "writerFeatures": list(WRITER_FEATURES)}}
 
 
 def metadata_action(table_id: str, name: str, schema: pa.Schema, configuration: dict[str, str],
