@@ -470,7 +470,9 @@ class TablePublishThread:
 
     It never blocks produce: it works on its own copy of the catalog state, fed by the catalog's
     commit listener (one append per commit under the catalog's lock), and reads and writes only
-    the tables and the objects' footers and view columns.
+    the tables and the objects' footers and view columns. A round publishes only the topics some
+    commit named since the previous round (all of them in the first), so a quiet topic costs
+    nothing.
 
     Args:
         writer: the partition writer (broker) of the storage root.
@@ -491,6 +493,8 @@ class TablePublishThread:
         self._pending_lock = threading.Lock()
         self._state: CatalogState | None = None
         self._known: set[str] | None = None
+        #: topics a commit named since the last round (None: all, the first round and after a rebuild)
+        self._dirty: set[str] | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -524,29 +528,46 @@ class TablePublishThread:
                     state = _copy_state(self.writer.catalog.state)
                     with self._pending_lock:
                         self._pending = []
+                self._dirty = None
                 break
             for action in actions:
                 state.apply(action)
+                if self._dirty is not None and action.get("topic"):
+                    self._dirty.add(action["topic"])
             state.version = version
         self._state = state
         return state
 
     def publish_round(self, now_ms: int | None = None) -> list[PublishResult]:
-        """Publish every topic once (and empty the tables of topics deleted since)."""
+        """Publish the topics committed to since the last round (every topic in the first one),
+        and empty the tables of topics deleted since. What a failed or stopped round did not
+        publish is published by the next one."""
         state = self._current_state()
         if self._known is None:
             self._known = set(table_topics(self.writer.store))
-        topics = publishable_topics(state, self.include_internal)
-        gone = sorted(t for t in self._known if t not in state.topics)
+        dirty, self._dirty = self._dirty, set()
+        todo = [t for t in publishable_topics(state, self.include_internal) if dirty is None or t in dirty]
+        todo += sorted(t for t in self._known if t not in state.topics)
         out = []
-        for topic in topics + gone:
+        for i, topic in enumerate(todo):
             if self.stopped.is_set():
-                break
-            out.append(self.publisher.publish(state, topic, now_ms))
-            self._known.add(topic)
-        self._known.difference_update(gone)
+                self._requeue(todo[i:])
+                return out
+            try:
+                out.append(self.publisher.publish(state, topic, now_ms))
+            except BaseException:
+                self._requeue(todo[i:])
+                raise
+            if topic in state.topics:
+                self._known.add(topic)
+            else:
+                self._known.discard(topic)
         self.rounds += 1
         return out
+
+    def _requeue(self, topics: list[str]) -> None:
+        if self._dirty is not None:
+            self._dirty.update(topics)
 
     def _loop(self) -> None:
         while not self.stopped.wait(self.interval_ms / 1000):

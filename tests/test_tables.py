@@ -328,3 +328,29 @@ def test_compaction_keeps_objects_a_table_version_names(file_root):
         assert delta_rs_rows(result.uri) == consumer_rows(log.conf, TOPIC, 3)
     finally:
         log.close()
+
+
+def test_a_publication_round_publishes_only_the_topics_committed_to(file_root):
+    """The writer's rounds (TablePublishThread) publish the topics some commit named since the
+    last round, and empty the table of a topic deleted since."""
+    log = Log(file_root, {"lake.publish.interval.ms": 3_600_000})  # the thread's own rounds never come
+    try:
+        writer = writer_broker(file_root, {"lake.publish.interval.ms": 3_600_000})
+        thread = writer._publication
+        assert thread is not None and thread.interval_ms == 3_600_000
+        log.produce(log.producer, 2)
+        assert [(r.topic, r.version, r.committed) for r in thread.publish_round()] == [(OTHER, 0, True),
+                                                                                      (TOPIC, 0, True)]
+        assert thread.publish_round() == []                                  # no commit since: nothing read
+        p = Producer(log.conf)
+        p.produce(TOPIC, value=b"only orders", partition=1)
+        assert p.flush(30) == 0
+        p.close()
+        assert [(r.topic, r.version, r.committed) for r in thread.publish_round()] == [(TOPIC, 1, True)]
+        log.admin.delete_topics([OTHER])[OTHER].result()
+        results = thread.publish_round()
+        assert [(r.topic, r.version, r.committed, r.added) for r in results] == [(OTHER, 1, True, 0)]
+        assert results[0].removed > 0 and not TablePublisher(file_root.object_store()).snapshot(OTHER).files
+        assert delta_rs_rows(thread.publisher.table_uri(TOPIC)) == consumer_rows(log.conf, TOPIC, 3)
+    finally:
+        log.close()
