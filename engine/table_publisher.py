@@ -24,8 +24,11 @@ Each version carries a ``txn`` per partition (``appId`` ``txlake:<topic id>:<par
 ``version`` = the published LSO) and a ``commitInfo`` naming the catalog version and the
 per-partition LSOs it reflects.
 
-Checkpoints are not written yet (a reader replays every commit); a ``_last_checkpoint`` another
-Delta writer left would be ignored by this publisher.
+Every :data:`CHECKPOINT_INTERVAL` versions a classic Parquet checkpoint
+(``_delta_log/<version:020d>.checkpoint.parquet``: protocol, metaData, txns, live adds, tombstones
+younger than the deleted-file retention) and ``_delta_log/_last_checkpoint`` are written as Delta
+specifies, so a reader (and this publisher after a restart) replays at most 10 commits. A
+checkpoint is an optimisation: one that fails to be written or read leaves the commits to replay.
 """
 
 from __future__ import annotations
@@ -131,6 +134,8 @@ class TablePublisher:
         configuration: extra Delta table properties of every table (``delta.logRetentionDuration``,
             ``delta.deletedFileRetentionDuration``; see :func:`table_configuration`).
         inline_dv_max_bytes: deletion vectors bigger than this go to a deletion-vector file.
+        tombstone_retention_ms: a checkpoint keeps the ``remove`` of a file this long (ms; the
+            tables' ``delta.deletedFileRetentionDuration``).
 
     Thread-safe: one publication runs at a time per publisher. Caches (per process): each
     object's size, modification time and row-group row counts (objects are immutable), each
@@ -138,8 +143,9 @@ class TablePublisher:
     """
 
     def __init__(self, store: ObjectStore, configuration: dict[str, str] | None = None,
-                 inline_dv_max_bytes: int = INLINE_DV_MAX_BYTES):
+                 inline_dv_max_bytes: int = INLINE_DV_MAX_BYTES, tombstone_retention_ms: int = 3_600_000):
         self.store = store
+        self.tombstone_retention_ms = tombstone_retention_ms
         self.configuration = dict(configuration or {})
         self.inline_dv_max_bytes = inline_dv_max_bytes
         self._lock = threading.Lock()
@@ -182,13 +188,18 @@ class TablePublisher:
 
     def _load_checkpoint(self, root: str) -> dl.TableSnapshot | None:
         data = self.store.get_or_none(f"{root}/{dl.LAST_CHECKPOINT}")
-        if data is None or not hasattr(dl, "read_checkpoint"):
+        if data is None:
             return None
         try:
             version = int(json.loads(data)["version"])
             key = f"{root}/{dl.checkpoint_key(version)}"
             with self.store.open_input(key) as f:
-                return dl.read_checkpoint(pq.read_table(f), version)
+                snap = dl.read_checkpoint(pq.read_table(f), version)
+            commit = self.store.get_or_none(f"{root}/{dl.commit_key(version)}")  # its commitInfo: the freshness
+            for action in dl.decode_commit(commit, key) if commit is not None else ():
+                if "commitInfo" in action:
+                    snap.commit_info = action["commitInfo"]
+            return snap
         except Exception as exc:  # an unreadable checkpoint: the commits are still there
             log.warning("table %s: checkpoint unreadable (%s); replaying its commits", self.store.uri(root), exc)
             return None
@@ -346,7 +357,7 @@ class TablePublisher:
         puts += 1
         self._hook("committed")
         snap.apply(version, actions)
-        if version % CHECKPOINT_INTERVAL == 0 and hasattr(dl, "encode_checkpoint"):
+        if version % CHECKPOINT_INTERVAL == 0:
             self._hook("checkpoint")
             try:
                 puts += self._write_checkpoint(topic, snap)
@@ -415,7 +426,7 @@ class TablePublisher:
     def _write_checkpoint(self, topic: str, snap: dl.TableSnapshot) -> int:
         """Write the Parquet checkpoint of ``snap`` and ``_last_checkpoint``; returns the PUTs made."""
         root = table_key(topic)
-        data, size = dl.encode_checkpoint(snap)
+        data, size = dl.encode_checkpoint(snap, int(time.time() * 1000) - self.tombstone_retention_ms)
         self.store.put(f"{root}/{dl.checkpoint_key(snap.version)}", data)
         self.store.put(f"{root}/{dl.LAST_CHECKPOINT}", json.dumps({"version": snap.version, "size": size}).encode())
         return 2
@@ -430,7 +441,8 @@ class TablePublisher:
         with self._lock:
             for topic in topics:
                 snap = self._refresh(topic)
-                paths = list(snap.files) + [p for p, ts in snap.tombstones.items() if ts + retention_ms > now_ms]
+                paths = list(snap.files) + [p for p, r in snap.tombstones.items()
+                                            if (r.get("deletionTimestamp") or 0) + retention_ms > now_ms]
                 out.update(p[len(prefix):] for p in paths if p.startswith(prefix))
         return out
 
@@ -486,7 +498,8 @@ class TablePublishThread:
         self.writer = writer
         self.interval_ms = interval_ms
         self.include_internal = include_internal
-        self.publisher = TablePublisher(writer.store, configuration)
+        self.publisher = TablePublisher(writer.store, configuration,
+                                        tombstone_retention_ms=writer.config.file_delete_delay_ms)
         self.stopped = threading.Event()
         self.rounds = 0
         self._pending: list[tuple[int, list[dict[str, Any]]]] = []

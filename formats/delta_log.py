@@ -56,6 +56,11 @@ def commit_key(version: int) -> str:
     return f"{LOG_DIR}/{version:020d}.json"
 
 
+def checkpoint_key(version: int) -> str:
+    """Key of the (classic, single-file) checkpoint of ``version`` relative to the table root."""
+    return f"{LOG_DIR}/{version:020d}.checkpoint.parquet"
+
+
 # ------------------------------------------------------------------ Z85
 def z85_encode(data: bytes) -> str:
     """Z85 (ZeroMQ RFC 32) of ``data``, zero-padded to a multiple of 4 bytes as Delta's
@@ -291,7 +296,7 @@ class TableSnapshot:
     Attributes:
         files: path -> the body of the ``add`` of each live logical file (one per path: txlake
             never adds a path twice with different deletion vectors).
-        tombstones: path -> ``deletionTimestamp`` (ms) of files removed and not re-added.
+        tombstones: path -> the body of the ``remove`` of files removed and not re-added.
         txns: ``appId`` -> ``version`` of the newest ``txn`` of each application.
         metadata / protocol: the newest ``metaData`` / ``protocol`` bodies (None before any).
         commit_info: the ``commitInfo`` body of the newest version (None when it had none).
@@ -299,7 +304,7 @@ class TableSnapshot:
 
     version: int = -1
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tombstones: dict[str, int] = field(default_factory=dict)
+    tombstones: dict[str, dict[str, Any]] = field(default_factory=dict)
     txns: dict[str, int] = field(default_factory=dict)
     metadata: dict[str, Any] | None = None
     protocol: dict[str, Any] | None = None
@@ -313,7 +318,7 @@ class TableSnapshot:
             if "remove" in a:
                 r = a["remove"]
                 self.files.pop(r["path"], None)
-                self.tombstones[r["path"]] = r.get("deletionTimestamp") or 0
+                self.tombstones[r["path"]] = r
         for a in actions:
             if "add" in a:
                 self.files[a["add"]["path"]] = a["add"]
@@ -332,3 +337,100 @@ class TableSnapshot:
         """An independent copy (the action bodies are shared: they are never changed)."""
         return TableSnapshot(self.version, dict(self.files), dict(self.tombstones), dict(self.txns),
                              self.metadata, self.protocol, self.commit_info)
+
+
+# ------------------------------------------------------------------ checkpoints
+_MAP = pa.map_(pa.string(), pa.string())
+_DV = pa.struct([("storageType", pa.string()), ("pathOrInlineDv", pa.string()), ("offset", pa.int32()),
+                 ("sizeInBytes", pa.int32()), ("cardinality", pa.int64())])
+#: the columns of a classic checkpoint (PROTOCOL.md "Checkpoint Schema"): one action per row
+CHECKPOINT_SCHEMA = pa.schema([
+    ("txn", pa.struct([("appId", pa.string()), ("version", pa.int64()), ("lastUpdated", pa.int64())])),
+    ("add", pa.struct([("path", pa.string()), ("partitionValues", _MAP), ("size", pa.int64()),
+                       ("modificationTime", pa.int64()), ("dataChange", pa.bool_()), ("stats", pa.string()),
+                       ("tags", _MAP), ("deletionVector", _DV)])),
+    ("remove", pa.struct([("path", pa.string()), ("deletionTimestamp", pa.int64()), ("dataChange", pa.bool_()),
+                          ("extendedFileMetadata", pa.bool_()), ("partitionValues", _MAP), ("size", pa.int64()),
+                          ("tags", _MAP), ("deletionVector", _DV)])),
+    ("metaData", pa.struct([("id", pa.string()), ("name", pa.string()), ("description", pa.string()),
+                            ("format", pa.struct([("provider", pa.string()), ("options", _MAP)])),
+                            ("schemaString", pa.string()), ("partitionColumns", pa.list_(pa.string())),
+                            ("configuration", _MAP), ("createdTime", pa.int64())])),
+    ("protocol", pa.struct([("minReaderVersion", pa.int32()), ("minWriterVersion", pa.int32()),
+                            ("readerFeatures", pa.list_(pa.string())), ("writerFeatures", pa.list_(pa.string()))])),
+])
+_MAP_FIELDS = {("add", "partitionValues"), ("add", "tags"), ("remove", "partitionValues"), ("remove", "tags"),
+               ("metaData", "configuration")}
+
+
+def _row(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    fields = CHECKPOINT_SCHEMA.field(kind).type
+    out = {}
+    for f in fields:
+        v = body.get(f.name)
+        if (kind, f.name) in _MAP_FIELDS and v is not None:
+            v = list(v.items())
+        elif kind == "metaData" and f.name == "format" and v is not None:
+            v = {"provider": v.get("provider"), "options": list((v.get("options") or {}).items())}
+        out[f.name] = v
+    return {kind: out}
+
+
+def encode_checkpoint(snapshot: "TableSnapshot", tombstones_after_ms: int = 0) -> tuple[bytes, int]:
+    """The Parquet checkpoint of ``snapshot``: protocol, metaData, every ``txn``, every live
+    ``add`` and the tombstones removed after ``tombstones_after_ms`` (ms since the epoch).
+
+    Returns:
+        ``(parquet bytes, number of actions)`` (the ``size`` of ``_last_checkpoint``).
+    """
+    rows: list[dict[str, Any]] = []
+    if snapshot.protocol is not None:
+        rows.append(_row("protocol", snapshot.protocol))
+    if snapshot.metadata is not None:
+        rows.append(_row("metaData", snapshot.metadata))
+    rows += [_row("txn", {"appId": app, "version": v}) for app, v in sorted(snapshot.txns.items())]
+    rows += [_row("add", {**add, "dataChange": False}) for _, add in sorted(snapshot.files.items())]
+    rows += [_row("remove", r) for _, r in sorted(snapshot.tombstones.items())
+             if (r.get("deletionTimestamp") or 0) > tombstones_after_ms]
+    table = pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA)
+    sink = pa.BufferOutputStream()
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes(), len(rows)
+
+
+def _json_body(kind: str, value: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in value.items():
+        if v is None:
+            continue
+        if (kind, k) in _MAP_FIELDS:
+            v = dict(v)
+        elif kind == "metaData" and k == "format":
+            v = {"provider": v["provider"], "options": dict(v.get("options") or [])}
+        elif k == "deletionVector":
+            v = {dk: dv for dk, dv in v.items() if dv is not None}
+        out[k] = v
+    return out
+
+
+def read_checkpoint(table: pa.Table, version: int) -> "TableSnapshot":
+    """The snapshot a checkpoint of ``version`` holds (its ``commit_info`` is None)."""
+    snap = TableSnapshot(version=version)
+    for row in table.to_pylist():
+        for kind, value in row.items():
+            if value is None:
+                continue
+            body = _json_body(kind, value)
+            if kind == "add":
+                snap.files[body["path"]] = body
+            elif kind == "remove":
+                snap.tombstones[body["path"]] = body
+            elif kind == "txn":
+                snap.txns[body["appId"]] = body["version"]
+            elif kind == "metaData":
+                snap.metadata = body
+            elif kind == "protocol":
+                snap.protocol = body
+    return snap

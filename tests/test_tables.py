@@ -354,3 +354,36 @@ def test_a_publication_round_publishes_only_the_topics_committed_to(file_root):
         assert delta_rs_rows(thread.publisher.table_uri(TOPIC)) == consumer_rows(log.conf, TOPIC, 3)
     finally:
         log.close()
+
+
+def test_checkpoints_every_ten_versions(file_root):
+    """Version 10 comes with a Parquet checkpoint and ``_last_checkpoint``; delta-rs and a fresh
+    publisher read the table from it even when the commits it covers are gone."""
+    import os
+
+    log = Log(file_root)
+    try:
+        publisher = TablePublisher(file_root.object_store())
+        for v in range(12):
+            log.produce(log.producer, 1)
+            if v == 5:
+                log.txn.begin_transaction()
+                log.produce(log.txn, 1)
+                log.txn.abort_transaction(30)
+            result, expected = check(log, publisher, v)
+        root = f"{file_root.url[len('file://'):]}/{table_key(TOPIC)}/_delta_log"
+        assert json.loads(open(f"{root}/_last_checkpoint").read())["version"] == 10
+        assert os.path.exists(f"{root}/{10:020d}.checkpoint.parquet")
+        before = TablePublisher(file_root.object_store()).snapshot(TOPIC)
+        for v in range(11):  # what Delta's log cleanup may delete once a checkpoint covers it
+            os.remove(f"{root}/{v:020d}.json")
+        assert delta_rs_rows(result.uri) == expected
+        after = TablePublisher(file_root.object_store()).snapshot(TOPIC)
+        assert after.version == before.version == 11
+        assert (after.txns, after.metadata, after.protocol) == (before.txns, before.metadata, before.protocol)
+        assert {p: (a["size"], a.get("tags"), a.get("deletionVector")) for p, a in after.files.items()} == \
+            {p: (a["size"], a.get("tags"), a.get("deletionVector")) for p, a in before.files.items()}
+        log.produce(log.producer, 1)
+        check(log, TablePublisher(file_root.object_store()), 12)  # a restarted publisher continues
+    finally:
+        log.close()
