@@ -357,7 +357,7 @@ class TablePublisher:
         puts += 1
         self._hook("committed")
         snap.apply(version, actions)
-        if version % CHECKPOINT_INTERVAL == 0:
+        if version and version % CHECKPOINT_INTERVAL == 0:
             self._hook("checkpoint")
             try:
                 puts += self._write_checkpoint(topic, snap)
