@@ -40,6 +40,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -67,6 +68,8 @@ ENGINE_INFO = "txlake"
 _COMMIT_ATTEMPTS = 5
 _FINGERPRINT_TAG = "txlake.fingerprint"
 _VIEW_COLUMNS = ["offset", "is_control", "producer_id"]
+#: objects read at once by a publication (footer and view columns of new or changed objects)
+_READ_THREADS = 16
 #: fingerprints of objects this process found to hold no visible row of the topic (bounded)
 _EMPTY_CACHE_SIZE = 65_536
 
@@ -383,8 +386,13 @@ class TablePublisher:
             if want.fingerprint in self._empty:
                 continue
             recompute.append((want, parts))
+        if len(recompute) > 1:  # object-store latency bound: read the objects side by side
+            with ThreadPoolExecutor(min(_READ_THREADS, len(recompute)), thread_name_prefix="txlake-publish") as pool:
+                list(pool.map(lambda item: self._compute(*item), recompute))
+        else:
+            for want, parts in recompute:
+                self._compute(want, parts)
         for want, parts in recompute:
-            self._compute(want, parts)
             if want.cardinality == want.num_records:  # nothing of the topic visible in it
                 self._empty[want.fingerprint] = None
                 if len(self._empty) > _EMPTY_CACHE_SIZE:
