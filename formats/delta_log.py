@@ -29,6 +29,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 from pyroaring import BitMap64
 
+from .errors import TxlakeError
+
 #: Delta's deletion-vector protocol: reader 3 / writer 7 with the table feature ``deletionVectors``
 MIN_READER_VERSION = 3
 MIN_WRITER_VERSION = 7
@@ -47,7 +49,7 @@ _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?
 _Z85_INDEX = {c: i for i, c in enumerate(_Z85)}
 
 
-class DeltaLogError(ValueError):
+class DeltaLogError(TxlakeError, ValueError):
     """A Delta log entry or deletion vector that is not what the protocol says (names what and where)."""
 
 

@@ -128,9 +128,8 @@ def check(log: Log, publisher: TablePublisher, expect_version: int | None, chang
     return result, expected
 
 
+@pytest.mark.parametrize("backend", ["file", pytest.param("s3", marks=pytest.mark.s3)])
 def test_table_follows_the_committed_view_through_a_logs_life(storage):
-    if storage.backend == "memory":
-        pytest.skip("delta-rs cannot open memory:// (another process's address space)")
     log = Log(storage)
     publisher = TablePublisher(storage.object_store())
     try:
@@ -198,15 +197,13 @@ sys.exit(3)
 """
 
 
-@pytest.mark.parametrize("step", ["dv_file", "commit", "committed"])
+@pytest.mark.parametrize("backend,step", [("file", "dv_file"), ("file", "commit"), ("file", "committed"),
+                                          pytest.param("s3", "commit", marks=pytest.mark.s3)])
 def test_a_killed_publication_leaves_the_previous_version_readable(storage, step):
+    """Killed before writing its deletion-vector file, before its commit (the DV file written), or
+    right after the commit (on S3: before the commit)."""
     import subprocess
     import sys
-
-    if storage.backend == "memory":
-        pytest.skip("a memory:// root is private to its process")
-    if storage.backend == "s3" and step != "commit":
-        pytest.skip("the S3 case kills at one point (the suite's time budget)")
     log = Log(storage)
     try:
         log.produce(log.producer, 2)
@@ -252,6 +249,10 @@ def test_cli_publishes_and_lists_tables(file_root):
         assert listed[TOPIC].version == 0 and listed[TOPIC].catalog_version == state.version
         assert listed[TOPIC].last_stable_offsets == {p.partition: p.last_stable_offset
                                                      for p in state.topics[TOPIC].partitions} == {0: 2, 1: 2, 2: 2}
+        out = CliRunner().invoke(main, ["tables", "publish", "--topic", "nope", "--storage", file_root.url])
+        assert out.exit_code == 1
+        assert out.stderr.strip() == (f"Error: UnknownTopicError: Unknown topic: nope (no such topic, and no table at "
+                                      f"{file_root.url}/tables/nope)")
         out = CliRunner().invoke(main, ["tables", "list", "--storage", file_root.url], catch_exceptions=False)
         lines = out.output.splitlines()
         assert lines[0].split() == ["TOPIC", "URI", "VERSION", "CATALOG", "VERSION", "LSO", "(partition:offset)",

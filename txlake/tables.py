@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from txlake.catalog.catalog import Catalog
+from txlake.catalog.errors import UnknownTopicError
 from txlake.catalog.storage import ObjectStore
 from txlake.engine.table_publisher import (PublishResult, TablePublisher, publishable_topics, table_configuration,
                                            table_key, table_topics)
@@ -83,6 +84,7 @@ def publish(storage_url: str, topic: str | None = None, storage_options: dict | 
         one :class:`PublishResult` per table (``committed`` False when it was already current).
 
     Raises:
+        UnknownTopicError: ``topic`` is neither a topic nor a table of the root.
         StorageError / ObjectNotFoundError / CorruptObjectError / DeltaLogError: as
             :meth:`TablePublisher.publish` (the previous version stays readable).
     """
@@ -90,6 +92,9 @@ def publish(storage_url: str, topic: str | None = None, storage_options: dict | 
     state = Catalog.open(store).state
     publisher = TablePublisher(store, table_configuration(DEFAULT_RETENTION_MS, DEFAULT_RETENTION_MS))
     if topic is not None:
+        if topic not in state.topics and publisher.snapshot(topic).version < 0:
+            raise UnknownTopicError(f"Unknown topic: {topic} (no such topic, and no table at "
+                                    f"{publisher.table_uri(topic)})")
         topics = [topic]
     else:
         topics = publishable_topics(state, include_internal)
