@@ -70,6 +70,8 @@ _FINGERPRINT_TAG = "txlake.fingerprint"
 _VIEW_COLUMNS = ["offset", "is_control", "producer_id"]
 #: objects read at once by a publication (footer and view columns of new or changed objects)
 _READ_THREADS = 16
+#: objects whose size and row-group row counts a publisher keeps (LRU)
+_FOOTER_CACHE_SIZE = 100_000
 #: fingerprints of objects this process found to hold no visible row of the topic (bounded)
 _EMPTY_CACHE_SIZE = 65_536
 
@@ -152,7 +154,8 @@ class TablePublisher:
         self.configuration = dict(configuration or {})
         self.inline_dv_max_bytes = inline_dv_max_bytes
         self._lock = threading.Lock()
-        self._footers: dict[str, tuple[int, int, list[int]]] = {}
+        self._footer_lock = threading.Lock()  # the footer cache is filled by several reading threads
+        self._footers: OrderedDict[str, tuple[int, int, list[int]]] = OrderedDict()  # LRU
         self._snapshots: dict[str, dl.TableSnapshot] = {}
         self._empty: OrderedDict[str, None] = OrderedDict()
         #: test hook: called with a step name before that write ("dv_file", "commit", "checkpoint") and
@@ -210,7 +213,10 @@ class TablePublisher:
     # ------------------------------------------------------------------ what the catalog wants
     def _footer(self, key: str) -> tuple[int, int, list[int]]:
         """(size bytes, modification ms, rows per row group) of an object (cached: immutable)."""
-        got = self._footers.get(key)
+        with self._footer_lock:
+            got = self._footers.get(key)
+            if got is not None:
+                self._footers.move_to_end(key)
         if got is None:
             info = self.store.fs.info(self.store.fs_path(key))
             mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
@@ -219,7 +225,10 @@ class TablePublisher:
                 md = open_parquet(f, self.store.uri(key)).metadata
                 rows = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
             got = (int(info["size"]), mtime_ms, rows)
-            self._footers[key] = got
+            with self._footer_lock:
+                self._footers[key] = got
+                if len(self._footers) > _FOOTER_CACHE_SIZE:
+                    self._footers.popitem(last=False)
         return got
 
     @staticmethod
