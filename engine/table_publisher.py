@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
+from txlake.catalog.catalog import Catalog
 from txlake.catalog.state import CatalogState, PartitionState, SegmentInfo, TopicState
 from txlake.catalog.storage import ObjectStore
 from txlake.catalog.topic_names import is_internal
@@ -497,8 +498,8 @@ class TablePublishThread:
     catalog (internal topics only when ``include_internal``). Started when the broker becomes the
     writer, stopped by its close; it ends by itself when the process stops being the writer.
 
-    It never blocks produce: it works on its own copy of the catalog state, fed by the catalog's
-    commit listener (one append per commit under the catalog's lock), and reads and writes only
+    It never blocks produce: it works on its own catalog state, read from storage when it starts
+    and then fed by the writer's commit listener (one append per commit), and reads and writes only
     the tables and the objects' footers and view columns. A round publishes only the topics some
     commit named since the previous round (all of them in the first), so a quiet topic costs
     nothing.
@@ -529,8 +530,10 @@ class TablePublishThread:
 
     def start(self) -> None:
         """Start the thread (daemon, named ``txlake-table-publish``)."""
+        # the listener first: every commit after this moment is in _pending, every one before it is
+        # in storage (a commit is written before it is applied), so the state the thread opens from
+        # storage (no lock of the writer's) joins the pending commits without a gap
         with self.writer.catalog.lock:
-            self._state = _copy_state(self.writer.catalog.state)
             self.writer.catalog.add_listener(self._committed)
         self._thread = threading.Thread(target=self._loop, name="txlake-table-publish", daemon=True)
         self._thread.start()
@@ -546,20 +549,21 @@ class TablePublishThread:
             self._pending.append((version, actions))
 
     def _current_state(self) -> CatalogState:
-        """The private state brought up to the newest commit seen (rebuilt if one was skipped)."""
+        """The private state brought up to the newest commit seen: the pending commits applied to
+        it, or the catalog opened again from storage (never under the writer's lock) at the start
+        and when a commit was skipped (the writer's view restarted from a checkpoint)."""
         with self._pending_lock:
             pending, self._pending = self._pending, []
         state = self._state
+        if state is not None and pending and pending[-1][0] > state.version \
+                and not any(v == state.version + 1 for v, _ in pending):
+            state = None  # a gap
+        if state is None:
+            state = Catalog.open(self.writer.store).state
+            self._dirty = None
         for version, actions in pending:
-            if version <= state.version:
-                continue
-            if version != state.version + 1:  # the catalog restarted from a checkpoint: copy it again
-                with self.writer.catalog.lock:
-                    state = _copy_state(self.writer.catalog.state)
-                    with self._pending_lock:
-                        self._pending = []
-                self._dirty = None
-                break
+            if version != state.version + 1:
+                continue  # already in the state read from storage
             for action in actions:
                 state.apply(action)
                 if self._dirty is not None and action.get("topic"):
@@ -607,12 +611,3 @@ class TablePublishThread:
                 self.publish_round()
             except Exception as exc:  # one bad round must not end the schedule
                 log.warning("table publication of %s failed: %s", self.writer.store.url, exc)
-
-
-def _copy_state(state: CatalogState) -> CatalogState:
-    """An independent copy of a catalog state (replayed from its checkpoint actions)."""
-    copy = CatalogState()
-    for action in state.checkpoint_actions():
-        copy.apply(action)
-    copy.version = state.version
-    return copy
