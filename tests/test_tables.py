@@ -244,6 +244,9 @@ def test_cli_publishes_and_lists_tables(file_root):
         assert out.output.splitlines()[1] == f"{TOPIC}\t{uri}\tversion 0\tcommitted\t+{objects} -0 files"
         assert out.output.splitlines()[0].startswith(f"{OTHER}\t{table_uri(file_root.url, OTHER)}\tversion 0\tcommitted\t")
         assert [r.committed for r in publish(file_root.url)] == [False, False]
+        # internal topics on request only (the transactional producer made __transaction_state)
+        internal = [(r.topic, r.version, r.committed) for r in publish(file_root.url, include_internal=True)]
+        assert internal == [("__transaction_state", 0, True), (OTHER, 0, False), (TOPIC, 0, False)]
         state = fresh_catalog(file_root).state
         listed = {t.topic: t for t in list_tables(file_root.url)}
         assert listed[TOPIC].version == 0 and listed[TOPIC].catalog_version == state.version
@@ -257,7 +260,8 @@ def test_cli_publishes_and_lists_tables(file_root):
         lines = out.output.splitlines()
         assert lines[0].split() == ["TOPIC", "URI", "VERSION", "CATALOG", "VERSION", "LSO", "(partition:offset)",
                                     "COMMITTED"]
-        assert lines[2].split()[:5] == [TOPIC, uri, "0", str(state.version), "0:2,1:2,2:2"]
+        assert [line.split()[0] for line in lines[1:]] == ["__transaction_state", OTHER, TOPIC]
+        assert lines[3].split()[:5] == [TOPIC, uri, "0", str(state.version), "0:2,1:2,2:2"]
     finally:
         log.close()
 
@@ -386,5 +390,27 @@ def test_checkpoints_every_ten_versions(file_root):
             {p: (a["size"], a.get("tags"), a.get("deletionVector")) for p, a in before.files.items()}
         log.produce(log.producer, 1)
         check(log, TablePublisher(file_root.object_store()), 12)  # a restarted publisher continues
+    finally:
+        log.close()
+
+
+def test_two_publishers_racing_for_a_version(file_root):
+    """Create-if-absent decides: the loser reads the winner's version and commits only what is
+    still missing (here nothing)."""
+    log = Log(file_root)
+    try:
+        log.produce(log.producer, 1)
+        first, second = TablePublisher(file_root.object_store()), TablePublisher(file_root.object_store())
+        check(log, first, 0)
+        second.snapshot(TOPIC)  # both know version 0
+        log.produce(log.producer, 1)
+        state = fresh_catalog(file_root).state
+        won = []
+        second.before_write = lambda step: won.append(first.publish(state, TOPIC)) if step == "commit" and not won \
+            else None
+        lost = second.publish(state, TOPIC)
+        assert (won[0].version, won[0].committed) == (1, True)
+        assert (lost.version, lost.committed) == (1, False)
+        assert delta_rs_rows(lost.uri) == consumer_rows(log.conf, TOPIC, 3)
     finally:
         log.close()
