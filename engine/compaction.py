@@ -50,7 +50,7 @@ from .object_cleaner import ObjectCleanup, clean_objects
 from .partition_writer import PartitionWriter
 from .segment_merge import (MERGE_THREADS, READ_THREADS, MergeCancelled, MergeRun, RowFilter, SegmentRewrite,
                             commit_rewrite, discard_rewrite, in_batches, plan_merges, replace_segments, rewrite_runs)
-from .table_publisher import tables_name
+from .table_publisher import clean_dv_files, tables_name
 
 
 log = logging.getLogger(__name__)
@@ -393,6 +393,8 @@ def compact(writer: PartitionWriter, topics: Iterable[str] | None = None, *, dry
                 now_ms=now, dry_run=dry_run,
                 table_guard=lambda: tables_name(store, now, writer.config.file_delete_delay_ms))
             summary.deleted_objects = len(cleanup.deleted)
+            if not dry_run:
+                clean_dv_files(store, now, writer.config.file_delete_delay_ms)
             summary.orphans_deleted = len(cleanup.orphans)
             summary.pending_deletion = len(cleanup.pending)
             log_cleanup = clean_catalog_log(writer.catalog, writer.config.catalog_retention_ms, now, dry_run, cancel)

@@ -355,8 +355,8 @@ class TablePublisher:
                     actions.append(dl.txn_action(app, offset, now_ms))
         if not actions:
             return PublishResult(topic, uri, snap.version, False, catalog_version=state.version, lso=lso)
-        params = {"catalogVersion": str(state.version), "lastStableOffsets": json.dumps({str(k): v for k, v in sorted(lso.items())}),
-                  "topic": topic}
+        params = {"catalogVersion": str(state.version), "topic": topic,
+                  "lastStableOffsets": json.dumps({str(k): v for k, v in sorted(lso.items())})}
         actions.append(dl.commit_info_action(now_ms, "txlake.publish", params, ENGINE_INFO))
         version = snap.version + 1
         puts = 0
@@ -459,10 +459,42 @@ class TablePublisher:
         with self._lock:
             for topic in topics:
                 snap = self._refresh(topic)
-                paths = list(snap.files) + [p for p, r in snap.tombstones.items()
+                paths = list(snap.files) + [p for (p, _), r in snap.tombstones.items()
                                             if (r.get("deletionTimestamp") or 0) + retention_ms > now_ms]
                 out.update(p[len(prefix):] for p in paths if p.startswith(prefix))
         return out
+
+
+def clean_dv_files(store: ObjectStore, now_ms: int, retention_ms: int) -> list[str]:
+    """Delete the deletion-vector files no table version within ``retention_ms`` names: those of
+    a publication that died (or lost its race) before its commit, and those only versions removed
+    longer than ``retention_ms`` ago named. A file younger than ``retention_ms`` (by its
+    last-modified time) is never touched: its publication may still be committing. One listing
+    of ``tables/``; returns the deleted keys.
+
+    Raises:
+        StorageError / DeltaLogError: the backend failed or a table's log is unreadable.
+    """
+    candidates: dict[str, list[str]] = {}
+    for info in store.list(TABLES_PREFIX):
+        topic, _, name = info.key[len(TABLES_PREFIX):].rpartition("/")
+        if name.startswith("deletion_vector_") and name.endswith(".bin") and "/" not in topic \
+                and info.mtime_ms + retention_ms <= now_ms:
+            candidates.setdefault(topic, []).append(info.key)
+    if not candidates:
+        return []
+    publisher = TablePublisher(store)
+    deleted = []
+    for topic, keys in sorted(candidates.items()):
+        snap = publisher.snapshot(topic)
+        bodies = list(snap.files.values()) + [r for r in snap.tombstones.values()
+                                              if (r.get("deletionTimestamp") or 0) + retention_ms > now_ms]
+        named = {f"{table_key(topic)}/{dl.dv_file_key(b['deletionVector'])}" for b in bodies
+                 if (b.get("deletionVector") or {}).get("storageType") == "u"}
+        for key in sorted(set(keys) - named):
+            store.delete(key)
+            deleted.append(key)
+    return deleted
 
 
 def tables_name(store: ObjectStore, now_ms: int, retention_ms: int) -> set[str]:

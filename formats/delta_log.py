@@ -298,7 +298,9 @@ class TableSnapshot:
     Attributes:
         files: path -> the body of the ``add`` of each live logical file (one per path: txlake
             never adds a path twice with different deletion vectors).
-        tombstones: path -> the body of the ``remove`` of files removed and not re-added.
+        tombstones: ``(path, deletion vector unique id)`` -> the body of the ``remove`` of each
+            logical file removed and not re-added (Delta's key of a logical file: a path re-added
+            with another deletion vector leaves the old pair's tombstone).
         txns: ``appId`` -> ``version`` of the newest ``txn`` of each application.
         metadata / protocol: the newest ``metaData`` / ``protocol`` bodies (None before any).
         commit_info: the ``commitInfo`` body of the newest version (None when it had none).
@@ -306,7 +308,7 @@ class TableSnapshot:
 
     version: int = -1
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tombstones: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tombstones: dict[tuple[str, str | None], dict[str, Any]] = field(default_factory=dict)
     txns: dict[str, int] = field(default_factory=dict)
     metadata: dict[str, Any] | None = None
     protocol: dict[str, Any] | None = None
@@ -320,11 +322,11 @@ class TableSnapshot:
             if "remove" in a:
                 r = a["remove"]
                 self.files.pop(r["path"], None)
-                self.tombstones[r["path"]] = r
+                self.tombstones[(r["path"], dv_unique_id(r.get("deletionVector")))] = r
         for a in actions:
             if "add" in a:
                 self.files[a["add"]["path"]] = a["add"]
-                self.tombstones.pop(a["add"]["path"], None)
+                self.tombstones.pop((a["add"]["path"], dv_unique_id(a["add"].get("deletionVector"))), None)
             elif "txn" in a:
                 self.txns[a["txn"]["appId"]] = a["txn"]["version"]
             elif "metaData" in a:
@@ -392,7 +394,8 @@ def encode_checkpoint(snapshot: "TableSnapshot", tombstones_after_ms: int = 0) -
         rows.append(_row("metaData", snapshot.metadata))
     rows += [_row("txn", {"appId": app, "version": v}) for app, v in sorted(snapshot.txns.items())]
     rows += [_row("add", {**add, "dataChange": False}) for _, add in sorted(snapshot.files.items())]
-    rows += [_row("remove", r) for _, r in sorted(snapshot.tombstones.items())
+    tombstones = sorted(snapshot.tombstones.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+    rows += [_row("remove", r) for _, r in tombstones
              if (r.get("deletionTimestamp") or 0) > tombstones_after_ms]
     table = pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA)
     sink = pa.BufferOutputStream()
@@ -428,7 +431,7 @@ def read_checkpoint(table: pa.Table, version: int) -> "TableSnapshot":
             if kind == "add":
                 snap.files[body["path"]] = body
             elif kind == "remove":
-                snap.tombstones[body["path"]] = body
+                snap.tombstones[(body["path"], dv_unique_id(body.get("deletionVector")))] = body
             elif kind == "txn":
                 snap.txns[body["appId"]] = body["version"]
             elif kind == "metaData":

@@ -242,7 +242,8 @@ def test_cli_publishes_and_lists_tables(file_root):
         assert uri == f"{file_root.url}/tables/{TOPIC}"
         objects = len({s.path for p in fresh_catalog(file_root).state.topics[TOPIC].partitions for s in p.segments})
         assert out.output.splitlines()[1] == f"{TOPIC}\t{uri}\tversion 0\tcommitted\t+{objects} -0 files"
-        assert out.output.splitlines()[0].startswith(f"{OTHER}\t{table_uri(file_root.url, OTHER)}\tversion 0\tcommitted\t")
+        other = f"{OTHER}\t{table_uri(file_root.url, OTHER)}\tversion 0\tcommitted\t"
+        assert out.output.splitlines()[0].startswith(other)
         assert [r.committed for r in publish(file_root.url)] == [False, False]
         # internal topics on request only (the transactional producer made __transaction_state)
         internal = [(r.topic, r.version, r.committed) for r in publish(file_root.url, include_internal=True)]
@@ -412,5 +413,52 @@ def test_two_publishers_racing_for_a_version(file_root):
         assert (won[0].version, won[0].committed) == (1, True)
         assert (lost.version, lost.committed) == (1, False)
         assert delta_rs_rows(lost.uri) == consumer_rows(log.conf, TOPIC, 3)
+    finally:
+        log.close()
+
+
+def test_deletion_vector_files_no_version_names_are_deleted(file_root):
+    """A DV file of a publication that died before its commit, and one only a version removed
+    longer than the retention ago names, are deleted; the live version's file stays."""
+    from txlake.engine.table_publisher import clean_dv_files
+
+    from helpers import payload
+    from txlake.engine.broker import ProduceBatch
+
+    def shared_flush():  # one flush object holding orders [0] and audit [0]: orders' needs a deletion vector
+        results = writer.produce([ProduceBatch(TOPIC, 0, payload(3)), ProduceBatch(OTHER, 0, payload(3))])
+        assert [r.error.name for r in results] == ["NO_ERROR"] * 2
+
+    log = Log(file_root)
+    writer = writer_broker(file_root)
+    try:
+        shared_flush()
+        store = file_root.object_store()
+        publisher = TablePublisher(store, inline_dv_max_bytes=0)  # every deletion vector in a file
+        check(log, publisher, 0)
+        live = {o.key for o in store.list(table_key(TOPIC) + "/") if o.key.endswith(".bin")}
+        assert len(live) == 1
+        shared_flush()
+
+        def die(step):
+            if step == "commit":
+                raise RuntimeError("killed")
+
+        publisher.before_write = die
+        with pytest.raises(RuntimeError):
+            publisher.publish(fresh_catalog(file_root).state, TOPIC)
+        publisher.before_write = None
+        dv_files = {o.key: o.mtime_ms for o in store.list(table_key(TOPIC) + "/") if o.key.endswith(".bin")}
+        orphan = set(dv_files) - live
+        assert len(orphan) == 1
+        newest = max(dv_files.values())
+        assert clean_dv_files(store, newest + 999, 1000) == []               # too young to tell
+        assert clean_dv_files(store, newest + 1000, 1000) == sorted(orphan)  # the dead publication's
+        writer.delete_records([(TOPIC, 0, 1)])                               # the first object's vector changes
+        result = publisher.publish(fresh_catalog(file_root).state, TOPIC, now_ms=newest + 2000)
+        assert result.version == 1 and result.removed == 1
+        assert clean_dv_files(store, newest + 2999, 1000) == []              # version 1 removed it 999 ms ago
+        assert clean_dv_files(store, newest + 3000, 1000) == sorted(live)
+        assert delta_rs_rows(result.uri) == consumer_rows(log.conf, TOPIC, 3)
     finally:
         log.close()
