@@ -12,13 +12,12 @@ import pyarrow as pa
 import pytest
 
 from compaction_support import QUIET, fresh_catalog, writer_broker
-from helpers import client_conf
+from helpers import client_conf, close_engines  # noqa: F401 - the fixture pytestmark uses
 
 deltalake = pytest.importorskip("deltalake")
 
 from txlake import AdminClient, Consumer, NewTopic, Producer, TopicPartition  # noqa: E402
 from txlake.engine.compaction import compact  # noqa: E402
-from txlake.engine.registry import close_all  # noqa: E402
 from txlake.engine.table_publisher import TablePublisher, table_key, txn_app_id  # noqa: E402
 from txlake.formats import delta_log as dl  # noqa: E402
 from txlake.tables import delta_storage_options  # noqa: E402
@@ -26,10 +25,8 @@ from txlake.tables import delta_storage_options  # noqa: E402
 TOPIC, OTHER = "orders", "audit"
 
 
-@pytest.fixture(autouse=True)
-def _close_engines():
-    yield
-    close_all()
+#: every test here closes the engines it opened
+pytestmark = pytest.mark.usefixtures("close_engines")
 
 
 def consumer_rows(conf: dict, topic: str, partitions: int) -> list[tuple]:
