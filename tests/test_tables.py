@@ -103,6 +103,16 @@ class Log:
         self.admin.close()
 
 
+def shared_flush(writer, n: int = 3) -> None:
+    """One flush object holding ``n`` records of orders [0] and of audit [0]: orders' table needs a
+    deletion vector for it (one produce request of the writer is one group commit)."""
+    from helpers import payload
+    from txlake.engine.broker import ProduceBatch
+
+    results = writer.produce([ProduceBatch(TOPIC, 0, payload(n)), ProduceBatch(OTHER, 0, payload(n))])
+    assert [r.error.name for r in results] == ["NO_ERROR"] * 2
+
+
 def check(log: Log, publisher: TablePublisher, expect_version: int | None, changed: bool = True):
     """Publish ``orders`` and check the table against the Consumer, its version and freshness."""
     catalog = fresh_catalog(log.storage)
@@ -209,7 +219,7 @@ def test_a_killed_publication_leaves_the_previous_version_readable(storage, step
         log.txn.begin_transaction()
         log.produce(log.txn, 2)
         log.txn.abort_transaction(30)
-        log.produce(log.producer, 1)
+        shared_flush(writer_broker(storage))  # a new object that surely needs a deletion vector (file)
         proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, storage.url, TOPIC, step,
                                json.dumps(storage.options)], capture_output=True, timeout=120)
         assert proc.returncode == -9, proc.stderr.decode()[-2000:]
@@ -419,23 +429,16 @@ def test_deletion_vector_files_no_version_names_are_deleted(file_root):
     longer than the retention ago names, are deleted; the live version's file stays."""
     from txlake.engine.table_publisher import clean_dv_files
 
-    from helpers import payload
-    from txlake.engine.broker import ProduceBatch
-
-    def shared_flush():  # one flush object holding orders [0] and audit [0]: orders' needs a deletion vector
-        results = writer.produce([ProduceBatch(TOPIC, 0, payload(3)), ProduceBatch(OTHER, 0, payload(3))])
-        assert [r.error.name for r in results] == ["NO_ERROR"] * 2
-
     log = Log(file_root)
     writer = writer_broker(file_root)
     try:
-        shared_flush()
+        shared_flush(writer)
         store = file_root.object_store()
         publisher = TablePublisher(store, inline_dv_max_bytes=0)  # every deletion vector in a file
         check(log, publisher, 0)
         live = {o.key for o in store.list(table_key(TOPIC) + "/") if o.key.endswith(".bin")}
         assert len(live) == 1
-        shared_flush()
+        shared_flush(writer)
 
         def die(step):
             if step == "commit":
