@@ -183,7 +183,14 @@ class TablePublisher:
         root = table_key(topic)
         snap = self._snapshots.get(topic)
         if snap is None:
-            snap = self._load_checkpoint(root) or dl.TableSnapshot()
+            snap = self._load_checkpoint(root)
+            if snap is None:
+                snap = dl.TableSnapshot()
+                if self.store.get_or_none(f"{root}/{dl.LAST_CHECKPOINT}") is not None \
+                        and not self.store.exists(f"{root}/{dl.commit_key(0)}"):
+                    # never start the table over at version 0: its history is only in the checkpoint
+                    raise dl.DeltaLogError(f"{self.store.uri(root)}: its newest checkpoint is unreadable and the "
+                                           "commits it covers were cleaned up; restore the checkpoint")
         while True:
             key = f"{root}/{dl.commit_key(snap.version + 1)}"
             data = self.store.get_or_none(key)
@@ -494,6 +501,48 @@ def clean_dv_files(store: ObjectStore, now_ms: int, retention_ms: int) -> list[s
         for key in sorted(set(keys) - named):
             store.delete(key)
             deleted.append(key)
+    return deleted
+
+
+def clean_table_logs(store: ObjectStore, now_ms: int, retention_ms: int) -> list[str]:
+    """Delta's log cleanup (``delta.logRetentionDuration``): per table, the commits and checkpoints
+    below the newest readable checkpoint that every version younger than ``retention_ms`` (by
+    its commit's last-modified time) can still be rebuilt from. The newest version, its
+    checkpoint and every commit after that checkpoint always stay. One listing of ``tables/``;
+    returns the deleted keys.
+
+    Raises:
+        StorageError: the backend failed.
+    """
+    logs: dict[str, dict[str, dict[int, int]]] = {}
+    for info in store.list(TABLES_PREFIX):
+        topic, sep, name = info.key[len(TABLES_PREFIX):].partition(f"/{dl.LOG_DIR}/")
+        if not sep or "/" in name:
+            continue
+        number, _, kind = name.partition(".")
+        if number.isdigit() and kind in ("json", "checkpoint.parquet"):
+            logs.setdefault(topic, {"json": {}, "checkpoint.parquet": {}})[kind][int(number)] = info.mtime_ms
+    deleted = []
+    for topic, files in sorted(logs.items()):
+        commits, checkpoints = files["json"], files["checkpoint.parquet"]
+        if not commits:
+            continue
+        young = [v for v, mtime in commits.items() if mtime + retention_ms > now_ms]
+        boundary = min(young) if young else max(commits)
+        root = table_key(topic)
+        for cp in sorted((c for c in checkpoints if c <= boundary), reverse=True):
+            try:  # only a checkpoint that reads may replace the commits before it
+                with store.open_input(f"{root}/{dl.checkpoint_key(cp)}") as f:
+                    pq.ParquetFile(f).metadata
+            except Exception as exc:  # noqa: BLE001 - an older checkpoint may do
+                log.warning("table %s: checkpoint %d unreadable: %s", store.uri(root), cp, exc)
+                continue
+            keys = [f"{root}/{dl.commit_key(v)}" for v in sorted(commits) if v < cp]
+            keys += [f"{root}/{dl.checkpoint_key(c)}" for c in sorted(checkpoints) if c < cp]
+            for key in keys:
+                store.delete(key)
+            deleted += keys
+            break
     return deleted
 
 

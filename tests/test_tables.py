@@ -370,9 +370,12 @@ def test_a_publication_round_publishes_only_the_topics_committed_to(file_root):
 
 
 def test_checkpoints_every_ten_versions(file_root):
-    """Version 10 comes with a Parquet checkpoint and ``_last_checkpoint``; delta-rs and a fresh
-    publisher read the table from it even when the commits it covers are gone."""
+    """Version 10 comes with a Parquet checkpoint and ``_last_checkpoint``; the log cleanup deletes
+    the commits it covers once older than the retention, and delta-rs and a fresh publisher read
+    the table from the checkpoint."""
     import os
+
+    from txlake.engine.table_publisher import clean_table_logs
 
     log = Log(file_root)
     try:
@@ -388,8 +391,14 @@ def test_checkpoints_every_ten_versions(file_root):
         assert json.loads(open(f"{root}/_last_checkpoint").read())["version"] == 10
         assert os.path.exists(f"{root}/{10:020d}.checkpoint.parquet")
         before = TablePublisher(file_root.object_store()).snapshot(TOPIC)
-        for v in range(11):  # what Delta's log cleanup may delete once a checkpoint covers it
-            os.remove(f"{root}/{v:020d}.json")
+        store = file_root.object_store()
+        newest = max(o.mtime_ms for o in store.list(f"{table_key(TOPIC)}/"))
+        assert clean_table_logs(store, newest, 60_000) == []                 # every version is young
+        # all expired: the commits checkpoint 10 covers go, 10 (its commitInfo) and 11 stay
+        assert clean_table_logs(store, newest + 60_000, 60_000) == [
+            f"{table_key(TOPIC)}/_delta_log/{v:020d}.json" for v in range(10)]
+        assert sorted(os.listdir(root)) == [f"{10:020d}.checkpoint.parquet", f"{10:020d}.json", f"{11:020d}.json",
+                                            "_last_checkpoint"]
         assert delta_rs_rows(result.uri) == expected
         after = TablePublisher(file_root.object_store()).snapshot(TOPIC)
         assert after.version == before.version == 11
@@ -398,6 +407,13 @@ def test_checkpoints_every_ten_versions(file_root):
             {p: (a["size"], a.get("tags"), a.get("deletionVector")) for p, a in before.files.items()}
         log.produce(log.producer, 1)
         check(log, TablePublisher(file_root.object_store()), 12)  # a restarted publisher continues
+        # a checkpoint gone bad after the cleanup: refuse, never start the table over at version 0
+        with open(f"{root}/{10:020d}.checkpoint.parquet", "wb") as f:
+            f.write(b"not parquet")
+        with pytest.raises(dl.DeltaLogError, match="its newest checkpoint is unreadable and the commits it covers "
+                                                   "were cleaned up"):
+            TablePublisher(file_root.object_store()).publish(fresh_catalog(file_root).state, TOPIC)
+        assert not os.path.exists(f"{root}/{0:020d}.json")
     finally:
         log.close()
 
