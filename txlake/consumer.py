@@ -30,7 +30,7 @@ from txlake.engine.errors import ApiError, Errors
 from txlake.engine.registry import acquire_broker, release_broker
 
 from . import local_requests
-from .config import parse_config
+from .config import constructor_conf, parse_config
 from .consumer_coordinator import ConsumerCoordinator
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .group_metadata import ConsumerGroupMetadata
@@ -103,6 +103,13 @@ class _CommitRequest:
     identity: tuple[int, str, str | None]
 
 
+
+def _offset_after(message: Message) -> int:
+    """The offset a commit or store of ``message`` records: the next one to read, or
+    OFFSET_INVALID for a message without an offset (librdkafka skips it: nothing is committed)."""
+    offset = message.offset()
+    return offset + 1 if offset is not None else OFFSET_INVALID
+
 class Consumer:
     """A Kafka consumer of a txlake storage root (confluent-kafka's ``Consumer``).
 
@@ -115,8 +122,12 @@ class Consumer:
         KafkaException: ``_INVALID_ARG`` for unknown keys or invalid values.
     """
 
+    #: a subclass whose ``__init__`` never called this one's is closed: every call raises
+    #: RuntimeError, as confluent-kafka's (its handle is NULL)
+    _closed = True
+
     def __init__(self, conf: dict | None = None, **kwargs: Any):
-        self._cfg = parse_config({**(conf or {}), **kwargs}, "consumer")
+        self._cfg = parse_config(constructor_conf(conf, kwargs), "consumer")
         self._isolation = self._cfg["isolation.level"]
         self._reset = self._cfg["auto.offset.reset"]
         self._eof = self._cfg["enable.partition.eof"]
@@ -220,11 +231,14 @@ class Consumer:
         offsets (under read_committed, once no transaction holds a pending offset for them).
 
         Raises:
+            TypeError: ``topics`` is not a list of str (confluent-kafka's message).
             KafkaException: ``_INVALID_ARG`` without ``group.id`` or with an invalid
                 ``partition.assignment.strategy``; NOT_LEADER_OR_FOLLOWER when another process is
                 the storage root's writer (the group coordinator runs there).
         """
         self._check_open()
+        if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+            raise TypeError("expected list of topic unicode strings")  # confluent-kafka's
         if not self._cfg["group.id"]:
             raise kafka_exception(KafkaError._INVALID_ARG, "subscribe() needs group.id")
         if not topics:
@@ -613,7 +627,7 @@ class Consumer:
         if self._auto_store:
             raise kafka_exception(KafkaError._INVALID_ARG, "StoreOffsets failed: Local: Invalid argument or configuration "
                                                           "(set enable.auto.offset.store=false to store offsets)")
-        wanted = ([TopicPartition(message.topic(), message.partition(), message.offset() + 1,
+        wanted = ([TopicPartition(message.topic(), message.partition(), _offset_after(message),
                                   leader_epoch=message.leader_epoch())] if message is not None else
                   [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata, tp.leader_epoch) for tp in offsets])
         unknown = []
@@ -662,7 +676,7 @@ class Consumer:
     def _commit_request(self, message: Message | None, offsets: list[TopicPartition] | None) -> _CommitRequest:
         """What a commit() asks for, taken now: copies of the absolute offsets, and the member identity."""
         if message is not None:
-            wanted = [TopicPartition(message.topic(), message.partition(), message.offset() + 1,
+            wanted = [TopicPartition(message.topic(), message.partition(), _offset_after(message),
                                      leader_epoch=message.leader_epoch())]
         elif offsets is not None:
             wanted = [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata, tp.leader_epoch) for tp in offsets]
@@ -762,6 +776,28 @@ class Consumer:
         if self._closed:
             raise RuntimeError("Handle has been closed")  # confluent-kafka's text for this call
         return cluster_metadata(self._broker, topic)   # Metadata refreshes the catalog itself in-process
+
+    def cluster_id(self, timeout: float = -1) -> str:
+        """The storage root's cluster id (see :meth:`txlake.AdminClient.cluster_id`).
+
+        Raises:
+            RuntimeError: the consumer is closed.
+        """
+        from .admin import cluster_id_of
+
+        self._check_open()
+        return cluster_id_of(self._broker)
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """Accepted with no effect, as ``security.protocol`` and ``sasl.*`` (docs/confluent-kafka.md).
+
+        Raises:
+            TypeError: ``username`` or ``password`` is not a str. RuntimeError: the consumer is closed.
+        """
+        from .admin import check_sasl_credentials
+
+        self._check_open()
+        check_sasl_credentials(username, password)
 
     def close(self) -> None:
         """Leave the group (auto-commit first, if enabled), wait for the commits still queued,

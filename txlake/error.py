@@ -48,22 +48,28 @@ class KafkaError:
 
     def name(self) -> str:
         """librdkafka's name of the code (``UNKNOWN_TOPIC_OR_PART``, ``_MSG_TIMED_OUT``), else
-        Kafka's, else ``ERR_<code>``."""
+        Kafka's, else librdkafka's ``ERR_<code>?`` for a code it does not know."""
         known = _LIBRDKAFKA.get(self._code)
         if known is not None:
             return known[0]
         try:
             return Errors(self._code).name
         except ValueError:
-            return f"ERR_{self._code}"
+            return f"ERR_{self._code}?"
 
     def str(self) -> str:
         """The human-readable reason: the one given, else librdkafka's text for the code
-        (``"Broker: Unknown topic or partition"``)."""
+        (``"Broker: Unknown topic or partition"``; ``"Err-<code>?"`` for a code librdkafka
+        does not know, as its ``rd_kafka_err2str``)."""
         if self._reason:
             return self._reason
         known = _LIBRDKAFKA.get(self._code)
-        return known[1] if known is not None else self.name()
+        if known is not None:
+            return known[1]
+        try:
+            return Errors(self._code).name
+        except ValueError:
+            return f"Err-{self._code}?"
 
     def fatal(self) -> bool:
         """True when the client instance can no longer be used (e.g. a fenced producer)."""
@@ -109,15 +115,22 @@ def kafka_name(code: int) -> str:
 
 
 class KafkaException(Exception):
-    """The exception failing calls raise; ``args[0]`` is the :class:`KafkaError`."""
+    """The exception failing calls raise; ``args[0]`` is the :class:`KafkaError`.
 
-    def __init__(self, error: KafkaError | int, *args: object):
-        if not isinstance(error, KafkaError):
+    ``KafkaException()`` with no argument (a subclass's bare construction) has empty ``args``
+    and prints as the empty string, as confluent-kafka's; a ``str`` argument is kept as is.
+    """
+
+    def __init__(self, error: KafkaError | int | str | None = None, *args: object):
+        if error is None and not args:
+            super().__init__()
+            return
+        if isinstance(error, int) and not isinstance(error, bool):
             error = KafkaError(error, *(str(a) for a in args[:1]))
         super().__init__(error)
 
     def __str__(self) -> str:
-        return str(self.args[0])
+        return str(self.args[0]) if self.args else ""
 
 
 def kafka_exception(code: int, message: str, **flags: bool) -> KafkaException:

@@ -52,7 +52,7 @@ from txlake.catalog.topic_config import effective_config
 from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
 
 from . import local_requests
-from .config import parse_config
+from .config import constructor_conf, parse_config
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .transaction_manager import TransactionManager
 from txlake.engine.group_offsets import OffsetAndMetadata
@@ -98,15 +98,30 @@ def _to_bytes(what: str, data: Any) -> bytes | None:
 
 
 def _headers(headers: Any) -> list[dict[str, Any]] | None:
+    """``produce(headers=)`` (a dict, or a list of ``(str, value)`` tuples) as a record's headers.
+
+    Raises:
+        TypeError: confluent-kafka's messages for another container, an item that is not a
+            2-tuple, a key that is not a str, or a value that is not bytes, str or None.
+    """
     if headers is None:
         return None
-    items = headers.items() if isinstance(headers, dict) else headers
+    if isinstance(headers, dict):
+        items = headers.items()
+    elif isinstance(headers, list):
+        items = headers
+    else:
+        raise TypeError(f"expected headers to be dict or list of (key, value) tuples, not {type(headers).__name__}")
     out = []
     for item in items:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError("Headers are expected to be a list of (key, value) tuples")
         k, v = item
         if not isinstance(k, str):
             raise TypeError("header keys must be str")
         k.encode()  # UnicodeEncodeError (a ValueError) here, not when the batch is built
+        if v is not None and not isinstance(v, (bytes, str, bytearray, memoryview)):
+            raise TypeError(f"expected header value to be None, binary, or unicode string, not {type(v).__name__}")
         out.append({"key": k, "value": _to_bytes("header value", v)})
     return out
 
@@ -206,8 +221,12 @@ class Producer:
             idempotence conflict (Kafka's ``ProducerConfig`` rules and messages).
     """
 
+    #: a subclass whose ``__init__`` never called this one's is closed: every call raises
+    #: RuntimeError, as confluent-kafka's (its handle is NULL)
+    _closed = True
+
     def __init__(self, conf: dict | None = None, **kwargs: Any):
-        self._cfg = parse_config({**(conf or {}), **kwargs}, "producer")
+        self._cfg = parse_config(constructor_conf(conf, kwargs), "producer")
         v, explicit = self._cfg.values, self._cfg.explicit
         self._acks = v["request.required.acks"] if "request.required.acks" in explicit else v["acks"]
         self._retries = v["message.send.max.retries"] if "message.send.max.retries" in explicit else v["retries"]
@@ -316,6 +335,7 @@ class Producer:
         self._check_open()
         value = _to_bytes("value", value)
         key = _to_bytes("key", key)
+        partition = operator.index(partition)  # TypeError for a non-int, as confluent-kafka's
         hdrs = _headers(headers)
         ts = _timestamp(timestamp, topic)
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
@@ -1070,6 +1090,8 @@ class Producer:
             RuntimeError: the producer is closed; whatever a delivery callback raised.
         """
         self._check_open()
+        if timeout is not None and not isinstance(timeout, (int, float)):
+            raise TypeError(f"must be real number, not {type(timeout).__name__}")  # confluent-kafka's
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
             self._close_all(urgent=True)
@@ -1098,6 +1120,28 @@ class Producer:
         from .admin import cluster_metadata
 
         return cluster_metadata(self._broker, topic)
+
+    def cluster_id(self, timeout: float = -1) -> str:
+        """The storage root's cluster id (see :meth:`txlake.AdminClient.cluster_id`).
+
+        Raises:
+            RuntimeError: the producer is closed.
+        """
+        from .admin import cluster_id_of
+
+        self._check_open()
+        return cluster_id_of(self._broker)
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """Accepted with no effect, as ``security.protocol`` and ``sasl.*`` (docs/confluent-kafka.md).
+
+        Raises:
+            TypeError: ``username`` or ``password`` is not a str. RuntimeError: the producer is closed.
+        """
+        from .admin import check_sasl_credentials
+
+        self._check_open()
+        check_sasl_credentials(username, password)
 
     # ------------------------------------------------------------------ bulk
     def produce_arrow(self, topic: str, data: pa.Table | pa.RecordBatchReader | Iterable[pa.RecordBatch],
