@@ -1101,7 +1101,7 @@ class AdminClient:
         self._check_open()
         _timeout_ms(request_timeout)
         if not isinstance(acl_binding_filter, AclBindingFilter):
-            raise TypeError("Expected an AclBindingFilter")
+            raise TypeError("Expected an AclBindingFilter object")
         f = acl_binding_filter
         answer = _call(self._broker, _DescribeAcls(
             resource_type_filter=f.restype_int, resource_name_filter=f.name, pattern_type_filter=f.resource_pattern_type_int,
@@ -1568,12 +1568,15 @@ def _check_unique(items: Any, kind: type, what: str) -> None:
 
     Raises:
         TypeError: None (confluent-kafka iterates it: "'NoneType' object is not iterable").
-        ValueError: not a list of ``kind``, or an item twice ("duplicate ACL bindings not allowed").
+        ValueError: not a list of ``kind``, an empty list, or an item twice ("duplicate ACL
+            bindings not allowed").
     """
     if items is None:
         raise TypeError("'NoneType' object is not iterable")
     if not isinstance(items, list) or not all(isinstance(i, kind) for i in items):
         raise ValueError(f"Expected list of {kind!r}")
+    if not items:
+        raise ValueError(f"Expected non-empty list of {kind.__name__} objects")
     if len(set(items)) != len(items):
         raise ValueError(f"duplicate {what} not allowed")
 

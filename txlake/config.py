@@ -319,7 +319,7 @@ def parse_config(conf: Mapping[str, Any] | None, kind: str) -> ClientConfig:
     if topic_conf is not None:  # librdkafka's legacy default topic configuration: its entries apply as top-level ones
         if not isinstance(topic_conf, Mapping):
             raise _bad("default.topic.config", topic_conf, "expected a dict of topic configuration properties")
-        conf = {**topic_conf, **conf}
+        conf = {**conf, **topic_conf}  # its entries win, as with confluent-kafka
     table = {**COMMON, **{"producer": PRODUCER, "consumer": CONSUMER, "admin": ADMIN}[kind]}
     values = {k: default for k, (_, default) in table.items()}
     options: dict[str, Any] = {}

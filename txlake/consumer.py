@@ -154,9 +154,11 @@ class Consumer:
         #: partitions paused by pause(): poll()/consume() return none of their records
         self._paused: set[tuple[str, int]] = set()
 
-    def _check_open(self) -> None:
+    def _check_open(self, message: str = "Consumer closed") -> None:
+        """confluent-kafka's answer to a call on a closed consumer (``list_topics``,
+        ``cluster_id``, ``set_sasl_credentials``: ``"Handle has been closed"``)."""
         if self._closed:
-            raise RuntimeError("Consumer closed")
+            raise RuntimeError(message)
 
     # ------------------------------------------------------------------ assignment
     def assign(self, partitions: list[TopicPartition]) -> None:
@@ -785,7 +787,7 @@ class Consumer:
         """
         from .admin import cluster_id_of
 
-        self._check_open()
+        self._check_open("Handle has been closed")
         return cluster_id_of(self._broker)
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
@@ -796,7 +798,7 @@ class Consumer:
         """
         from .admin import check_sasl_credentials
 
-        self._check_open()
+        self._check_open("Handle has been closed")
         check_sasl_credentials(username, password)
 
     def close(self) -> None:

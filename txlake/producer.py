@@ -404,10 +404,11 @@ class Producer:
             if buf.nbytes >= self._batch_bytes or len(buf.values) >= self._batch_records:
                 self._close_batch(tp)
 
-    def _check_open(self) -> None:
-        """confluent-kafka's answer to a call on a closed producer."""
+    def _check_open(self, message: str = "Producer has been closed") -> None:
+        """confluent-kafka's answer to a call on a closed producer (``list_topics``,
+        ``cluster_id``, ``set_sasl_credentials``: ``"Handle has been closed"``)."""
         if self._closed:
-            raise RuntimeError("Producer has been closed")
+            raise RuntimeError(message)
 
     def produce_batch(self, topic: str, messages: list, partition: int = -1, callback: Callable | None = None,
                       on_delivery: Callable | None = None) -> int:
@@ -433,6 +434,8 @@ class Producer:
             RuntimeError: the producer is closed.
         """
         self._check_open()
+        if not isinstance(topic, str):
+            raise TypeError(f"argument 1 must be str, not {type(topic).__name__}")  # confluent-kafka's
         if not isinstance(messages, list):
             raise TypeError("messages must be a list")
         for i, m in enumerate(messages):
@@ -527,8 +530,10 @@ class Producer:
 
     def _place_unknown(self) -> None:
         """The send thread: records waiting for their topic go to it once it exists; past
-        ``topic.metadata.propagation.max.ms`` (at most ``message.timeout.ms``) they fail with
-        ``_UNKNOWN_TOPIC`` and later produce() calls to the topic raise it at once."""
+        ``topic.metadata.propagation.max.ms`` they fail with ``_UNKNOWN_TOPIC`` and later
+        produce() calls to the topic raise it at once -- unless ``message.timeout.ms`` is
+        shorter: then they fail with ``_MSG_TIMED_OUT`` when it passes and the topic stays
+        unknown (librdkafka's rules)."""
         try:
             self._broker.refresh(100)
         except Exception:  # the catalog cannot be read now: look again later (produce() reports it)
@@ -551,6 +556,11 @@ class Producer:
                 elif deadline > now:
                     self._unknown.append(entry)
                     continue
+                elif self._delivery_timeout < self._cfg["topic.metadata.propagation.max.ms"] / 1000:
+                    # message.timeout.ms ran out first: the record times out while the topic is
+                    # still unknown, which it stays (librdkafka's UA-queue timeout scan)
+                    err = KafkaError(KafkaError._MSG_TIMED_OUT, f"Local: Message timed out ({topic} did not appear "
+                                     f"in {self._broker.store.url} within message.timeout.ms)")
                 else:
                     self._missing.add(topic)
                     err = KafkaError(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic} did not appear in "
@@ -891,6 +901,7 @@ class Producer:
 
     # ------------------------------------------------------------------ transactions
     def _transactions(self) -> TransactionManager:
+        self._check_open()
         if self._txn is None:
             raise kafka_exception(KafkaError._NOT_CONFIGURED,
                                   "The Transactional API requires transactional.id to be configured")
@@ -910,6 +921,7 @@ class Producer:
 
     def begin_transaction(self) -> None:
         """Start a transaction (``_STATE`` unless initialized and no transaction is open)."""
+        self._check_open()
         with self._lock:
             self._transactions().begin_transaction()
 
@@ -1119,6 +1131,7 @@ class Producer:
         """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""
         from .admin import cluster_metadata
 
+        self._check_open("Handle has been closed")
         return cluster_metadata(self._broker, topic)
 
     def cluster_id(self, timeout: float = -1) -> str:
@@ -1129,7 +1142,7 @@ class Producer:
         """
         from .admin import cluster_id_of
 
-        self._check_open()
+        self._check_open("Handle has been closed")
         return cluster_id_of(self._broker)
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
@@ -1140,7 +1153,7 @@ class Producer:
         """
         from .admin import check_sasl_credentials
 
-        self._check_open()
+        self._check_open("Handle has been closed")
         check_sasl_credentials(username, password)
 
     # ------------------------------------------------------------------ bulk
