@@ -593,3 +593,60 @@ def test_the_admin_client_context_manager_closes_it(conf):
     assert outcome(other.describe_cluster) == ("RuntimeError", "AdminClient has been closed")
     assert outcome(lambda: AdminClient(None)) == outcome(lambda: cadmin.AdminClient(None)) == (
         "TypeError", "expected configuration dict")
+
+
+# ---------------------------------------------------------------- close() with a transaction open
+def test_close_leaves_an_open_transaction_to_the_next_producer_of_its_id(conf):
+    """librdkafka's rd_kafka_destroy (confluent-kafka's close()) flushes and sends no EndTxn: the
+    transaction stays open, holding the last stable offset, until the coordinator times it out
+    or the next producer with the same transactional.id (init_transactions) aborts it."""
+    from txlake.admin import IsolationLevel, OffsetSpec
+
+    create(conf, "t")
+    tx = {**conf, "transactional.id": "tx-1", "transaction.timeout.ms": 60000}
+    with Producer(conf) as plain:
+        plain.produce("t", value=b"before")
+    p = Producer(tx)
+    p.init_transactions(10)
+    p.begin_transaction()
+    p.produce("t", value=b"open")
+    assert p.close() is True                    # flushed: "open" is written, its transaction open
+
+    def latest(level):
+        with AdminClient(conf) as admin:
+            (future,) = admin.list_offsets({TopicPartition("t", 0): OffsetSpec.latest()},
+                                           isolation_level=level).values()
+            return future.result(10).offset
+    assert (latest(IsolationLevel.READ_UNCOMMITTED), latest(IsolationLevel.READ_COMMITTED)) == (2, 1)
+    with Producer(tx) as successor:
+        successor.init_transactions(10)         # fences the old epoch and aborts its transaction
+        successor.begin_transaction()
+        successor.produce("t", value=b"after")
+        successor.commit_transaction(10)
+    # offsets: 0 before, 1 open (aborted), 2 ABORT marker, 3 after, 4 COMMIT marker
+    assert latest(IsolationLevel.READ_COMMITTED) == 5
+    assert [(r[1], r[3]) for r in read_all(conf, "t")] == [(0, b"before"), (3, b"after")]
+
+
+def test_a_transaction_with_a_record_that_failed_delivery_cannot_commit(conf):
+    """A record of the transaction to a topic that never appears fails its delivery report;
+    librdkafka then refuses commit_transaction (the transaction requires an abort). It committed,
+    which lost the record while committing the rest -- and, in a copier, the input offsets."""
+    create(conf, "t")
+    with Producer({**conf, "transactional.id": "tx-lost", "message.timeout.ms": 300}) as p:
+        p.init_transactions(10)
+        p.begin_transaction()
+        p.produce("t", value=b"kept?")
+        p.produce("nope", value=b"lost", on_delivery=lambda err, msg: reports.append(err.code()))
+        reports = []
+        with pytest.raises(KafkaException) as info:
+            p.commit_transaction(20)
+        p.poll(0)
+        assert reports == [KafkaError._MSG_TIMED_OUT]
+        err = info.value.args[0]
+        assert (err.code(), err.txn_requires_abort(), err.fatal()) == (KafkaError._MSG_TIMED_OUT, True, False)
+        p.abort_transaction(10)
+        p.begin_transaction()
+        p.produce("t", value=b"next")
+        p.commit_transaction(10)
+    assert [r[3] for r in read_all(conf, "t")] == [b"next"]

@@ -566,6 +566,8 @@ class Producer:
                     err = KafkaError(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic} did not appear in "
                                      f"{self._broker.store.url} within topic.metadata.propagation.max.ms")
                 self._fail_flight(self._single(topic, partition, key, value, ts, hdrs, cb), err)
+                if self._txn is not None:  # a record of the transaction is lost: it can only abort
+                    self._txn.send_failed(err, epoch_bump=False)
 
     def _single(self, topic: str, partition: int | None, key: bytes | None, value: bytes | None, ts: int,
                 hdrs: list | None, cb: Callable | None) -> _InFlight:
@@ -1015,10 +1017,12 @@ class Producer:
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
             self._close_all(urgent=False)  # EndTxn's urgent Complete record follows: one flush for both
-            while self._buffers or self._txn_pending or any(self._queues.values()):
+            # records still waiting for their topic count too: they either reach it or fail,
+            # and a failed one makes the transaction abortable (librdkafka flushes them all)
+            while self._buffers or self._txn_pending or any(self._queues.values()) or self._unknown:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    return sum(len(f.buffer.values) for q in self._queues.values() for f in q)
+                    return sum(len(f.buffer.values) for q in self._queues.values() for f in q) + len(self._unknown)
                 self._cond.wait(min(remaining, 0.05) if remaining is not None else 0.05)
             return 0
 
