@@ -609,15 +609,9 @@ class AdminClient:
             TypeError: not a list of TopicPartition. ValueError: a partition named twice.
         """
         self._check_open()
-        if not isinstance(topic_partition_offsets, list):
-            raise TypeError(f"Expected Request to be a list, got '{type(topic_partition_offsets).__name__}' ")
-        for tp in topic_partition_offsets:
-            if not isinstance(tp, TopicPartition):
-                raise TypeError(f"Element of the request list must be of type 'TopicPartition' got "
-                                f"'{type(tp).__name__}' ")
-            if tp.partition < 0:
-                raise ValueError("'partition' cannot be negative")
-        partitions = list(topic_partition_offsets)
+        partitions = _partition_list(topic_partition_offsets, "Expected Request to be a list, got '{}' ",
+                                     "Element of the request list must be of type 'TopicPartition' got '{}' ",
+                                     "'partition' cannot be negative")
         if len({(tp.topic, tp.partition) for tp in partitions}) != len(partitions):
             raise ValueError("Duplicate partitions in request")
         T = _DeleteRecords.DeleteRecordsTopic
@@ -1050,15 +1044,9 @@ class AdminClient:
         if not isinstance(election_type, ElectionType):
             raise TypeError("Expected 'election_type' to be of type 'ElectionType'")
         if partitions is not None:
-            if not isinstance(partitions, list):
-                raise TypeError(f"Expected 'partitions' to be a list, got '{type(partitions).__name__}'")
-            for tp in partitions:
-                if not isinstance(tp, TopicPartition):
-                    raise TypeError(f"Element of the 'partitions' list must be of type 'TopicPartition' got "
-                                    f"'{type(tp).__name__}' ")
-                if tp.partition < 0:
-                    raise ValueError("Elements of the 'partitions' list must not have negative value for "
-                                     "'partition' field")
+            _partition_list(partitions, "Expected 'partitions' to be a list, got '{}'",
+                            "Element of the 'partitions' list must be of type 'TopicPartition' got '{}' ",
+                            "Elements of the 'partitions' list must not have negative value for 'partition' field")
         T = _ElectLeaders.TopicPartitions
         wanted = None if partitions is None else [T(topic=name, partitions=[tp.partition for tp in tps])
                                                   for name, tps in _by_topic(partitions).items()]
@@ -1478,6 +1466,23 @@ def _failed(exc: KafkaException) -> Future:
     fut: Future = Future()
     fut.set_exception(exc)
     return fut
+
+
+def _partition_list(value: Any, not_a_list: str, not_a_partition: str, negative: str) -> list[TopicPartition]:
+    """A request's list of TopicPartition, checked with confluent-kafka's texts (``{}`` is the
+    offending type's name).
+
+    Raises:
+        TypeError: not a list, or an element not a TopicPartition. ValueError: a negative partition.
+    """
+    if not isinstance(value, list):
+        raise TypeError(not_a_list.format(type(value).__name__))
+    for tp in value:
+        if not isinstance(tp, TopicPartition):
+            raise TypeError(not_a_partition.format(type(tp).__name__))
+        if tp.partition < 0:
+            raise ValueError(negative)
+    return list(value)
 
 
 def _non_empty(items: list, what: str) -> None:

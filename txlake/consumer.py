@@ -31,6 +31,7 @@ from txlake.engine.registry import acquire_broker, release_broker
 
 from . import local_requests
 from .config import constructor_conf, parse_config
+from .handle import HandleCalls
 from .consumer_coordinator import ConsumerCoordinator
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .group_metadata import ConsumerGroupMetadata
@@ -110,7 +111,7 @@ def _offset_after(message: Message) -> int:
     offset = message.offset()
     return offset + 1 if offset is not None else OFFSET_INVALID
 
-class Consumer:
+class Consumer(HandleCalls):
     """A Kafka consumer of a txlake storage root (confluent-kafka's ``Consumer``).
 
     Args:
@@ -778,28 +779,6 @@ class Consumer:
         if self._closed:
             raise RuntimeError("Handle has been closed")  # confluent-kafka's text for this call
         return cluster_metadata(self._broker, topic)   # Metadata refreshes the catalog itself in-process
-
-    def cluster_id(self, timeout: float = -1) -> str:
-        """The storage root's cluster id (see :meth:`txlake.AdminClient.cluster_id`).
-
-        Raises:
-            RuntimeError: the consumer is closed.
-        """
-        from .admin import cluster_id_of
-
-        self._check_open("Handle has been closed")
-        return cluster_id_of(self._broker)
-
-    def set_sasl_credentials(self, username: str, password: str) -> None:
-        """Accepted with no effect, as ``security.protocol`` and ``sasl.*`` (docs/confluent-kafka.md).
-
-        Raises:
-            TypeError: ``username`` or ``password`` is not a str. RuntimeError: the consumer is closed.
-        """
-        from .admin import check_sasl_credentials
-
-        self._check_open("Handle has been closed")
-        check_sasl_credentials(username, password)
 
     def close(self) -> None:
         """Leave the group (auto-commit first, if enabled), wait for the commits still queued,

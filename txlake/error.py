@@ -49,27 +49,24 @@ class KafkaError:
     def name(self) -> str:
         """librdkafka's name of the code (``UNKNOWN_TOPIC_OR_PART``, ``_MSG_TIMED_OUT``), else
         Kafka's, else librdkafka's ``ERR_<code>?`` for a code it does not know."""
-        known = _LIBRDKAFKA.get(self._code)
-        if known is not None:
-            return known[0]
-        try:
-            return Errors(self._code).name
-        except ValueError:
-            return f"ERR_{self._code}?"
+        return self._described()[0]
 
     def str(self) -> str:
         """The human-readable reason: the one given, else librdkafka's text for the code
         (``"Broker: Unknown topic or partition"``; ``"Err-<code>?"`` for a code librdkafka
         does not know, as its ``rd_kafka_err2str``)."""
-        if self._reason:
-            return self._reason
+        return self._reason or self._described()[1]
+
+    def _described(self) -> tuple[str, str]:
+        """(name, text) of the code: librdkafka's, else Kafka's name as both, else librdkafka's
+        forms for an unknown code."""
         known = _LIBRDKAFKA.get(self._code)
         if known is not None:
-            return known[1]
+            return known
         try:
-            return Errors(self._code).name
+            return Errors(self._code).name, Errors(self._code).name
         except ValueError:
-            return f"Err-{self._code}?"
+            return f"ERR_{self._code}?", f"Err-{self._code}?"
 
     def fatal(self) -> bool:
         """True when the client instance can no longer be used (e.g. a fenced producer)."""

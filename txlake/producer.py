@@ -53,6 +53,7 @@ from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
 
 from . import local_requests
 from .config import constructor_conf, parse_config
+from .handle import HandleCalls
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .transaction_manager import TransactionManager
 from txlake.engine.group_offsets import OffsetAndMetadata
@@ -210,7 +211,7 @@ class BulkResult:
     offsets: dict[int, tuple[int, int]]
 
 
-class Producer:
+class Producer(HandleCalls):
     """An idempotent Kafka producer writing to a txlake storage root (confluent-kafka's ``Producer``).
 
     Args:
@@ -1137,28 +1138,6 @@ class Producer:
 
         self._check_open("Handle has been closed")
         return cluster_metadata(self._broker, topic)
-
-    def cluster_id(self, timeout: float = -1) -> str:
-        """The storage root's cluster id (see :meth:`txlake.AdminClient.cluster_id`).
-
-        Raises:
-            RuntimeError: the producer is closed.
-        """
-        from .admin import cluster_id_of
-
-        self._check_open("Handle has been closed")
-        return cluster_id_of(self._broker)
-
-    def set_sasl_credentials(self, username: str, password: str) -> None:
-        """Accepted with no effect, as ``security.protocol`` and ``sasl.*`` (docs/confluent-kafka.md).
-
-        Raises:
-            TypeError: ``username`` or ``password`` is not a str. RuntimeError: the producer is closed.
-        """
-        from .admin import check_sasl_credentials
-
-        self._check_open("Handle has been closed")
-        check_sasl_credentials(username, password)
 
     # ------------------------------------------------------------------ bulk
     def produce_arrow(self, topic: str, data: pa.Table | pa.RecordBatchReader | Iterable[pa.RecordBatch],
