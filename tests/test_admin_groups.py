@@ -145,9 +145,17 @@ def test_list_offsets_earliest_latest_max_timestamp_and_for_timestamp_under_both
     tx.commit_transaction(10)
     assert ask(OffsetSpec.latest(), IsolationLevel.READ_COMMITTED) == (6, -1, True)  # past the COMMIT marker
     tx.close()
+    # as librdkafka: a missing topic or partition has no leader; with none at all the request fails
     missing = env.admin.list_offsets({TopicPartition("nope", 0): OffsetSpec.latest()})
-    assert error_of(missing[TopicPartition("nope", 0)]) == (KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                                            "Broker: Unknown topic or partition")
+    assert error_of(missing[TopicPartition("nope", 0)]) == (KafkaError._NOENT,
+                                                            "Failed to query partition leaders: No leaders found")
+    mixed = env.admin.list_offsets({tp: OffsetSpec.latest(), TopicPartition("nope", 0): OffsetSpec.latest(),
+                                    TopicPartition(tp.topic, 9): OffsetSpec.latest()})
+    assert mixed[TopicPartition(tp.topic, 0, -1)].result(10).offset == 6
+    assert error_of(mixed[TopicPartition("nope", 0, -1)]) == (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                              "Broker: Unknown topic or partition")
+    assert error_of(mixed[TopicPartition(tp.topic, 9, -1)]) == (KafkaError._UNKNOWN_PARTITION,
+                                                                "Local: Unknown partition")
     with pytest.raises(TypeError):
         env.admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=1)
     with pytest.raises(TypeError):
@@ -285,6 +293,14 @@ def test_confluent_kafka_over_the_wire_gets_the_in_process_answers(serve_root):
     assert wire_answers["offsets"] == [("t", 0, 2), ("t", 1, 0)]
     assert wire_answers["list_offsets"] == [(-1, 3, -1), (1005, 1, 1010), (-3, 2, 1020)]
     assert wire_answers["create_acls"] == (KafkaError.SECURITY_DISABLED, "No Authorizer is configured.")
+    assert wire_answers["list_offsets_missing"] == [
+        ("t", 0, 3), ("nope", 0, (KafkaError.UNKNOWN_TOPIC_OR_PART, "Broker: Unknown topic or partition")),
+        ("t", 9, (KafkaError._UNKNOWN_PARTITION, "Local: Unknown partition"))]
+    assert wire_answers["list_offsets_none"] == (KafkaError._NOENT, "Failed to query partition leaders: No leaders found")
+    assert wire_answers["list_groups"] == [(GROUP, None, "Empty", "", "", [], 1)]
+    assert wire_answers["list_groups_missing"] == []
+    cluster_id, described_id = wire_answers["cluster_id"]
+    assert cluster_id == described_id and len(cluster_id) == 22
 
 
 def tour(admin, ck, cka, failure, timeout: float) -> dict:
@@ -307,6 +323,20 @@ def tour(admin, ck, cka, failure, timeout: float) -> dict:
     t = admin.describe_topics(ck.TopicCollection(["t"]))["t"].result(timeout)
     out["topic"] = (t.name, str(t.topic_id), t.is_internal, [(p.id, p.leader.id, [n.id for n in p.replicas])
                                                              for p in t.partitions])
+    missing = admin.list_offsets({ck.TopicPartition("t", 0): cka.OffsetSpec.latest(),
+                                  ck.TopicPartition("nope", 0): cka.OffsetSpec.latest(),
+                                  ck.TopicPartition("t", 9): cka.OffsetSpec.latest()}, request_timeout=timeout)
+    out["list_offsets_missing"] = [(tp.topic, tp.partition, failure(f) if f.exception(timeout) else f.result().offset)
+                                   for tp, f in missing.items()]
+    (nope, future), = admin.list_offsets({ck.TopicPartition("nope", 0): cka.OffsetSpec.latest()}).items()
+    out["list_offsets_none"] = failure(future)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        out["list_groups"] = [(x.id, x.error, x.state, x.protocol_type, x.protocol, x.members, x.broker.id)
+                              for x in admin.list_groups(timeout=timeout)]
+        out["list_groups_missing"] = [(x.id, x.error, x.state, x.protocol_type, x.protocol, x.members)
+                                      for x in admin.list_groups("missing", timeout=timeout)]
+    out["cluster_id"] = (admin.list_topics(timeout=timeout).cluster_id, admin.describe_cluster().result(timeout).cluster_id)
     e = admin.elect_leaders(ck.ElectionType.PREFERRED, [ck.TopicPartition("t", 0)]).result(timeout)
     out["elect"] = [(tp.topic, tp.partition, err.code(), err.str()) for tp, err in e.items()]
     acl = cka.AclBinding(cka.ResourceType.TOPIC, "t", cka.ResourcePatternType.LITERAL, "User:alice", "*",

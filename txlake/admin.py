@@ -58,14 +58,14 @@ from .admin_acl_types import (AclBinding, AclBindingFilter, AclOperation, AclPer
                               ScramCredentialInfo, ScramMechanism, UserScramCredentialAlteration,
                               UserScramCredentialDeletion, UserScramCredentialsDescription,
                               UserScramCredentialUpsertion)
-from .admin_group_types import (ConsumerGroupDescription, ConsumerGroupListing, ConsumerGroupState,
+from .admin_group_types import (GroupMember, GroupMetadata, ConsumerGroupDescription, ConsumerGroupListing, ConsumerGroupState,
                                 ConsumerGroupTopicPartitions, ConsumerGroupType, ElectionType, IsolationLevel,
                                 ListConsumerGroupsResult, ListOffsetsResultInfo, MemberAssignment, MemberDescription,
                                 OffsetSpec, TopicCollection, TopicDescription, TopicPartitionInfo, Uuid)
 from .admin_types import (AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, DescribeClusterResult,
                           NewPartitions, Node, ResourceType, kafka_resource_type)
 from .assignors import ConsumerProtocolError, decode_assignment
-from .config import parse_config
+from .config import constructor_conf, parse_config
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors
 from .types import OFFSET_INVALID, TopicPartition
 
@@ -73,7 +73,8 @@ __all__ = [
     "AclBinding", "AclBindingFilter", "AclOperation", "AclPermissionType", "AdminClient", "AlterConfigOpType",
     "BrokerMetadata", "ClusterMetadata", "ConfigEntry", "ConfigResource", "ConfigSource", "ConsumerGroupDescription",
     "ConsumerGroupListing", "ConsumerGroupState", "ConsumerGroupTopicPartitions", "ConsumerGroupType",
-    "DeletedRecords", "DescribeClusterResult", "ElectionType", "HangingTransaction", "IsolationLevel",
+    "DeletedRecords", "DescribeClusterResult", "ElectionType", "GroupMember", "GroupMetadata", "HangingTransaction",
+    "IsolationLevel",
     "ListConsumerGroupsResult", "ListOffsetsResultInfo", "MemberAssignment", "MemberDescription", "NewPartitions",
     "NewTopic", "Node", "OffsetSpec", "PartitionMetadata", "PartitionProducerState", "ProducerState",
     "ResourcePatternType", "ResourceType", "ScramCredentialInfo", "ScramMechanism", "TopicCollection",
@@ -306,6 +307,18 @@ def cluster_metadata(broker: Broker, topic: str | None = None) -> ClusterMetadat
                            f"{first.host}:{first.port}/{first.node_id}")
 
 
+def check_sasl_credentials(username: Any, password: Any) -> None:
+    """``set_sasl_credentials``'s argument check (the call itself has no effect: no SASL
+    against object storage). Raises TypeError when either is not a str."""
+    if not isinstance(username, str) or not isinstance(password, str):
+        raise TypeError("username and password must be strings")
+
+
+def cluster_id_of(broker: Broker) -> str:
+    """The storage root's cluster id, as a Metadata request naming no topic answers it."""
+    return _call(broker, _Metadata(topics=[], allow_auto_topic_creation=False), "cluster_id()").cluster_id
+
+
 def _done(value: Any = None) -> Future:
     fut: Future = Future()
     fut.set_result(value)
@@ -318,8 +331,19 @@ def _answer(error: KafkaError | None, value: Any = None) -> Future:
 
 
 def _timeout_ms(timeout_s: float | None, default_ms: int = 30_000) -> int:
-    """confluent-kafka's timeout argument (s; None or negative = the default) in ms."""
-    return default_ms if timeout_s is None or timeout_s < 0 else int(timeout_s * 1000)
+    """An AdminClient call's ``request_timeout``/``operation_timeout`` (s; None = the default) in ms.
+
+    Raises:
+        TypeError: not a number (confluent-kafka's ``"must be real number, not str"``).
+        ValueError: negative or beyond an hour, as librdkafka's admin options refuse it.
+    """
+    if timeout_s is None:
+        return default_ms
+    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool):
+        raise TypeError(f"must be real number, not {type(timeout_s).__name__}")
+    if not 0 <= timeout_s * 1000 <= 3_600_000:
+        raise ValueError('Invalid value type for "request_timeout": expecting integer in range 0..3600000')
+    return int(timeout_s * 1000)
 
 
 def _config_entry(entry: Any) -> ConfigEntry:
@@ -351,13 +375,17 @@ class AdminClient:
     futures with NOT_LEADER_OR_FOLLOWER, naming the holder.
     """
 
+    #: a subclass whose ``__init__`` never called this one's is closed: every call raises
+    #: RuntimeError, as confluent-kafka's (its handle is NULL)
+    _closed = True
+
     def __init__(self, conf: dict | None = None, **kwargs: Any):
-        self._cfg = parse_config({**(conf or {}), **kwargs}, "admin")
+        self._cfg = parse_config(constructor_conf(conf, kwargs), "admin")
         with kafka_errors(f"{type(self).__name__}: cannot open storage.url {self._cfg.storage_url}"):
             self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
         self._closed = False
 
-    def create_topics(self, new_topics: list[NewTopic], operation_timeout: float = 0, request_timeout: float = -1,
+    def create_topics(self, new_topics: list[NewTopic], operation_timeout: float = 0, request_timeout: float | None = None,
                       validate_only: bool = False) -> dict[str, Future]:
         """CreateTopics: one future per topic (None, or KafkaException with Kafka's error and message:
         TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION, INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR,
@@ -370,8 +398,11 @@ class AdminClient:
         Raises:
             TypeError: not a list of NewTopic. ValueError: a topic named twice.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(new_topics, list) or not all(isinstance(t, NewTopic) for t in new_topics):
             raise TypeError("Expected list of NewTopic")
+        _non_empty(new_topics, "NewTopic objects")
         if len({t.topic for t in new_topics}) != len(new_topics):
             raise ValueError("Duplicate topic names in request")
         T = _CreateTopics.CreatableTopic
@@ -389,7 +420,7 @@ class AdminClient:
                                                    validate_only=bool(validate_only)), "create_topics()")
         return _topic_futures([t.topic for t in new_topics], answer.topics)
 
-    def delete_topics(self, topics: list[str], operation_timeout: float = 0, request_timeout: float = -1) -> dict[str, Future]:
+    def delete_topics(self, topics: list[str], operation_timeout: float = 0, request_timeout: float | None = None) -> dict[str, Future]:
         """DeleteTopics: one future per topic (None, or KafkaException UNKNOWN_TOPIC_OR_PART,
         NOT_LEADER_OR_FOLLOWER, ...).
 
@@ -399,9 +430,15 @@ class AdminClient:
         Raises:
             TypeError: not a list of topic names. ValueError: a topic named twice.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(topics, list):
             raise TypeError("Expected list of topic names")
-        names = _list_arg(topics, "topics", str)
+        _non_empty(topics, "topic strings")
+        for name in topics:
+            if not isinstance(name, str):
+                raise ValueError(f"Expected list of topic strings, not {type(name).__name__}")
+        names = list(topics)
         if len(set(names)) != len(names):
             raise ValueError("Duplicate topic names in request")
         state = _DeleteTopics.DeleteTopicState
@@ -411,10 +448,11 @@ class AdminClient:
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         """Metadata of all topics (or one), as of the newest catalog commit (a Metadata request)."""
+        self._check_open("Handle has been closed")
         return cluster_metadata(self._broker, topic)
 
     def create_partitions(self, new_partitions: list[NewPartitions], operation_timeout: float = 0,
-                          request_timeout: float = -1, validate_only: bool = False) -> dict[str, Future]:
+                          request_timeout: float | None = None, validate_only: bool = False) -> dict[str, Future]:
         """CreatePartitions (confluent-kafka's ``AdminClient.create_partitions``): grow each topic to
         ``new_total_count`` partitions; the new ones are empty and writable at once, and producers,
         consumers (a subscription rebalances onto them) and DuckDB views see them. Nothing changes
@@ -430,8 +468,11 @@ class AdminClient:
         Raises:
             TypeError: not a list of NewPartitions. ValueError: a topic named twice.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(new_partitions, list):
             raise TypeError("Expected list of NewPartitions")
+        _non_empty(new_partitions, "NewPartitions objects")
         wanted = _list_arg(new_partitions, "new_partitions", NewPartitions)
         if len({p.topic for p in wanted}) != len(wanted):
             raise ValueError("Duplicate topic names in request")
@@ -444,7 +485,7 @@ class AdminClient:
                                                        validate_only=bool(validate_only)), "create_partitions()")
         return _topic_futures([p.topic for p in wanted], answer.results)
 
-    def describe_configs(self, resources: list[ConfigResource], request_timeout: float = -1,
+    def describe_configs(self, resources: list[ConfigResource], request_timeout: float | None = None,
                          broker: int = -1) -> dict[ConfigResource, Future]:
         """DescribeConfigs (confluent-kafka's ``AdminClient.describe_configs``): every config of each
         resource, with its source and synonyms.
@@ -461,8 +502,11 @@ class AdminClient:
         Raises:
             ValueError: not a list of ConfigResource (confluent-kafka raises ValueError here).
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(resources, list) or not all(isinstance(r, ConfigResource) for r in resources):
             raise ValueError(f"Expected list of {ConfigResource!r}")
+        _non_empty(resources, "ConfigResource objects")
         R = _DescribeConfigs.DescribeConfigsResource
         request = _DescribeConfigs(resources=[R(resource_type=kafka_resource_type(r.restype), resource_name=r.name,
                                                 configuration_keys=None) for r in resources],
@@ -473,7 +517,7 @@ class AdminClient:
                 for r, result in zip(resources, answer.results)}
 
     def incremental_alter_configs(self, resources: list[ConfigResource], validate_only: bool = False,
-                                  request_timeout: float = -1, broker: int = -1) -> dict[ConfigResource, Future]:
+                                  request_timeout: float | None = None, broker: int = -1) -> dict[ConfigResource, Future]:
         """IncrementalAlterConfigs (KIP-339; confluent-kafka's ``AdminClient.incremental_alter_configs``):
         apply each resource's ``incremental_configs`` -- :class:`ConfigEntry` with an
         ``incremental_operation`` SET, DELETE (back to the default), APPEND or SUBTRACT (list
@@ -488,36 +532,56 @@ class AdminClient:
 
         Raises:
             TypeError: not a list of ConfigResource, or an incremental config that is not a
-                ConfigEntry with an AlterConfigOpType ``incremental_operation``.
-            ValueError: a resource named twice.
+                ConfigEntry with a str name and an AlterConfigOpType ``incremental_operation``.
+            ValueError: an empty list, a resource without incremental configs, a resource
+                named twice. (A config named twice in one resource fails every future with
+                ``_INVALID_ARG`` "Duplicate ConfigEntry found", as librdkafka.)
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(resources, list) or not all(isinstance(r, ConfigResource) for r in resources):
             raise TypeError(f"Expected list of {ConfigResource!r}")
+        _non_empty(resources, "ConfigResource objects")
         if len(set(resources)) != len(resources):
             raise ValueError("Duplicate ConfigResource in request")
         R = _IncrementalAlterConfigs.AlterConfigsResource
         wire = []
+        duplicated = set()
         for r in resources:
             configs = []
-            for entry in r.incremental_configs:
-                if not isinstance(entry, ConfigEntry) or not isinstance(entry.incremental_operation, AlterConfigOpType):
+            if not r.incremental_configs:
+                raise ValueError("expected non-empty list of ConfigEntry to alter incrementally in "
+                                 "incremental_configs field")
+            for index, entry in enumerate(r.incremental_configs):
+                if not isinstance(entry, ConfigEntry):
+                    raise TypeError(f"expected ConfigEntry type in incremental_configs field, index {index}")
+                if not isinstance(entry.name, str):
+                    raise TypeError(f"Expected .name to be str type, not {type(entry.name).__name__}")
+                if not isinstance(entry.incremental_operation, AlterConfigOpType):
                     raise TypeError(f"{r!r}: expected ConfigEntry with an AlterConfigOpType incremental_operation, "
                                     f"got {entry!r}")
                 op = entry.incremental_operation
                 configs.append(R.AlterableConfig(name=entry.name, config_operation=op.value,
                                                  value=None if op is AlterConfigOpType.DELETE or entry.value is None
                                                  else str(entry.value)))
+            if len({c.name for c in configs}) != len(configs):
+                duplicated.add(r)
             wire.append(R(resource_type=kafka_resource_type(r.restype), resource_name=r.name, configs=configs))
+        if duplicated:  # librdkafka refuses the request before sending it, failing every future
+            error = KafkaError(KafkaError._INVALID_ARG, "Duplicate ConfigEntry found")
+            return {r: _answer(error) for r in resources}
         answer = _call(self._broker, _IncrementalAlterConfigs(resources=wire, validate_only=bool(validate_only)),
                        "incremental_alter_configs()")
         return {r: _answer(_error(result.error_code, result.error_message))
                 for r, result in zip(resources, answer.responses)}
 
-    def describe_cluster(self, request_timeout: float = -1, include_authorized_operations: bool = False) -> Future:
+    def describe_cluster(self, request_timeout: float | None = None, include_authorized_operations: bool = False) -> Future:
         """DescribeCluster (KIP-700; confluent-kafka's ``AdminClient.describe_cluster``): a future of
         :class:`DescribeClusterResult` -- the one node (node 1 at ``localhost:0`` in-process), which
         is also the controller, and the storage root's cluster id. ``authorized_operations`` is
         None (no authorizer)."""
+        self._check_open()
+        _timeout_ms(request_timeout)
         answer = _call(self._broker, _DescribeCluster(include_cluster_authorized_operations=False),
                        "describe_cluster()")
         nodes = [Node(b.broker_id, b.host, b.port, b.rack) for b in answer.brokers]
@@ -525,8 +589,8 @@ class AdminClient:
         return _answer(_error(answer.error_code, answer.error_message),
                        DescribeClusterResult(controller, nodes, answer.cluster_id))
 
-    def delete_records(self, topic_partition_offsets: list[TopicPartition], request_timeout: float = -1,
-                       operation_timeout: float = -1) -> dict[TopicPartition, Future]:
+    def delete_records(self, topic_partition_offsets: list[TopicPartition], request_timeout: float | None = None,
+                       operation_timeout: float | None = None) -> dict[TopicPartition, Future]:
         """DeleteRecords (confluent-kafka's ``AdminClient.delete_records``): move each partition's
         log start offset to ``tp.offset`` (``OFFSET_END``, -1, = the high watermark). Records
         below it become unreadable; segments wholly below it are dropped; the producer state
@@ -544,7 +608,10 @@ class AdminClient:
         Raises:
             TypeError: not a list of TopicPartition. ValueError: a partition named twice.
         """
-        partitions = _list_arg(topic_partition_offsets, "topic_partition_offsets", TopicPartition)
+        self._check_open()
+        partitions = _partition_list(topic_partition_offsets, "Expected Request to be a list, got '{}' ",
+                                     "Element of the request list must be of type 'TopicPartition' got '{}' ",
+                                     "'partition' cannot be negative")
         if len({(tp.topic, tp.partition) for tp in partitions}) != len(partitions):
             raise ValueError("Duplicate partitions in request")
         T = _DeleteRecords.DeleteRecordsTopic
@@ -567,7 +634,7 @@ class AdminClient:
         (c,) = answer.coordinators
         return Node(c.node_id, c.host, c.port)
 
-    def list_consumer_groups(self, request_timeout: float = -1, states: set | None = None,
+    def list_consumer_groups(self, request_timeout: float | None = None, states: set | None = None,
                              types: set | None = None) -> Future:
         """ListGroups (KIP-518 states filter, KIP-848 types filter; confluent-kafka's
         ``AdminClient.list_consumer_groups``).
@@ -586,6 +653,8 @@ class AdminClient:
         Raises:
             TypeError: ``states``/``types`` not a set of ConsumerGroupState/ConsumerGroupType.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         for value, kind, name in ((states, ConsumerGroupState, "states"), (types, ConsumerGroupType, "types")):
             if value is not None:
                 if not isinstance(value, set):
@@ -600,7 +669,7 @@ class AdminClient:
         errors = [] if answer.error_code == Errors.NO_ERROR else [KafkaException(KafkaError(answer.error_code))]
         return _done(ListConsumerGroupsResult(valid, errors))
 
-    def describe_consumer_groups(self, group_ids: list[str], request_timeout: float = -1,
+    def describe_consumer_groups(self, group_ids: list[str], request_timeout: float | None = None,
                                  include_authorized_operations: bool = False) -> dict[str, Future]:
         """DescribeGroups (confluent-kafka's ``AdminClient.describe_consumer_groups``).
 
@@ -615,6 +684,8 @@ class AdminClient:
         Raises:
             TypeError: ``group_ids`` is not a list. ValueError: it is empty.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(group_ids, list):
             raise TypeError("Expected input to be list of group ids to be described")
         if not group_ids:
@@ -641,7 +712,66 @@ class AdminClient:
                 ConsumerGroupState.from_kafka_name(g.group_state), coordinator, operations, ConsumerGroupType.CLASSIC))
         return out
 
-    def delete_consumer_groups(self, group_ids: list[str], request_timeout: float = -1) -> dict[str, Future]:
+    def list_groups(self, group: str | None = None, timeout: float = -1) -> list[GroupMetadata]:
+        """The groups with their members (confluent-kafka's legacy ``list_groups``, deprecated there
+        since 2.0.2 in favour of :meth:`list_consumer_groups` and :meth:`describe_consumer_groups`;
+        librdkafka's ``rd_kafka_list_groups``: ListGroups, then DescribeGroups of each group).
+
+        Args:
+            group: only this group (none when ListGroups does not list it, as librdkafka
+                filters ListGroups' answer); None = every group, in ListGroups' order.
+            timeout: accepted for confluent-kafka's signature (s); the answer is immediate.
+
+        Returns:
+            A list of :class:`GroupMetadata`.
+
+        Raises:
+            RuntimeError: ``"Handle has been closed"`` after :meth:`close`.
+            KafkaException: a request failed as a whole (e.g. COORDINATOR_LOAD_IN_PROGRESS), as
+                ``"Failed to list groups: ..."``.
+        """
+        warnings.warn("list_groups() is deprecated, use list_consumer_groups() and describe_consumer_groups() "
+                      "instead.", DeprecationWarning, stacklevel=2)
+        self._check_open("Handle has been closed")
+        if group is not None and not isinstance(group, str):
+            raise TypeError(f"group must be a str or None, not {type(group).__name__}")
+        _timeout_ms(None if timeout == -1 else timeout)
+        listed = _call(self._broker, _ListGroups(states_filter=[], types_filter=[]), "list_groups()")
+        if listed.error_code != Errors.NO_ERROR:
+            raise KafkaException(KafkaError(listed.error_code, f"Failed to list groups: "
+                                            f"{KafkaError(listed.error_code).str()}"))
+        ids = [g.group_id for g in listed.groups if group is None or g.group_id == group]
+        if not ids:
+            return []
+        answer = _call(self._broker, _DescribeGroups(groups=ids, include_authorized_operations=False), "list_groups()")
+        node = self._coordinator_node()
+        out = []
+        for g in answer.groups:
+            meta = GroupMetadata()
+            meta.broker = BrokerMetadata(node.id, node.host, node.port)
+            meta.id, meta.error = g.group_id, _error(g.error_code, g.error_message)
+            meta.state, meta.protocol_type, meta.protocol = g.group_state, g.protocol_type, g.protocol_data
+            for m in g.members:
+                member = GroupMember()
+                member.id, member.client_id, member.client_host = m.member_id, m.client_id, m.client_host
+                member.metadata, member.assignment = bytes(m.member_metadata), bytes(m.member_assignment)
+                meta.members.append(member)
+            out.append(meta)
+        return out
+
+    def cluster_id(self, timeout: float = -1) -> str:
+        """The cluster id (confluent-kafka's ``cluster_id``, from Metadata as librdkafka's
+        ``rd_kafka_clusterid``): the storage root's, 22 url-safe base64 characters, the one
+        ``txlake serve`` on the same root reports and ``describe_cluster()`` gives.
+
+        Raises:
+            RuntimeError: ``"Handle has been closed"`` after :meth:`close`.
+        """
+        self._check_open("Handle has been closed")
+        _timeout_ms(None if timeout == -1 else timeout)
+        return cluster_id_of(self._broker)
+
+    def delete_consumer_groups(self, group_ids: list[str], request_timeout: float | None = None) -> dict[str, Future]:
         """DeleteGroups (confluent-kafka's ``AdminClient.delete_consumer_groups``): an Empty group is
         removed with its committed offsets.
 
@@ -653,6 +783,8 @@ class AdminClient:
         Raises:
             TypeError: ``group_ids`` is not a list of str. ValueError: it is empty.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(group_ids, list):
             raise TypeError("Expected input to be list of group ids to be deleted")
         if not group_ids:
@@ -665,7 +797,7 @@ class AdminClient:
         return {g: _answer(None if by_id[g] == Errors.NO_ERROR else KafkaError(by_id[g])) for g in group_ids}
 
     def list_consumer_group_offsets(self, list_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
-                                    request_timeout: float = -1, require_stable: bool = False) -> dict[str, Future]:
+                                    request_timeout: float | None = None, require_stable: bool = False) -> dict[str, Future]:
         """OffsetFetch (confluent-kafka's ``AdminClient.list_consumer_group_offsets``) of one group.
 
         Args:
@@ -685,6 +817,8 @@ class AdminClient:
             TypeError / ValueError: as confluent-kafka checks the request (one group, a non-empty
                 group id, partitions without offsets).
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         _check_group_request(list_consumer_group_offsets_request, "listing", offsets_allowed=False)
         (req,) = list_consumer_group_offsets_request
         G = _OffsetFetch.OffsetFetchRequestGroup
@@ -709,7 +843,7 @@ class AdminClient:
         return {req.group_id: _done(ConsumerGroupTopicPartitions(req.group_id, partitions))}
 
     def alter_consumer_group_offsets(self, alter_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
-                                     request_timeout: float = -1) -> dict[str, Future]:
+                                     request_timeout: float | None = None) -> dict[str, Future]:
         """OffsetCommit as an admin (generation -1, no member: Kafka's commit for a group without
         members; confluent-kafka's ``AdminClient.alter_consumer_group_offsets``) of one group: each
         partition's offset, metadata and leader epoch. A consumer of the group that starts (or
@@ -725,6 +859,8 @@ class AdminClient:
             TypeError / ValueError: as confluent-kafka checks the request (one group, a non-empty
                 group id, partitions with non-negative offsets).
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         _check_group_request(alter_consumer_group_offsets_request, "altering", offsets_allowed=True)
         (req,) = alter_consumer_group_offsets_request
         T = _OffsetCommit.OffsetCommitRequestTopic
@@ -745,7 +881,7 @@ class AdminClient:
         return {req.group_id: _done(ConsumerGroupTopicPartitions(req.group_id, partitions))}
 
     # ------------------------------------------------------------------ offsets and topics
-    def list_offsets(self, topic_partition_offsets: dict[TopicPartition, OffsetSpec], request_timeout: float = -1,
+    def list_offsets(self, topic_partition_offsets: dict[TopicPartition, OffsetSpec], request_timeout: float | None = None,
                      isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED) -> dict[TopicPartition, Future]:
         """ListOffsets (KIP-734 max timestamp; confluent-kafka's ``AdminClient.list_offsets``).
 
@@ -758,11 +894,15 @@ class AdminClient:
         Returns:
             One future per TopicPartition (keyed by ``TopicPartition(topic, partition, spec value)``,
             as confluent-kafka keys them); its result is a :class:`ListOffsetsResultInfo`, or it
-            raises KafkaException UNKNOWN_TOPIC_OR_PART for a partition the catalog does not have.
+            raises KafkaException as librdkafka's does: UNKNOWN_TOPIC_OR_PART for a topic the
+            catalog does not have, _UNKNOWN_PARTITION for a partition past its topic's count,
+            and, when no partition asked for exists, _NOENT "Failed to query partition
+            leaders: No leaders found" for every one.
 
         Raises:
             TypeError / ValueError: as confluent-kafka checks the argument.
         """
+        self._check_open()
         if not isinstance(topic_partition_offsets, dict):
             raise TypeError("Expected topic_partition_offsets to be dict of [TopicPartitions,OffsetSpec] for list "
                             "offsets request")
@@ -777,22 +917,40 @@ class AdminClient:
                 raise TypeError("Value must be a OffsetSpec")
         if not isinstance(isolation_level, IsolationLevel):
             raise TypeError("isolation_level argument should be an IsolationLevel")
+        _timeout_ms(request_timeout)
         keys = [TopicPartition(tp.topic, tp.partition, int(spec._value)) for tp, spec in topic_partition_offsets.items()]
+        # librdkafka first looks the partitions' leaders up in Metadata: a topic that does not
+        # exist fails its partitions with UNKNOWN_TOPIC_OR_PART, a partition past the topic's
+        # count with _UNKNOWN_PARTITION, and with no leader for any partition the whole request
+        # fails with _NOENT (rd_kafka_ListOffsets_leaders_queried_cb)
+        meta = _call(self._broker, _Metadata(topics=[_Metadata.MetadataRequestTopic(name=n) for n in _by_topic(keys)],
+                                             allow_auto_topic_creation=False), "list_offsets()")
+        counts = {t.name: len(t.partitions) for t in meta.topics if t.error_code == Errors.NO_ERROR}
+        unplaced = {(tp.topic, tp.partition): KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART) if tp.topic not in counts
+                    else KafkaError(KafkaError._UNKNOWN_PARTITION) for tp in keys
+                    if tp.topic not in counts or tp.partition >= counts[tp.topic]}
+        asked = [tp for tp in keys if (tp.topic, tp.partition) not in unplaced]
+        if not asked:
+            error = KafkaError(KafkaError._NOENT, "Failed to query partition leaders: No leaders found")
+            return {key: _answer(error) for key in keys}
         T = _ListOffsets.ListOffsetsTopic
         request = _ListOffsets(replica_id=-1, isolation_level=isolation_level.value, topics=[
             T(name=name, partitions=[T.ListOffsetsPartition(partition_index=tp.partition, current_leader_epoch=-1,
                                                             timestamp=tp.offset) for tp in tps])
-            for name, tps in _by_topic(keys).items()])
+            for name, tps in _by_topic(asked).items()])
         answer = _call(self._broker, request, "list_offsets()")
         results = {(t.name, p.partition_index): p for t in answer.topics for p in t.partitions}
         out: dict[TopicPartition, Future] = {}
         for key in keys:
+            if (key.topic, key.partition) in unplaced:
+                out[key] = _answer(unplaced[(key.topic, key.partition)])
+                continue
             p = results[(key.topic, key.partition)]
             out[key] = _answer(None if p.error_code == Errors.NO_ERROR else KafkaError(p.error_code),
                                ListOffsetsResultInfo(p.offset, p.timestamp, p.leader_epoch))
         return out
 
-    def describe_topics(self, topics: TopicCollection, request_timeout: float = -1,
+    def describe_topics(self, topics: TopicCollection, request_timeout: float | None = None,
                         include_authorized_operations: bool = False) -> dict[str, Future]:
         """Metadata of the named topics as confluent-kafka's ``AdminClient.describe_topics`` gives it.
 
@@ -805,6 +963,11 @@ class AdminClient:
         Raises:
             TypeError: not a TopicCollection of a list of names.
         """
+        self._check_open()
+        if not isinstance(include_authorized_operations, bool):
+            raise TypeError("Expected include_authorized_operations to be bool type, "
+                            f"not {type(include_authorized_operations).__name__}")
+        _timeout_ms(request_timeout)
         if not isinstance(topics, TopicCollection):
             raise TypeError("Expected input to be instance of TopicCollection")
         names = topics.topic_names
@@ -830,7 +993,7 @@ class AdminClient:
             out[t.name] = _done(TopicDescription(t.name, Uuid._from_uuid(t.topic_id), bool(t.is_internal), partitions))
         return out
 
-    def alter_configs(self, resources: list[ConfigResource], request_timeout: float = -1,
+    def alter_configs(self, resources: list[ConfigResource], request_timeout: float | None = None,
                       validate_only: bool = False) -> dict[ConfigResource, Future]:
         """AlterConfigs, the deprecated whole replacement (confluent-kafka's ``AdminClient.alter_configs``;
         warns DeprecationWarning as it does): each TOPIC resource's overrides become exactly its
@@ -846,10 +1009,13 @@ class AdminClient:
         Raises:
             ValueError: not a list of ConfigResource (as confluent-kafka).
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         warnings.warn("alter_configs has been deprecated. Use incremental_alter_configs instead.",
                       category=DeprecationWarning, stacklevel=2)
         if not isinstance(resources, list) or not all(isinstance(r, ConfigResource) for r in resources):
             raise ValueError(f"Expected list of {ConfigResource!r}")
+        _non_empty(resources, "ConfigResource objects")
         R = _AlterConfigs.AlterConfigsResource
         wire = [R(resource_type=kafka_resource_type(r.restype), resource_name=r.name, configs=[
             R.AlterableConfig(name=k, value=None if v is None else str(v)) for k, v in r.set_config_dict.items()])
@@ -859,7 +1025,7 @@ class AdminClient:
                 for r, result in zip(resources, answer.responses)}
 
     def elect_leaders(self, election_type: ElectionType, partitions: list[TopicPartition] | None = None,
-                      request_timeout: float = -1, operation_timeout: float = -1) -> Future:
+                      request_timeout: float | None = None, operation_timeout: float | None = None) -> Future:
         """ElectLeaders (KIP-460; confluent-kafka's ``AdminClient.elect_leaders``): every partition has
         one replica, the one node, which leads it, so no election is ever needed.
 
@@ -873,18 +1039,14 @@ class AdminClient:
             TypeError: ``election_type`` not an ElectionType, ``partitions`` not a list of
                 TopicPartition. ValueError: a negative partition.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(election_type, ElectionType):
             raise TypeError("Expected 'election_type' to be of type 'ElectionType'")
         if partitions is not None:
-            if not isinstance(partitions, list):
-                raise TypeError(f"Expected 'partitions' to be a list, got '{type(partitions).__name__}'")
-            for tp in partitions:
-                if not isinstance(tp, TopicPartition):
-                    raise TypeError(f"Element of the 'partitions' list must be of type 'TopicPartition' got "
-                                    f"'{type(tp).__name__}' ")
-                if tp.partition < 0:
-                    raise ValueError("Elements of the 'partitions' list must not have negative value for "
-                                     "'partition' field")
+            _partition_list(partitions, "Expected 'partitions' to be a list, got '{}'",
+                            "Element of the 'partitions' list must be of type 'TopicPartition' got '{}' ",
+                            "Elements of the 'partitions' list must not have negative value for 'partition' field")
         T = _ElectLeaders.TopicPartitions
         wanted = None if partitions is None else [T(topic=name, partitions=[tp.partition for tp in tps])
                                                   for name, tps in _by_topic(partitions).items()]
@@ -897,7 +1059,7 @@ class AdminClient:
                       for r in answer.replica_election_results for p in r.partition_result})
 
     # ------------------------------------------------------------------ ACLs and SCRAM (no authorizer, no SASL)
-    def create_acls(self, acls: list[AclBinding], request_timeout: float = -1) -> dict[AclBinding, Future]:
+    def create_acls(self, acls: list[AclBinding], request_timeout: float | None = None) -> dict[AclBinding, Future]:
         """CreateAcls (confluent-kafka's ``AdminClient.create_acls``). There is no authorizer: every
         future raises KafkaException SECURITY_DISABLED (54) "No Authorizer is configured.", as
         Kafka without ``authorizer.class.name`` answers.
@@ -905,6 +1067,8 @@ class AdminClient:
         Raises:
             ValueError: duplicate bindings, or not a list of AclBinding (as confluent-kafka).
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         _check_unique(acls, AclBinding, "ACL bindings")
         C = _CreateAcls.AclCreation
         answer = _call(self._broker, _CreateAcls(creations=[C(
@@ -913,7 +1077,7 @@ class AdminClient:
             for a in acls]), "create_acls()")
         return {a: _answer(_error(r.error_code, r.error_message)) for a, r in zip(acls, answer.results)}
 
-    def describe_acls(self, acl_binding_filter: AclBindingFilter, request_timeout: float = -1) -> Future:
+    def describe_acls(self, acl_binding_filter: AclBindingFilter, request_timeout: float | None = None) -> Future:
         """DescribeAcls (confluent-kafka's ``AdminClient.describe_acls``): a future of ``[]``. There
         is no authorizer: the response says SECURITY_DISABLED "No Authorizer is configured on the
         broker", which confluent-kafka reports as an empty list of bindings (checked against Apache
@@ -922,8 +1086,10 @@ class AdminClient:
         Raises:
             TypeError: not an AclBindingFilter.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(acl_binding_filter, AclBindingFilter):
-            raise TypeError("Expected an AclBindingFilter")
+            raise TypeError("Expected an AclBindingFilter object")
         f = acl_binding_filter
         answer = _call(self._broker, _DescribeAcls(
             resource_type_filter=f.restype_int, resource_name_filter=f.name, pattern_type_filter=f.resource_pattern_type_int,
@@ -935,13 +1101,15 @@ class AdminClient:
                                  a.permission_type) for r in answer.resources for a in r.acls])
 
     def delete_acls(self, acl_binding_filters: list[AclBindingFilter],
-                    request_timeout: float = -1) -> dict[AclBindingFilter, Future]:
+                    request_timeout: float | None = None) -> dict[AclBindingFilter, Future]:
         """DeleteAcls (confluent-kafka's ``AdminClient.delete_acls``). There is no authorizer: every
         future raises KafkaException SECURITY_DISABLED (54) "No Authorizer is configured.".
 
         Raises:
             ValueError: duplicate filters, or not a list of AclBindingFilter (as confluent-kafka).
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         _check_unique(acl_binding_filters, AclBindingFilter, "ACL binding filters")
         F = _DeleteAcls.DeleteAclsFilter
         answer = _call(self._broker, _DeleteAcls(filters=[F(
@@ -955,7 +1123,7 @@ class AdminClient:
                 for f, r in zip(acl_binding_filters, answer.filter_results)}
 
     def describe_user_scram_credentials(self, users: list[str] | None = None,
-                                        request_timeout: float = -1) -> Future | dict[str, Future]:
+                                        request_timeout: float | None = None) -> Future | dict[str, Future]:
         """DescribeUserScramCredentials (confluent-kafka's ``AdminClient.describe_user_scram_credentials``).
         There are no SCRAM credentials (no SASL): for ``users`` None a future of ``{}``; else one
         future per user raising KafkaException RESOURCE_NOT_FOUND (91) "Attempt to describe a user
@@ -965,6 +1133,8 @@ class AdminClient:
         Raises:
             TypeError / ValueError: as confluent-kafka checks ``users``.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if users is not None:
             if not isinstance(users, list):
                 raise TypeError("Expected input to be list of String")
@@ -989,7 +1159,7 @@ class AdminClient:
         return {u: results[u] for u in users}
 
     def alter_user_scram_credentials(self, alterations: list[UserScramCredentialAlteration],
-                                     request_timeout: float = -1) -> dict[str, Future]:
+                                     request_timeout: float | None = None) -> dict[str, Future]:
         """AlterUserScramCredentials (confluent-kafka's ``AdminClient.alter_user_scram_credentials``).
         There is no SASL, so no credential is ever stored: one future per user raising
         KafkaException -- a deletion RESOURCE_NOT_FOUND (91) "Attempt to delete a user credential
@@ -1000,6 +1170,8 @@ class AdminClient:
         Raises:
             TypeError / ValueError: as confluent-kafka checks the alterations.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         _check_scram_alterations(alterations)
         A = _AlterUserScramCredentials
         upserts = [a for a in alterations if isinstance(a, UserScramCredentialUpsertion)]
@@ -1024,12 +1196,13 @@ class AdminClient:
         Raises:
             TypeError: ``username`` or ``password`` is not a str.
         """
-        if not isinstance(username, str) or not isinstance(password, str):
-            raise TypeError("username and password must be strings")
+        self._check_open()
+        check_sasl_credentials(username, password)
 
     def poll(self, timeout: float | None = None) -> int:
         """confluent-kafka's ``AdminClient.poll``: serves callbacks; the in-process AdminClient has
         none (every future completes before its call returns), so it returns 0 at once."""
+        self._check_open()
         return 0
 
     # ------------------------------------------------------------------ transactions (KIP-664)
@@ -1037,7 +1210,7 @@ class AdminClient:
         return TransactionAdmin(self._broker)
 
     def list_transactions(self, states: list[str] | None = None, producer_ids: list[int] | None = None,
-                          duration_filter: int | None = None, request_timeout: float = -1,
+                          duration_filter: int | None = None, request_timeout: float | None = None,
                           transactional_id_pattern: str | None = None) -> Future:
         """ListTransactions (KIP-664; Java ``Admin.listTransactions``).
 
@@ -1059,6 +1232,8 @@ class AdminClient:
             KafkaException: _INVALID_ARG for a state name Kafka does not have.
             TypeError: ``states`` or ``producer_ids`` is not a list.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         states = _list_arg(states, "states", str)
         producer_ids = _list_arg(producer_ids, "producer_ids", int)
         unknown = [s for s in states if TransactionState.from_name(s) is None]
@@ -1084,7 +1259,7 @@ class AdminClient:
                                for t in answer.transaction_states), key=lambda t: t.transactional_id))
         return fut
 
-    def describe_transactions(self, transactional_ids: list[str], request_timeout: float = -1) -> dict[str, Future]:
+    def describe_transactions(self, transactional_ids: list[str], request_timeout: float | None = None) -> dict[str, Future]:
         """DescribeTransactions (KIP-664; Java ``Admin.describeTransactions``).
 
         Returns:
@@ -1096,6 +1271,8 @@ class AdminClient:
         Raises:
             TypeError: not a list of strings.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         ids = list(dict.fromkeys(_list_arg(transactional_ids, "transactional_ids", str)))
         out: dict[str, Future] = {}
         answer = _call(self._broker, DescribeTransactionsRequest[0](transactional_ids=ids), "describe_transactions()")
@@ -1112,7 +1289,7 @@ class AdminClient:
             out[d.transactional_id] = fut
         return out
 
-    def describe_producers(self, partitions: list[TopicPartition], request_timeout: float = -1) -> dict[TopicPartition, Future]:
+    def describe_producers(self, partitions: list[TopicPartition], request_timeout: float | None = None) -> dict[TopicPartition, Future]:
         """DescribeProducers (KIP-664; Java ``Admin.describeProducers``): the active producers of
         each partition, with the first offset of their open transaction (in a process that is not
         the writer: as of the last producer-state snapshot and the log after it).
@@ -1125,6 +1302,8 @@ class AdminClient:
         Raises:
             TypeError: not a list of TopicPartition.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         partitions = _list_arg(partitions, "partitions", TopicPartition)
         T = _DescribeProducers.TopicRequest
         request = _DescribeProducers(topics=[T(name=name, partition_indexes=[tp.partition for tp in tps])
@@ -1141,7 +1320,7 @@ class AdminClient:
         return out
 
     def abort_transaction(self, partition: TopicPartition, producer_id: int, producer_epoch: int,
-                          coordinator_epoch: int, request_timeout: float = -1) -> Future:
+                          coordinator_epoch: int, request_timeout: float | None = None) -> Future:
         """Abort a hanging transaction on one partition (KIP-664; Java ``Admin.abortTransaction``
         with an ``AbortTransactionSpec``): write an ABORT marker for ``producer_id`` to the
         partition, as the coordinator would have (WriteTxnMarkers to the partition leader).
@@ -1177,6 +1356,8 @@ class AdminClient:
         Raises:
             TypeError: ``partition`` is not a TopicPartition.
         """
+        self._check_open()
+        _timeout_ms(request_timeout)
         if not isinstance(partition, TopicPartition):
             raise TypeError("Expected a TopicPartition")
         timeout_ms = 30_000 if request_timeout is None or request_timeout < 0 else int(request_timeout * 1000)
@@ -1240,6 +1421,7 @@ class AdminClient:
             KafkaException: UNKNOWN_TOPIC_OR_PART, or the coordinator's error.
             TypeError: ``partitions`` is not a list of TopicPartition.
         """
+        self._check_open()
         wanted = None
         if partitions is not None:
             topics = cluster_metadata(self._broker).topics
@@ -1256,11 +1438,22 @@ class AdminClient:
         return [HangingTransaction(TopicPartition(h.topic, h.partition), _producer_state(h.producer))
                 for h in sorted(found, key=lambda h: (h.topic, h.partition, h.producer.producer_id))]
 
+    def _check_open(self, message: str = "AdminClient has been closed") -> None:
+        """Every call after :meth:`close` (or the ``with`` block's end) raises RuntimeError with
+        confluent-kafka's message (``list_topics``: ``"Handle has been closed"``)."""
+        if self._closed:
+            raise RuntimeError(message)
+
     def close(self) -> None:
-        """Release the storage root. Idempotent."""
+        """Release the storage root. Idempotent; afterwards every call raises RuntimeError."""
         if not self._closed:
             self._closed = True
             release_broker(self._broker)
+
+    def __len__(self) -> int:
+        """0: the in-process AdminClient has no requests outstanding (every future completes
+        before its call returns); confluent-kafka's counts its queued events."""
+        return 0
 
     def __enter__(self) -> "AdminClient":
         return self
@@ -1273,6 +1466,29 @@ def _failed(exc: KafkaException) -> Future:
     fut: Future = Future()
     fut.set_exception(exc)
     return fut
+
+
+def _partition_list(value: Any, not_a_list: str, not_a_partition: str, negative: str) -> list[TopicPartition]:
+    """A request's list of TopicPartition, checked with confluent-kafka's texts (``{}`` is the
+    offending type's name).
+
+    Raises:
+        TypeError: not a list, or an element not a TopicPartition. ValueError: a negative partition.
+    """
+    if not isinstance(value, list):
+        raise TypeError(not_a_list.format(type(value).__name__))
+    for tp in value:
+        if not isinstance(tp, TopicPartition):
+            raise TypeError(not_a_partition.format(type(tp).__name__))
+        if tp.partition < 0:
+            raise ValueError(negative)
+    return list(value)
+
+
+def _non_empty(items: list, what: str) -> None:
+    """confluent-kafka refuses an empty request list: ValueError ``"Expected non-empty list of {what}"``."""
+    if not items:
+        raise ValueError(f"Expected non-empty list of {what}")
 
 
 def _list_arg(value, name: str, kind: type) -> list:
@@ -1356,10 +1572,16 @@ def _check_unique(items: Any, kind: type, what: str) -> None:
     """confluent-kafka's checks of create_acls/delete_acls' list.
 
     Raises:
-        ValueError: not a list of ``kind``, or an item twice ("duplicate ACL bindings not allowed").
+        TypeError: None (confluent-kafka iterates it: "'NoneType' object is not iterable").
+        ValueError: not a list of ``kind``, an empty list, or an item twice ("duplicate ACL
+            bindings not allowed").
     """
+    if items is None:
+        raise TypeError("'NoneType' object is not iterable")
     if not isinstance(items, list) or not all(isinstance(i, kind) for i in items):
         raise ValueError(f"Expected list of {kind!r}")
+    if not items:
+        raise ValueError(f"Expected non-empty list of {kind.__name__} objects")
     if len(set(items)) != len(items):
         raise ValueError(f"duplicate {what} not allowed")
 

@@ -412,3 +412,48 @@ class TopicDescription:
 
     def __repr__(self) -> str:
         return f"TopicDescription({self.name!r}, topic_id={self.topic_id}, partitions={len(self.partitions)})"
+
+
+class GroupMember:
+    """A member of a group as the legacy :meth:`~txlake.admin.AdminClient.list_groups` reports it
+    (confluent-kafka's ``GroupMember``, from DescribeGroups).
+
+    Attributes:
+        id: the member id; client_id / client_host: as the member joined; metadata: its
+        protocol metadata (bytes; the consumer protocol's subscription); assignment: its
+        assignment (bytes; empty until the group is Stable).
+    """
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.client_id: str | None = None
+        self.client_host: str | None = None
+        self.metadata: bytes | None = None
+        self.assignment: bytes | None = None
+
+
+class GroupMetadata:
+    """A group as the legacy :meth:`~txlake.admin.AdminClient.list_groups` reports it
+    (confluent-kafka's ``GroupMetadata``; librdkafka's ``rd_kafka_group_info``).
+
+    Attributes:
+        broker: the coordinator as a ``BrokerMetadata``; id: the group id; error: a KafkaError
+        or None; state: Kafka's state name (``"Stable"``, ``"Empty"``, ``"Dead"``, ...);
+        protocol_type (``"consumer"``, or ``""`` for a group with committed offsets only);
+        protocol: the assignor (``"range"``); members: a list of :class:`GroupMember`.
+    """
+
+    def __init__(self) -> None:
+        self.broker: Any = None
+        self.id: str | None = None
+        self.error: Any = None
+        self.state: str | None = None
+        self.protocol_type: str | None = None
+        self.protocol: str | None = None
+        self.members: list[GroupMember] = []
+
+    def __repr__(self) -> str:
+        return f"GroupMetadata({self.id}, {self.error})" if self.error is not None else f"GroupMetadata({self.id})"
+
+    def __str__(self) -> str:
+        return str(self.id)

@@ -296,6 +296,19 @@ class ClientConfig:
         )
 
 
+def constructor_conf(conf: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A client constructor's configuration: the ``conf`` dict merged with keyword arguments
+    (confluent-kafka's ``Producer(conf, **kwargs)``).
+
+    Raises:
+        TypeError: ``"expected configuration dict"`` when there is neither, or ``conf`` is
+            not a dict (confluent-kafka's error).
+    """
+    if (conf is None and not kwargs) or (conf is not None and not isinstance(conf, Mapping)):
+        raise TypeError("expected configuration dict")
+    return {**(conf or {}), **kwargs}
+
+
 def parse_config(conf: Mapping[str, Any] | None, kind: str) -> ClientConfig:
     """Validate ``conf`` for a client of ``kind`` ("producer", "consumer", "admin").
 
@@ -304,13 +317,22 @@ def parse_config(conf: Mapping[str, Any] | None, kind: str) -> ClientConfig:
     """
     if conf is not None and not isinstance(conf, Mapping):
         raise kafka_exception(KafkaError._INVALID_ARG, "expected a configuration dict")
+    conf = dict(conf or {})
+    topic_conf = conf.pop("default.topic.config", None)
+    if topic_conf is not None:  # librdkafka's legacy default topic configuration: its entries apply as top-level ones
+        if not isinstance(topic_conf, Mapping):
+            raise _bad("default.topic.config", topic_conf, "expected a dict of topic configuration properties")
+        conf = {**conf, **topic_conf}  # its entries win, as with confluent-kafka
     table = {**COMMON, **{"producer": PRODUCER, "consumer": CONSUMER, "admin": ADMIN}[kind]}
     values = {k: default for k, (_, default) in table.items()}
     options: dict[str, Any] = {}
     explicit = set()
-    for key, value in (conf or {}).items():
+    for key, value in conf.items():
         if not isinstance(key, str):
             raise kafka_exception(KafkaError._INVALID_ARG, f"configuration keys must be strings, got {key!r}")
+        if value is None and key in LIBRDKAFKA_PROPERTIES and (key not in table or table[key][1] is None
+                                                              or isinstance(table[key][1], str)):
+            continue  # None sets a string property to librdkafka's NULL: its default (confluent-kafka)
         if key.startswith("storage.options."):
             options[key[len("storage.options."):]] = value
             continue

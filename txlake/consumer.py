@@ -30,7 +30,8 @@ from txlake.engine.errors import ApiError, Errors
 from txlake.engine.registry import acquire_broker, release_broker
 
 from . import local_requests
-from .config import parse_config
+from .config import constructor_conf, parse_config
+from .handle import HandleCalls
 from .consumer_coordinator import ConsumerCoordinator
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .group_metadata import ConsumerGroupMetadata
@@ -103,7 +104,14 @@ class _CommitRequest:
     identity: tuple[int, str, str | None]
 
 
-class Consumer:
+
+def _offset_after(message: Message) -> int:
+    """The offset a commit or store of ``message`` records: the next one to read, or
+    OFFSET_INVALID for a message without an offset (librdkafka skips it: nothing is committed)."""
+    offset = message.offset()
+    return offset + 1 if offset is not None else OFFSET_INVALID
+
+class Consumer(HandleCalls):
     """A Kafka consumer of a txlake storage root (confluent-kafka's ``Consumer``).
 
     Args:
@@ -115,8 +123,12 @@ class Consumer:
         KafkaException: ``_INVALID_ARG`` for unknown keys or invalid values.
     """
 
+    #: a subclass whose ``__init__`` never called this one's is closed: every call raises
+    #: RuntimeError, as confluent-kafka's (its handle is NULL)
+    _closed = True
+
     def __init__(self, conf: dict | None = None, **kwargs: Any):
-        self._cfg = parse_config({**(conf or {}), **kwargs}, "consumer")
+        self._cfg = parse_config(constructor_conf(conf, kwargs), "consumer")
         self._isolation = self._cfg["isolation.level"]
         self._reset = self._cfg["auto.offset.reset"]
         self._eof = self._cfg["enable.partition.eof"]
@@ -143,9 +155,11 @@ class Consumer:
         #: partitions paused by pause(): poll()/consume() return none of their records
         self._paused: set[tuple[str, int]] = set()
 
-    def _check_open(self) -> None:
+    def _check_open(self, message: str = "Consumer closed") -> None:
+        """confluent-kafka's answer to a call on a closed consumer (``list_topics``,
+        ``cluster_id``, ``set_sasl_credentials``: ``"Handle has been closed"``)."""
         if self._closed:
-            raise RuntimeError("Consumer closed")
+            raise RuntimeError(message)
 
     # ------------------------------------------------------------------ assignment
     def assign(self, partitions: list[TopicPartition]) -> None:
@@ -220,11 +234,14 @@ class Consumer:
         offsets (under read_committed, once no transaction holds a pending offset for them).
 
         Raises:
+            TypeError: ``topics`` is not a list of str (confluent-kafka's message).
             KafkaException: ``_INVALID_ARG`` without ``group.id`` or with an invalid
                 ``partition.assignment.strategy``; NOT_LEADER_OR_FOLLOWER when another process is
                 the storage root's writer (the group coordinator runs there).
         """
         self._check_open()
+        if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+            raise TypeError("expected list of topic unicode strings")  # confluent-kafka's
         if not self._cfg["group.id"]:
             raise kafka_exception(KafkaError._INVALID_ARG, "subscribe() needs group.id")
         if not topics:
@@ -613,7 +630,7 @@ class Consumer:
         if self._auto_store:
             raise kafka_exception(KafkaError._INVALID_ARG, "StoreOffsets failed: Local: Invalid argument or configuration "
                                                           "(set enable.auto.offset.store=false to store offsets)")
-        wanted = ([TopicPartition(message.topic(), message.partition(), message.offset() + 1,
+        wanted = ([TopicPartition(message.topic(), message.partition(), _offset_after(message),
                                   leader_epoch=message.leader_epoch())] if message is not None else
                   [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata, tp.leader_epoch) for tp in offsets])
         unknown = []
@@ -662,7 +679,7 @@ class Consumer:
     def _commit_request(self, message: Message | None, offsets: list[TopicPartition] | None) -> _CommitRequest:
         """What a commit() asks for, taken now: copies of the absolute offsets, and the member identity."""
         if message is not None:
-            wanted = [TopicPartition(message.topic(), message.partition(), message.offset() + 1,
+            wanted = [TopicPartition(message.topic(), message.partition(), _offset_after(message),
                                      leader_epoch=message.leader_epoch())]
         elif offsets is not None:
             wanted = [TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata, tp.leader_epoch) for tp in offsets]

@@ -219,8 +219,8 @@ class ConsumerCoordinator:
 
         Raises:
             KafkaException: FENCED_INSTANCE_ID (fatal: another consumer has this
-                ``group.instance.id``), or an unexpected JoinGroup/SyncGroup error; whatever a
-                callback raised.
+                ``group.instance.id``); whatever a callback raised. (Another JoinGroup error,
+                e.g. INVALID_SESSION_TIMEOUT, is an error event returned by poll(), as librdkafka's.)
         """
         with self._cond:
             self._last_poll = time.monotonic()
@@ -465,7 +465,7 @@ class ConsumerCoordinator:
             joined = self._request.result()   # a JoinGroupResponse
             self._request = None
         if joined.error_code != Errors.NO_ERROR:
-            self._join_error(Errors(joined.error_code), joined.member_id)
+            self._join_error(Errors(joined.error_code), joined.member_id, "JoinGroup")
             return
         with self._cond:
             self.member_id, self.generation_id = joined.member_id, joined.generation_id
@@ -492,7 +492,7 @@ class ConsumerCoordinator:
             self._request = self._joined = None
             member_id = self.member_id
         if synced.error_code != Errors.NO_ERROR:
-            self._join_error(Errors(synced.error_code), member_id)
+            self._join_error(Errors(synced.error_code), member_id, "SyncGroup")
             return
         assignment = decode_assignment(synced.assignment)
         self.assignors[joined.protocol_name].on_assignment(assignment, joined.generation_id)
@@ -510,8 +510,9 @@ class ConsumerCoordinator:
             else:
                 self._post(_RebalanceOp("assign", tuple(sorted(new))))
 
-    def _join_error(self, error: Errors, member_id: str) -> None:
-        """Kafka's JoinGroup/SyncGroup response handling: update the member state for a retry."""
+    def _join_error(self, error: Errors, member_id: str, api: str) -> None:
+        """Kafka's JoinGroup/SyncGroup (``api``) response handling: update the member state for a
+        retry; FENCED_INSTANCE_ID is fatal, any other unexpected error an error event (JoinGroup)."""
         with self._cond:
             self._rejoin_needed = True
             self._stable = False
@@ -530,7 +531,14 @@ class ConsumerCoordinator:
                 self._fatal = KafkaError(error, f"group.instance.id {self.group_instance_id} of group {self.group_id} "
                                                 "is used by a newer consumer", fatal=True)
             elif error not in _RETRY:
-                self._fatal = KafkaError(error, f"joining group {self.group_id} failed: {error.name}")
+                # librdkafka (rd_kafka_cgrp_handle_JoinGroup): a permanent JoinGroup error is an
+                # error event for poll() and the join is tried again after its 1 s join interval;
+                # a SyncGroup error only rejoins
+                backoff = FAILURE_BACKOFF_S
+                if api == "JoinGroup":
+                    self._ops.append(_RebalanceOp("error", error=KafkaError(
+                        error, f"JoinGroup failed: {KafkaError(error).str()}")))
+                log.info("group %s: %s failed: %s; joining again in %.0f s", self.group_id, api, error.name, backoff)
             self._join_not_before = time.monotonic() + backoff
 
     def _heartbeat(self) -> None:

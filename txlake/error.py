@@ -48,22 +48,25 @@ class KafkaError:
 
     def name(self) -> str:
         """librdkafka's name of the code (``UNKNOWN_TOPIC_OR_PART``, ``_MSG_TIMED_OUT``), else
-        Kafka's, else ``ERR_<code>``."""
-        known = _LIBRDKAFKA.get(self._code)
-        if known is not None:
-            return known[0]
-        try:
-            return Errors(self._code).name
-        except ValueError:
-            return f"ERR_{self._code}"
+        Kafka's, else librdkafka's ``ERR_<code>?`` for a code it does not know."""
+        return self._described()[0]
 
     def str(self) -> str:
         """The human-readable reason: the one given, else librdkafka's text for the code
-        (``"Broker: Unknown topic or partition"``)."""
-        if self._reason:
-            return self._reason
+        (``"Broker: Unknown topic or partition"``; ``"Err-<code>?"`` for a code librdkafka
+        does not know, as its ``rd_kafka_err2str``)."""
+        return self._reason or self._described()[1]
+
+    def _described(self) -> tuple[str, str]:
+        """(name, text) of the code: librdkafka's, else Kafka's name as both, else librdkafka's
+        forms for an unknown code."""
         known = _LIBRDKAFKA.get(self._code)
-        return known[1] if known is not None else self.name()
+        if known is not None:
+            return known
+        try:
+            return Errors(self._code).name, Errors(self._code).name
+        except ValueError:
+            return f"ERR_{self._code}?", f"Err-{self._code}?"
 
     def fatal(self) -> bool:
         """True when the client instance can no longer be used (e.g. a fenced producer)."""
@@ -109,15 +112,22 @@ def kafka_name(code: int) -> str:
 
 
 class KafkaException(Exception):
-    """The exception failing calls raise; ``args[0]`` is the :class:`KafkaError`."""
+    """The exception failing calls raise; ``args[0]`` is the :class:`KafkaError`.
 
-    def __init__(self, error: KafkaError | int, *args: object):
-        if not isinstance(error, KafkaError):
+    ``KafkaException()`` with no argument (a subclass's bare construction) has empty ``args``
+    and prints as the empty string, as confluent-kafka's; a ``str`` argument is kept as is.
+    """
+
+    def __init__(self, error: KafkaError | int | str | None = None, *args: object):
+        if error is None and not args:
+            super().__init__()
+            return
+        if isinstance(error, int) and not isinstance(error, bool):
             error = KafkaError(error, *(str(a) for a in args[:1]))
         super().__init__(error)
 
     def __str__(self) -> str:
-        return str(self.args[0])
+        return str(self.args[0]) if self.args else ""
 
 
 def kafka_exception(code: int, message: str, **flags: bool) -> KafkaException:

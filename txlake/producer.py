@@ -52,7 +52,8 @@ from txlake.catalog.topic_config import effective_config
 from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
 
 from . import local_requests
-from .config import parse_config
+from .config import constructor_conf, parse_config
+from .handle import HandleCalls
 from .error import KafkaError, KafkaException, from_api_error, kafka_errors, kafka_exception
 from .transaction_manager import TransactionManager
 from txlake.engine.group_offsets import OffsetAndMetadata
@@ -98,15 +99,30 @@ def _to_bytes(what: str, data: Any) -> bytes | None:
 
 
 def _headers(headers: Any) -> list[dict[str, Any]] | None:
+    """``produce(headers=)`` (a dict, or a list of ``(str, value)`` tuples) as a record's headers.
+
+    Raises:
+        TypeError: confluent-kafka's messages for another container, an item that is not a
+            2-tuple, a key that is not a str, or a value that is not bytes, str or None.
+    """
     if headers is None:
         return None
-    items = headers.items() if isinstance(headers, dict) else headers
+    if isinstance(headers, dict):
+        items = headers.items()
+    elif isinstance(headers, list):
+        items = headers
+    else:
+        raise TypeError(f"expected headers to be dict or list of (key, value) tuples, not {type(headers).__name__}")
     out = []
     for item in items:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError("Headers are expected to be a list of (key, value) tuples")
         k, v = item
         if not isinstance(k, str):
             raise TypeError("header keys must be str")
         k.encode()  # UnicodeEncodeError (a ValueError) here, not when the batch is built
+        if v is not None and not isinstance(v, (bytes, str, bytearray, memoryview)):
+            raise TypeError(f"expected header value to be None, binary, or unicode string, not {type(v).__name__}")
         out.append({"key": k, "value": _to_bytes("header value", v)})
     return out
 
@@ -195,7 +211,7 @@ class BulkResult:
     offsets: dict[int, tuple[int, int]]
 
 
-class Producer:
+class Producer(HandleCalls):
     """An idempotent Kafka producer writing to a txlake storage root (confluent-kafka's ``Producer``).
 
     Args:
@@ -206,8 +222,12 @@ class Producer:
             idempotence conflict (Kafka's ``ProducerConfig`` rules and messages).
     """
 
+    #: a subclass whose ``__init__`` never called this one's is closed: every call raises
+    #: RuntimeError, as confluent-kafka's (its handle is NULL)
+    _closed = True
+
     def __init__(self, conf: dict | None = None, **kwargs: Any):
-        self._cfg = parse_config({**(conf or {}), **kwargs}, "producer")
+        self._cfg = parse_config(constructor_conf(conf, kwargs), "producer")
         v, explicit = self._cfg.values, self._cfg.explicit
         self._acks = v["request.required.acks"] if "request.required.acks" in explicit else v["acks"]
         self._retries = v["message.send.max.retries"] if "message.send.max.retries" in explicit else v["retries"]
@@ -316,6 +336,7 @@ class Producer:
         self._check_open()
         value = _to_bytes("value", value)
         key = _to_bytes("key", key)
+        partition = operator.index(partition)  # TypeError for a non-int, as confluent-kafka's
         hdrs = _headers(headers)
         ts = _timestamp(timestamp, topic)
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
@@ -384,10 +405,11 @@ class Producer:
             if buf.nbytes >= self._batch_bytes or len(buf.values) >= self._batch_records:
                 self._close_batch(tp)
 
-    def _check_open(self) -> None:
-        """confluent-kafka's answer to a call on a closed producer."""
+    def _check_open(self, message: str = "Producer has been closed") -> None:
+        """confluent-kafka's answer to a call on a closed producer (``list_topics``,
+        ``cluster_id``, ``set_sasl_credentials``: ``"Handle has been closed"``)."""
         if self._closed:
-            raise RuntimeError("Producer has been closed")
+            raise RuntimeError(message)
 
     def produce_batch(self, topic: str, messages: list, partition: int = -1, callback: Callable | None = None,
                       on_delivery: Callable | None = None) -> int:
@@ -413,6 +435,8 @@ class Producer:
             RuntimeError: the producer is closed.
         """
         self._check_open()
+        if not isinstance(topic, str):
+            raise TypeError(f"argument 1 must be str, not {type(topic).__name__}")  # confluent-kafka's
         if not isinstance(messages, list):
             raise TypeError("messages must be a list")
         for i, m in enumerate(messages):
@@ -507,8 +531,10 @@ class Producer:
 
     def _place_unknown(self) -> None:
         """The send thread: records waiting for their topic go to it once it exists; past
-        ``topic.metadata.propagation.max.ms`` (at most ``message.timeout.ms``) they fail with
-        ``_UNKNOWN_TOPIC`` and later produce() calls to the topic raise it at once."""
+        ``topic.metadata.propagation.max.ms`` they fail with ``_UNKNOWN_TOPIC`` and later
+        produce() calls to the topic raise it at once -- unless ``message.timeout.ms`` is
+        shorter: then they fail with ``_MSG_TIMED_OUT`` when it passes and the topic stays
+        unknown (librdkafka's rules)."""
         try:
             self._broker.refresh(100)
         except Exception:  # the catalog cannot be read now: look again later (produce() reports it)
@@ -531,11 +557,18 @@ class Producer:
                 elif deadline > now:
                     self._unknown.append(entry)
                     continue
+                elif self._delivery_timeout < self._cfg["topic.metadata.propagation.max.ms"] / 1000:
+                    # message.timeout.ms ran out first: the record times out while the topic is
+                    # still unknown, which it stays (librdkafka's UA-queue timeout scan)
+                    err = KafkaError(KafkaError._MSG_TIMED_OUT, f"Local: Message timed out ({topic} did not appear "
+                                     f"in {self._broker.store.url} within message.timeout.ms)")
                 else:
                     self._missing.add(topic)
                     err = KafkaError(KafkaError._UNKNOWN_TOPIC, f"Unknown topic: {topic} did not appear in "
                                      f"{self._broker.store.url} within topic.metadata.propagation.max.ms")
                 self._fail_flight(self._single(topic, partition, key, value, ts, hdrs, cb), err)
+                if self._txn is not None:  # a record of the transaction is lost: it can only abort
+                    self._txn.send_failed(err, epoch_bump=False)
 
     def _single(self, topic: str, partition: int | None, key: bytes | None, value: bytes | None, ts: int,
                 hdrs: list | None, cb: Callable | None) -> _InFlight:
@@ -871,6 +904,7 @@ class Producer:
 
     # ------------------------------------------------------------------ transactions
     def _transactions(self) -> TransactionManager:
+        self._check_open()
         if self._txn is None:
             raise kafka_exception(KafkaError._NOT_CONFIGURED,
                                   "The Transactional API requires transactional.id to be configured")
@@ -890,6 +924,7 @@ class Producer:
 
     def begin_transaction(self) -> None:
         """Start a transaction (``_STATE`` unless initialized and no transaction is open)."""
+        self._check_open()
         with self._lock:
             self._transactions().begin_transaction()
 
@@ -983,10 +1018,12 @@ class Producer:
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
             self._close_all(urgent=False)  # EndTxn's urgent Complete record follows: one flush for both
-            while self._buffers or self._txn_pending or any(self._queues.values()):
+            # records still waiting for their topic count too: they either reach it or fail,
+            # and a failed one makes the transaction abortable (librdkafka flushes them all)
+            while self._buffers or self._txn_pending or any(self._queues.values()) or self._unknown:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    return sum(len(f.buffer.values) for q in self._queues.values() for f in q)
+                    return sum(len(f.buffer.values) for q in self._queues.values() for f in q) + len(self._unknown)
                 self._cond.wait(min(remaining, 0.05) if remaining is not None else 0.05)
             return 0
 
@@ -1070,6 +1107,8 @@ class Producer:
             RuntimeError: the producer is closed; whatever a delivery callback raised.
         """
         self._check_open()
+        if timeout is not None and not isinstance(timeout, (int, float)):
+            raise TypeError(f"must be real number, not {type(timeout).__name__}")  # confluent-kafka's
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         with self._lock:
             self._close_all(urgent=True)
@@ -1097,6 +1136,7 @@ class Producer:
         """Cluster metadata (see :meth:`txlake.AdminClient.list_topics`)."""
         from .admin import cluster_metadata
 
+        self._check_open("Handle has been closed")
         return cluster_metadata(self._broker, topic)
 
     # ------------------------------------------------------------------ bulk

@@ -99,6 +99,14 @@ def _int_arg(name: str, value: Any) -> int:
         raise TypeError(f"TopicPartition {name} must be an int, not {type(value).__name__}") from None
 
 
+def _non_negative(value: Any) -> int | None:
+    """An int argument of :class:`Message`; a negative one (librdkafka's "none") as None."""
+    if value is None:
+        return None
+    value = operator.index(value)
+    return value if value >= 0 else None
+
+
 class Message:
     """A consumed record or a delivery report (confluent-kafka's ``Message``).
 
@@ -110,6 +118,13 @@ class Message:
     Raises:
         TypeError: ``timestamp`` is not a tuple of two ints, or ``partition``/``offset`` not
             an int (what confluent-kafka raises).
+
+    A negative ``partition``, ``offset``, ``leader_epoch`` or ``latency`` and a
+    ``delivery_count`` of 0 or less read back as None (confluent-kafka's ``Message``); a
+    ``delivery_count`` beyond int16 raises OverflowError. Messages compare equal when all
+    their fields are equal, are not ordered or hashable, and pickle (``__reduce__``) as
+    confluent-kafka's: ``(Message, (topic, partition|-1, offset|-1001, key, value, headers,
+    error, timestamp, latency|-1.0, leader_epoch|-1, delivery_count|-1))``.
     """
 
     __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_timestamp", "_ts_type", "_headers",
@@ -127,17 +142,21 @@ class Message:
         else:
             raise TypeError("timestamp must be a tuple of (int, int)")
         self._topic = topic
-        self._partition = None if partition is None else operator.index(partition)
-        self._offset = None if offset is None else operator.index(offset)
+        self._partition = _non_negative(partition)
+        self._offset = _non_negative(offset)
         self._key = key
         self._value = value
         self._timestamp = ts
         self._ts_type = ts_type
         self._headers = headers
         self._error = error
-        self._latency = latency
-        self._leader_epoch = leader_epoch
-        self._delivery_count = delivery_count
+        self._latency = None if latency is None or latency < 0 else float(latency)
+        self._leader_epoch = _non_negative(leader_epoch)
+        if delivery_count is not None:
+            delivery_count = operator.index(delivery_count)
+            if not -32768 <= delivery_count <= 32767:  # librdkafka keeps it in an int16
+                raise OverflowError(f"signed short integer is {'greater than maximum' if delivery_count > 0 else 'less than minimum'}")
+        self._delivery_count = delivery_count if delivery_count is not None and delivery_count > 0 else None
 
     @classmethod
     def _record(cls, topic: str, partition: int, offset: int, key: Any, value: Any, timestamp_ms: int,
@@ -213,6 +232,21 @@ class Message:
 
     def __len__(self) -> int:
         return len(self._value) if self._value is not None else 0
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        """confluent-kafka's pickled form (absent numbers as librdkafka's -1 / OFFSET_INVALID)."""
+        def absent(v: Any, none: Any) -> Any:
+            return none if v is None else v
+        return (Message, (self._topic, absent(self._partition, -1), absent(self._offset, OFFSET_INVALID), self._key,
+                          self._value, self._headers, self._error, (self._ts_type, self._timestamp),
+                          absent(self._latency, -1.0), absent(self._leader_epoch, -1), absent(self._delivery_count, -1)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return self.__reduce__()[1] == other.__reduce__()[1]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable (set_*), as confluent-kafka's
 
     def __repr__(self) -> str:
         return f"Message(topic={self._topic!r}, partition={self._partition}, offset={self._offset}, error={self._error!r})"

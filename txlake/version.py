@@ -19,12 +19,13 @@ def _version_int(text: str) -> int:
     return (major << 24) | (minor << 16) | (revision << 8) | 0xFF
 
 
-def version() -> tuple[str, int]:
-    """txlake's version: ``("0.1.0", 0x000100ff)`` (confluent-kafka's ``version()`` shape)."""
-    return __version__, _version_int(__version__)
+def version() -> str:
+    """txlake's version string, ``"0.1.0"`` (confluent-kafka 2.x's ``version()`` returns its
+    module version string only; ``libversion()`` has the (string, int) pair)."""
+    return __version__
 
 
 def libversion() -> tuple[str, int]:
     """The version of the engine the clients run on -- txlake's own (there is no librdkafka
-    underneath); the shape of confluent-kafka's ``libversion()``."""
-    return version()
+    underneath) -- as confluent-kafka's ``libversion()``: ``("0.1.0", 0x000100ff)``."""
+    return __version__, _version_int(__version__)
