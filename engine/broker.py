@@ -117,6 +117,7 @@ class Broker:
         self._expiration_stop = threading.Event()
         self._expiration_thread: threading.Thread | None = None
         self._compaction: CompactionThread | None = None  # engine/compaction.py, started with the writer
+        self._publication = None  # engine/table_publisher.py TablePublishThread, started with the writer
 
     def serve_handoff(self, kind: str, handler: Handler) -> None:
         """Answer hand-over requests of ``kind`` (engine/handoff.py) with ``handler(store,
@@ -180,6 +181,12 @@ class Broker:
             if self.config.compaction_interval_ms > 0:
                 self._compaction = CompactionThread(self, self.config.compaction_interval_ms)
                 self._compaction.start()
+            if self.config.publish_interval_ms > 0:
+                from .table_publisher import TablePublishThread, table_configuration
+
+                self._publication = TablePublishThread(self, self.config.publish_interval_ms, table_configuration(
+                    self.config.catalog_retention_ms, self.config.file_delete_delay_ms))
+                self._publication.start()
             # taking the lease is the transaction coordinator's election (Kafka's onElection): it
             # starts now, whatever client took the lease, so that transactions left Ongoing or
             # half-ended by an earlier writer are timed out and finished with no transactional client
@@ -876,6 +883,8 @@ class Broker:
             self._handoff.stop()
         if self._compaction is not None:
             self._compaction.stop()
+        if self._publication is not None:
+            self._publication.stop()
         self._expiration_stop.set()
         self._txn_closing.set()
         starting = self._txn_starting

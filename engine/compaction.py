@@ -50,6 +50,7 @@ from .object_cleaner import ObjectCleanup, clean_objects
 from .partition_writer import PartitionWriter
 from .segment_merge import (MERGE_THREADS, READ_THREADS, MergeCancelled, MergeRun, RowFilter, SegmentRewrite,
                             commit_rewrite, discard_rewrite, in_batches, plan_merges, replace_segments, rewrite_runs)
+from .table_publisher import tables_name
 
 
 log = logging.getLogger(__name__)
@@ -389,7 +390,8 @@ def compact(writer: PartitionWriter, topics: Iterable[str] | None = None, *, dry
             cleanup: ObjectCleanup = clean_objects(
                 store, writer.catalog, writer.commit_under_lock, delete_delay_ms=writer.config.file_delete_delay_ms,
                 orphan_grace_ms=writer.config.orphan_grace_ms, orphan_prefixes=[DATA_PREFIX, SNAPSHOT_PREFIX],
-                now_ms=now, dry_run=dry_run)
+                now_ms=now, dry_run=dry_run,
+                table_guard=lambda: tables_name(store, now, writer.config.file_delete_delay_ms))
             summary.deleted_objects = len(cleanup.deleted)
             summary.orphans_deleted = len(cleanup.orphans)
             summary.pending_deletion = len(cleanup.pending)

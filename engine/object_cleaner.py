@@ -17,6 +17,12 @@ object storage, with the catalog as the record:
    their age after ``orphan_grace_ms`` (:mod:`.orphans`); retired objects never count as
    orphans.
 
+4. An object a Delta table of a topic still names (docs/tables.md) waits longer: it is kept
+   while the table's newest version names it, and for ``file_delete_delay_ms`` (the tables'
+   ``delta.deletedFileRetentionDuration``) after the version that removed it
+   (``table_guard``, engine/table_publisher.py ``TablePublisher.named_objects``), whichever
+   ends later than the catalog's own grace.
+
 A reader holding a catalog snapshot older than the swap keeps reading the old objects for
 the whole delay; one that reads longer gets ObjectNotFoundError and must re-open the
 catalog (as a Kafka fetch of a deleted segment fails).
@@ -67,7 +73,7 @@ def due_for_deletion(state: CatalogState, now_ms: int, delay_ms: int) -> list[st
 
 def clean_objects(store: ObjectStore, catalog: Catalog, commit: Committer, *, delete_delay_ms: int,
                   orphan_grace_ms: int, orphan_prefixes: list[str], now_ms: int,
-                  dry_run: bool = False) -> ObjectCleanup:
+                  dry_run: bool = False, table_guard: Callable[[], set[str]] | None = None) -> ObjectCleanup:
     """One round of the object cleaner: stamp new retirements, delete retired objects past
     ``delete_delay_ms`` and forget them, delete orphans older than ``orphan_grace_ms``.
 
@@ -79,6 +85,8 @@ def clean_objects(store: ObjectStore, catalog: Catalog, commit: Committer, *, de
         orphan_prefixes: folders searched for orphans (``data/``, ``producer-state/``).
         now_ms: the current time (ms since the epoch); retirement stamps and deletion use it.
         dry_run: report only; nothing is deleted or committed.
+        table_guard: returns the object keys Delta tables may still read (called only when some
+            object is due); those stay pending.
 
     Raises:
         ApiError: _FENCED / NOT_LEADER_OR_FOLLOWER from ``commit`` when this process is not the writer.
@@ -90,6 +98,10 @@ def clean_objects(store: ObjectStore, catalog: Catalog, commit: Committer, *, de
         out.stamped = sorted(p for p, stamp in state.retired.items() if stamp is None)
         out.deleted = due_for_deletion(state, now_ms, delete_delay_ms)
         out.pending = sorted(p for p in state.retired if p not in out.deleted)
+    if out.deleted and table_guard is not None:
+        named = table_guard()
+        out.pending = sorted(set(out.pending) | (set(out.deleted) & named))
+        out.deleted = [p for p in out.deleted if p not in named]
     if dry_run:
         out.orphans = find_orphans(store, catalog, orphan_prefixes, orphan_grace_ms)
         return out

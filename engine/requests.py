@@ -44,6 +44,8 @@ class BrokerConfig:
             before it finish (Kafka's ``file.delete.delay.ms``; 1 hour here: object-store scans are long).
         compaction_interval_ms: how often (ms) the writer runs compaction in the background
             (small-file merge, key compaction, retention, object cleaning); 0 disables it.
+        publish_interval_ms: how often (ms) the writer publishes each topic's Delta table
+            (engine/table_publisher.py, docs/tables.md; ``lake.publish.interval.ms``); 0 disables it.
         compaction_batch_bytes: catalog bytes of segments a compaction round reads together
             (each object once for all the partitions it holds). The merge streams a batch (a
             few row groups per run in memory); key compaction holds one: its peak memory is
@@ -72,6 +74,7 @@ class BrokerConfig:
     orphan_grace_ms: int = 3_600_000
     file_delete_delay_ms: int = 3_600_000
     compaction_interval_ms: int = 300_000
+    publish_interval_ms: int = 5_000
     compaction_batch_bytes: int = 512 * 1024 * 1024
     catalog_retention_ms: int = DEFAULT_LOG_RETENTION_MS
     handoff_poll_ms: int = 500

@@ -1319,5 +1319,43 @@ def demo(ctx: click.Context, fresh: bool, rows: int | None, partitions: int, spa
         ctx.exit(1)
 
 
+# ------------------------------------------------------------------ tables (docs/tables.md)
+@main.group("tables", cls=_Group)
+@storage_options
+def tables() -> None:
+    """Delta Lake tables of the topics' committed views (docs/tables.md)."""
+
+
+@tables.command("publish")
+@click.option("--topic", "-t", default=None, help="Publish this topic only [default: every topic].")
+@click.option("--include-internal", is_flag=True, help="Also publish __consumer_offsets and __transaction_state.")
+@storage_options
+@click.pass_context
+def tables_publish(ctx: click.Context, topic: str | None, include_internal: bool) -> None:
+    """Publish the tables now: one line per table (its URI, version, and whether it changed)."""
+    from .tables import publish
+
+    for r in publish(storage_url(ctx), topic, storage_opts(ctx), include_internal=include_internal):
+        what = "committed" if r.committed else "unchanged"
+        click.echo(f"{r.topic}\t{r.uri}\tversion {r.version}\t{what}\t+{r.added} -{r.removed} files")
+
+
+@tables.command("list")
+@storage_options
+@click.pass_context
+def tables_list(ctx: click.Context) -> None:
+    """Each table's URI and freshness: version, catalog version, per-partition LSO, commit time (UTC)."""
+    from datetime import datetime, timezone
+
+    from .tables import list_tables
+
+    rows = []
+    for t in list_tables(storage_url(ctx), storage_opts(ctx)):
+        when = datetime.fromtimestamp(t.commit_time_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        lso = ",".join(f"{p}:{o}" for p, o in sorted(t.last_stable_offsets.items()))
+        rows.append([t.topic, t.uri, str(t.version), str(t.catalog_version), lso, when])
+    _print_columns(["TOPIC", "URI", "VERSION", "CATALOG VERSION", "LSO (partition:offset)", "COMMITTED"], rows)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -117,6 +117,8 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "storage.orphan.grace.ms": (_int(0), 3_600_000),
     "storage.file.delete.delay.ms": (_int(0), 3_600_000),
     "storage.compaction.interval.ms": (_int(0), 300_000),
+    # the writer publishes each topic's Delta table this often (docs/tables.md); 0 disables it
+    "lake.publish.interval.ms": (_int(0), 5_000),
     "storage.compaction.batch.bytes": (_int(1024 * 1024), 512 * 1024 * 1024),
     "storage.catalog.retention.ms": (_int(MIN_LOG_RETENTION_MS), DEFAULT_LOG_RETENTION_MS),
     "storage.handoff.poll.ms": (_int(10, 60_000), 500),
@@ -284,6 +286,7 @@ class ClientConfig:
             orphan_grace_ms=v["storage.orphan.grace.ms"], handoff_poll_ms=v["storage.handoff.poll.ms"],
             file_delete_delay_ms=v["storage.file.delete.delay.ms"],
             compaction_interval_ms=v["storage.compaction.interval.ms"],
+            publish_interval_ms=v["lake.publish.interval.ms"],
             compaction_batch_bytes=v["storage.compaction.batch.bytes"],
             catalog_retention_ms=v["storage.catalog.retention.ms"],
             producer_id_expiration_ms=v["producer.id.expiration.ms"],

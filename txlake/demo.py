@@ -415,7 +415,7 @@ def demo_storage_url(explicit: str | None = None, fresh: bool = False) -> str:
     return f"{base}/demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
-_TXLAKE_PREFIXES = ("_catalog", "data", "producer-state")
+_TXLAKE_PREFIXES = ("_catalog", "data", "producer-state", "tables")
 
 
 def wipe_root(store) -> int:
