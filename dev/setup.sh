@@ -19,3 +19,7 @@ fi
 # the reference the differential tests and the server benchmarks compare txlake serve with
 # (a no-op when present). Without Maven those tests fail naming this script.
 ./dev/kafka_reference.sh || echo "note: Apache Kafka's jars were not fetched (see above); the differential tests will fail until dev/kafka_reference.sh succeeds"
+# delta-spark (the release built for this PySpark) into the git-ignored dev/delta-lib/, for Spark
+# sessions that read the topics' Delta tables (docs/spark.md, "Delta tables"; a no-op when present).
+# Some PySpark versions have no delta-spark release yet: the note says so and the tests that need it skip.
+.venv/bin/python dev/fetch_delta_jars.py || echo "note: delta-spark's jars were not fetched (see above); docs/spark.md, Delta tables"

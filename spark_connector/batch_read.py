@@ -93,11 +93,32 @@ def arrow_schema(schema) -> pa.Schema:
 
 
 def _check_schema(schema, include_headers: bool) -> None:
-    expected = [f.name for f in kafka_struct(include_headers).fields]
-    got = [f.name for f in schema.fields]
-    if got != expected:
-        raise OptionError(None, f"the txlake source has the fixed schema of Spark's Kafka source ({', '.join(expected)}"
-                                f"); a custom schema ({', '.join(got)}) cannot be set")
+    """Accept the Kafka-source schema or a user-declared one (``.schema(...)``) made of some of
+    its columns, with their types, in any order; a task then reads only those columns.
+
+    Raises:
+        OptionError: a declared column that is not a Kafka-source column (``headers`` without
+            ``includeHeaders=true`` is not), one declared twice, or one of another type --
+            naming the column, its declared type and the expected one.
+    """
+    full = kafka_struct(True)
+    expected = {f.name: f.dataType for f in full.fields}
+    columns = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in kafka_struct(include_headers).fields)
+    seen = set()
+    for f in schema.fields:
+        if f.name in seen:
+            raise OptionError(None, f"the declared schema names column '{f.name}' twice")
+        seen.add(f.name)
+        if f.name not in expected or (f.name == "headers" and not include_headers):
+            hint = (" (it needs option includeHeaders=true)" if f.name == "headers"
+                    else "; a declared schema is a subset of these columns")
+            raise OptionError(None, f"the declared schema has column '{f.name}', which the txlake source does not "
+                                    f"have{hint}; the source's columns are those of Spark's Kafka source: {columns}")
+        if f.dataType != expected[f.name]:
+            raise OptionError(None, f"the declared schema gives column '{f.name}' type {f.dataType.simpleString()}; "
+                                    f"the txlake source has it as {expected[f.name].simpleString()}")
+    if not schema.fields:
+        raise OptionError(None, f"the declared schema has no column; the source's columns are: {columns}")
 
 
 # ------------------------------------------------------------------ planned pieces
@@ -549,7 +570,11 @@ def plan_input_partitions(state: CatalogState, opts: ReadOptions, starts: dict, 
 
 
 # ------------------------------------------------------------------ reading
-_COLUMNS = ["offset", "timestamp", "timestamp_type", "key", "value", "producer_id", "is_transactional", "is_control"]
+_COLUMNS = ["offset", "timestamp", "timestamp_type", "key", "value", "headers", "producer_id", "is_transactional",
+            "is_control"]
+#: the segment column each Spark column comes from (topic and partition are the input partition's)
+_PARQUET_OF = {"key": "key", "value": "value", "offset": "offset", "timestamp": "timestamp",
+               "timestampType": "timestamp_type", "headers": "headers"}
 _ABORT_COLUMNS = ("producer_id", "is_transactional")
 
 
@@ -585,6 +610,8 @@ def read_input_partition(store, part: TxlakeInputPartition, schema: pa.Schema, i
                          filters: PushedFilters | None = None, open_log: str | None = None) -> Iterator[pa.RecordBatch]:
     """The committed records of one input partition as RecordBatches of ``schema`` (at most
     :data:`BATCH_ROWS` rows and about :data:`BATCH_BYTES` bytes each), in offset order.
+    ``schema`` names the Spark columns (any subset of the Kafka-source ones, any order); only
+    the segment columns they need are decoded. ``include_headers`` is unused (``schema`` says).
 
     Raises:
         CorruptObjectError / UnsupportedFormatVersionError: a segment object is unreadable
@@ -601,8 +628,15 @@ def read_input_partition(store, part: TxlakeInputPartition, schema: pa.Schema, i
 
     filters = filters or PushedFilters()
     aborted = [AbortedTxn(*a) for a in part.aborted]
-    # the producer columns only serve to drop aborted transactions' records
-    columns = [c for c in _COLUMNS if aborted or c not in _ABORT_COLUMNS] + (["headers"] if include_headers else [])
+    # only the Parquet columns of the Spark columns asked for (a declared schema may name a few),
+    # plus what selecting the committed records needs: offsets, control flags, the producer
+    # columns when an aborted transaction is in range, timestamps when filtered on
+    needed = {"offset", "is_control"} | {_PARQUET_OF[n] for n in schema.names if n in _PARQUET_OF}
+    if aborted:
+        needed |= set(_ABORT_COLUMNS)
+    if filters.filters_timestamps:
+        needed.add("timestamp")
+    columns = [c for c in _COLUMNS if c in needed]
     batcher = _Batcher()
     for seg in part.segments:
         location = store.uri(seg.path)
@@ -625,7 +659,7 @@ def read_input_partition(store, part: TxlakeInputPartition, schema: pa.Schema, i
                 table = read_all(pf, location, rgs, columns)
                 offsets = table.column("offset").to_numpy()
                 keep = (offsets >= part.start) & (offsets < part.end)
-                extra = filters.row_mask(offsets, table.column("timestamp").to_numpy())
+                extra = filters.row_mask(offsets, table.column("timestamp").to_numpy() if "timestamp" in needed else None)
                 if extra is not None:
                     keep &= extra
                 if not keep.all():
@@ -686,20 +720,22 @@ class _Batcher:
 
 
 def _to_spark(table: pa.Table, part: TxlakeInputPartition, schema: pa.Schema, include_headers: bool) -> pa.Table:
-    """Records (RECORD_SCHEMA columns) -> Spark's Kafka-source columns, typed as ``schema``."""
+    """Records (RECORD_SCHEMA columns) -> the Spark columns ``schema`` names (Kafka-source columns,
+    any subset, any order), typed as ``schema``. ``include_headers`` is unused: ``schema`` says."""
     import pyarrow.compute as pc
 
+    del include_headers
     n = table.num_rows
-    ts = pc.multiply(table.column("timestamp"), pa.scalar(_MS, pa.int64()))
-    arrays = [
-        table.column("key"), table.column("value"),
-        pa.repeat(pa.scalar(part.topic, pa.string()), n), pa.repeat(pa.scalar(part.partition, pa.int32()), n),
-        table.column("offset"), ts, table.column("timestamp_type"),
-    ]
-    if include_headers:
-        arrays.append(table.column("headers"))
     out = []
-    for arr, f in zip(arrays, schema):
+    for f in schema:
+        if f.name == "topic":
+            arr = pa.repeat(pa.scalar(part.topic, pa.string()), n)
+        elif f.name == "partition":
+            arr = pa.repeat(pa.scalar(part.partition, pa.int32()), n)
+        elif f.name == "timestamp":
+            arr = pc.multiply(table.column("timestamp"), pa.scalar(_MS, pa.int64()))
+        else:
+            arr = table.column(_PARQUET_OF[f.name])
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
         out.append(arr if arr.type.equals(f.type) else arr.cast(f.type))
@@ -745,10 +781,12 @@ class TxlakeBatchReader(DataSourceReader):
 
     Args:
         options: the data source options (strings; see :mod:`.options` and docs/spark.md).
-        schema: the ``StructType`` Spark resolved (the Kafka-source schema); None builds it.
+        schema: the ``StructType`` Spark resolved: the Kafka-source schema, or the user's declared
+            subset of it (tasks then decode only the columns it needs); None builds the former.
 
     Raises:
-        OptionError: invalid options or a custom schema (at planning, naming the option).
+        OptionError: invalid options (naming the option) or a declared schema that is not a
+            subset of the Kafka-source columns with their types (naming the column), at planning.
         DataLossError: requested offsets are gone and ``failOnDataLoss`` is true.
     """
 

@@ -115,7 +115,8 @@ class TxlakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     Args:
         options: the data source options (strings; see :mod:`.options` and docs/spark.md);
             ``maxOffsetsPerTrigger`` caps each micro-batch, ending options are refused.
-        schema: the ``StructType`` Spark resolved (the Kafka-source schema); None builds it.
+        schema: the ``StructType`` Spark resolved: the Kafka-source schema or a declared subset of
+            it (``batch_read._check_schema``); None builds the former.
 
     Raises:
         OptionError: invalid options (naming the option), an unknown subscribed topic when

@@ -6,6 +6,12 @@ cluster) with the txlake data source registered by discovery (``pyspark_txlake``
 ``spark.jars`` (built here when missing and a JDK is on PATH: :data:`TXLAKE_JAR`), filter pushdown
 to Python data sources enabled, no UI, and the Python workers running this very interpreter (so
 they import the same txlake).
+
+When dev/fetch_delta_jars.py has fetched delta-spark for the installed PySpark, the same session
+also loads it (``format("delta")``; txlake.spark_connector.delta): one JVM serves both, and the
+extension leaves every other query alone. :func:`delta_spark` gives the session to the tests
+of the topics' Delta tables, and skips them, saying why, when delta-spark is not there (no
+release for this PySpark, or its jars not fetched).
 """
 
 from __future__ import annotations
@@ -52,6 +58,19 @@ SPARK_CONF = {
 }
 
 
+def _with_delta(conf: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """``conf`` with delta-spark's settings, or ``conf`` and why delta-spark is not available."""
+    from txlake.spark_connector.delta import DeltaUnavailableError, delta_session_conf
+
+    try:
+        return delta_session_conf(conf), None
+    except DeltaUnavailableError as e:
+        return conf, str(e)
+
+
+SPARK_CONF, DELTA_MISSING = _with_delta(SPARK_CONF)
+
+
 def spark():
     """The process's SparkSession (created on first call)."""
     global _session
@@ -67,6 +86,14 @@ def spark():
             _session = builder.getOrCreate()
             _session.sparkContext.setLogLevel("ERROR")
         return _session
+
+
+def delta_spark():
+    """The process's SparkSession with delta-spark on it; skips the test (naming the reason)
+    when delta-spark is not available for the installed PySpark."""
+    if DELTA_MISSING is not None:
+        pytest.skip(f"delta-spark is not on the Spark session: {DELTA_MISSING}")
+    return spark()
 
 
 # ---------------------------------------------------------------------------- shared fixtures

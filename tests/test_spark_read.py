@@ -33,8 +33,10 @@ T0 = 1_700_000_000_000  # ms
 TXN_CONF = {"transaction.state.log.num.partitions": 3, "storage.flush.linger.ms": 1}
 
 
-def load(target, session=None, **options):
+def load(target, session=None, schema=None, **options):
     reader = (session or spark()).read.format("txlake")
+    if schema is not None:
+        reader = reader.schema(schema)
     for k, v in source_options(target, **options).items():
         reader = reader.option(k, v)
     return reader.load()
@@ -144,6 +146,15 @@ def test_committed_read_equals_the_consumer(storage):
     assert dirty_rows == [r[:5] for r in consumer_rows(storage, "orders", 3, "read_uncommitted")]
     assert lease(storage) == holder               # Spark read without touching the writer lease
 
+    # a declared schema, a subset of the columns in its own order: the same committed records
+    declared = load(storage, schema="value binary, partition int, offset long", subscribe="orders")
+    assert declared.columns == ["value", "partition", "offset"]
+    assert sorted((r.partition, r.offset, bytes(r.value)) for r in declared.collect()) == \
+        [(p, o, v) for _, p, o, _, v in committed]
+    with pytest.raises(Exception, match="the declared schema gives column 'offset' type int; the txlake source "
+                                        "has it as bigint"):
+        load(storage, schema="value binary, offset int", subscribe="orders").collect()
+
     # one snapshot at planning: what commits after partitions() is not read by those partitions
     reader = TxlakeBatchReader(source_options(storage, subscribe="orders"))
     planned = reader.partitions()
@@ -252,6 +263,68 @@ def test_option_errors_name_the_option():
         "storage.options.config_kwargs": '{"retries": {"max_attempts": 2}}'}) == {
         "key": "K", "secret": "S", "client_kwargs": {"region_name": "r0", "verify": False},
         "config_kwargs": {"retries": {"max_attempts": 2}}}
+
+
+def _struct(*fields):
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(name, t) for name, t in fields])
+
+
+def test_a_declared_schema_reads_only_its_columns(file_storage, monkeypatch):
+    """``.schema("value binary, offset long")``: batches of those columns in that order, and
+    the tasks decode only the segment columns they need (value, offset, is_control: no key,
+    timestamps or headers) -- the one saving a Python source can make (issue 19)."""
+    from pyspark.sql.types import BinaryType, LongType
+
+    from txlake.formats import versioning
+
+    create(file_storage, t=2)
+    p = Producer(file_storage.conf())
+    for i in range(4):
+        p.produce("t", value=b"v%d" % i, key=b"k%d" % i, partition=i % 2, headers=[("h", b"x")], timestamp=T0 + i)
+    p.flush(30)
+    p.close()
+    decoded = []
+    real = versioning.read_all
+    monkeypatch.setattr(versioning, "read_all",
+                        lambda pf, location, rgs=None, columns=None: decoded.append(list(columns)) or
+                        real(pf, location, rgs, columns))
+    reader = TxlakeBatchReader(source_options(file_storage, subscribe="t", includeHeaders="true"),
+                               _struct(("value", BinaryType()), ("offset", LongType())))
+    batches = [b for part in reader.partitions() for b in reader.read(part)]
+    assert {tuple(b.schema.names) for b in batches} == {("value", "offset")}
+    assert sorted((r["offset"], r["value"]) for b in batches for r in b.to_pylist()) == \
+        [(0, b"v0"), (0, b"v1"), (1, b"v2"), (1, b"v3")]
+    assert decoded and all(c == ["offset", "value", "is_control"] for c in decoded)
+
+
+def test_a_declared_schema_with_an_unknown_column_or_a_wrong_type_is_refused_naming_it():
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType
+
+    opts = {"storage.url": "file:///tmp/x", "subscribe": "a"}
+    columns = ("key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
+               "timestampType int")
+    cases = [
+        (_struct(("value", BinaryType()), ("payload", BinaryType())),
+         f"the declared schema has column 'payload', which the txlake source does not have; a declared schema is a "
+         f"subset of these columns; the source's columns are those of Spark's Kafka source: {columns}"),
+        (_struct(("offset", IntegerType())), "the declared schema gives column 'offset' type int; the txlake source "
+                                              "has it as bigint"),
+        (_struct(("key", StringType())), "the declared schema gives column 'key' type string; the txlake source has "
+                                          "it as binary"),
+        (_struct(("headers", BinaryType())), "the declared schema has column 'headers', which the txlake source does "
+                                              "not have (it needs option includeHeaders=true)"),
+        (_struct(("offset", LongType()), ("offset", LongType())), "the declared schema names column 'offset' twice"),
+        (_struct(), "the declared schema has no column"),
+    ]
+    for schema, message in cases:
+        with pytest.raises(OptionError) as e:
+            TxlakeBatchReader(opts, schema)
+        assert str(e.value).startswith(message), str(e.value)
+    with pytest.raises(OptionError, match="gives column 'headers' type binary; the txlake source has it as "
+                                          "array<struct<key:string,value:binary>>"):
+        TxlakeBatchReader({**opts, "includeHeaders": "true"}, _struct(("headers", BinaryType())))
 
 
 def test_min_partitions_split_like_spark(file_storage):

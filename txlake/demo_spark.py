@@ -170,10 +170,17 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, **conf: str):
+def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, delta: bool = False, **conf: str):
     """A local SparkSession set up for the txlake source (filter pushdown on, workers on this
     interpreter so they import this txlake, the source registered); ``conf`` adds or overrides
     Spark settings (dotted keys: pass them as ``**{"spark.driver.memory": "2g"}``).
+
+    With ``delta=True`` the session also loads delta-spark (``format("delta")``, for the topics'
+    Delta tables): the jars ``dev/fetch_delta_jars.py`` fetched for this PySpark on ``spark.jars``
+    (else ``spark.jars.packages``, resolved by Spark at start), Delta's session extension and
+    catalog (:func:`txlake.spark_connector.delta.delta_conf`), and Delta's snapshot state in one
+    partition (``spark.databricks.delta.snapshotPartitions``: its default 50 makes every table
+    load run 50 tasks, seconds each on a small machine). Only a new JVM takes these settings.
 
     When no Spark JVM runs in this process yet, this starts it (PySpark's ``launch_gateway``)
     with ``PYTHONSAFEPATH=1`` in its environment, so the Python workers it starts never put
@@ -187,6 +194,8 @@ def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, **con
         ImportError: PySpark is not installed (``pip install 'txlake[spark]'``).
         pyspark.errors.PySparkRuntimeError: JAVA_GATEWAY_EXITED, the JVM did not start
             (no Java, see :func:`spark_prerequisites`; its output is in ``log``).
+        txlake.spark_connector.delta.DeltaUnavailableError: ``delta=True`` and no delta-spark
+            release is built for the installed PySpark.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -201,7 +210,12 @@ def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, **con
     jar = jar_path()  # txlake.DefaultSource: the default save mode for df.write (docs/spark.md)
     settings = {"spark.sql.python.filterPushdown.enabled": "true", "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "8",
-                "spark.sql.session.timeZone": "UTC", **({"spark.jars": str(jar)} if jar else {}), **conf}
+                "spark.sql.session.timeZone": "UTC", **({"spark.jars": str(jar)} if jar else {})}
+    if delta:
+        from txlake.spark_connector.delta import delta_session_conf
+
+        settings = delta_session_conf(settings, allow_download=True)
+    settings.update(conf)
     if SparkContext._gateway is None:  # no JVM in this process yet: start it here, its output where we say
         from pyspark.java_gateway import launch_gateway
 
