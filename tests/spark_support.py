@@ -89,10 +89,19 @@ def spark():
 
 
 def delta_spark():
-    """The process's SparkSession with delta-spark on it; skips the test (naming the reason)
-    when delta-spark is not available for the installed PySpark."""
+    """The process's SparkSession with delta-spark on it. Skips the test (naming the reason)
+    only when no delta-spark release exists for the installed PySpark (a PySpark the test
+    extra does not pin); when one exists but its jars were not fetched, the test fails naming
+    the script that fetches them, so a set-up that lost them cannot pass silently."""
     if DELTA_MISSING is not None:
-        pytest.skip(f"delta-spark is not on the Spark session: {DELTA_MISSING}")
+        from txlake.spark_connector.delta import DeltaUnavailableError, delta_version
+
+        try:
+            delta_version()
+        except DeltaUnavailableError:
+            pytest.skip(f"delta-spark is not on the Spark session: {DELTA_MISSING}")
+        pytest.fail(f"delta-spark is not on the Spark session: {DELTA_MISSING} "
+                    f"(run dev/setup.sh or .venv/bin/python dev/fetch_delta_jars.py)")
     return spark()
 
 
