@@ -1,0 +1,244 @@
+"""A verification workload run in-process against a storage root (``storage.url`` clients).
+
+One trial, on a topic of its own (so trials can share a root):
+
+* idempotent producers send unique values to random partitions;
+* transactional producers run transactions of a few sends each and commit or abort
+  abort a seeded third of them;
+* a read_committed and a read_uncommitted consumer poll every partition from the
+  beginning while the producers run, until they have read to the end; the
+  read_committed one is in a consumer group and commits its position after each poll;
+
+all concurrently (one thread each), recording a :class:`~.history.History`. Then the
+final state is read by a fresh in-process Consumer (read_committed) and through the
+DuckDB view (:func:`txlake.duckdb.connect`), and :func:`~.checker.check` runs. The
+random choices follow ``seed``; thread interleavings do not.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+from typing import IO
+
+from .checker import Anomaly, check
+from .history import (SEND_FAIL, SEND_INFO, SEND_OK, TXN_ABORT, TXN_COMMIT, TXN_INFO, Assign, FinalRead, History,
+                      OffsetCommit, Poll, Send, Txn)
+
+
+@dataclass
+class WorkloadSpec:
+    """How much a trial does.
+
+    Attributes:
+        partitions: partitions of the trial's topic.
+        idempotent_producers / sends_per_producer: idempotent writers and their sends each.
+        transactional_producers / txns_per_producer / sends_per_txn: transactional writers.
+        abort_fraction: the share of each producer's transactions aborted (0..1, rounded).
+    """
+
+    partitions: int = 2
+    idempotent_producers: int = 2
+    sends_per_producer: int = 40
+    transactional_producers: int = 2
+    txns_per_producer: int = 6
+    sends_per_txn: int = 4
+    abort_fraction: float = 0.33
+
+
+@dataclass
+class TrialResult:
+    """A finished trial: its topic, history, anomalies and operation count (sends,
+    transaction outcomes, polls and offset commits recorded)."""
+
+    topic: str
+    history: History
+    anomalies: list[Anomaly]
+
+    @property
+    def operations(self) -> int:
+        return sum(1 for e in self.history.events if not isinstance(e, (FinalRead, Assign)))
+
+
+def _record_delivery(history: History, process: str, value: str, txn: str | None, t_start: float):
+    def on_delivery(err, msg) -> None:
+        if err is None:
+            history.add(Send(process, msg.topic(), msg.partition(), value, SEND_OK, msg.offset(), txn,
+                             t_start=t_start, t_end=History.now()))
+        else:  # a delivery error may still have been appended (e.g. a timeout): unknown outcome
+            history.add(Send(process, msg.topic(), msg.partition(), value, SEND_INFO, None, txn, err.name(),
+                             t_start=t_start, t_end=History.now()))
+    return on_delivery
+
+
+def _send(producer, history: History, process: str, topic: str, partition: int, value: str,
+          txn: str | None) -> None:
+    from txlake import KafkaException
+
+    t0 = History.now()
+    try:
+        producer.produce(topic, value=value.encode(), partition=partition,
+                         on_delivery=_record_delivery(history, process, value, txn, t0))
+    except (KafkaException, BufferError) as exc:  # refused before it was queued: not written
+        err = exc.args[0] if exc.args else exc
+        name = err.name() if hasattr(err, "name") else type(exc).__name__
+        history.add(Send(process, topic, partition, value, SEND_FAIL, None, txn, name, t0, History.now()))
+    producer.poll(0)
+
+
+def _idempotent(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random):
+    from txlake import Producer
+
+    p = Producer({**conf, "enable.idempotence": True, "linger.ms": 2})
+    try:
+        for n in range(spec.sends_per_producer):
+            _send(p, history, name, topic, rng.randrange(spec.partitions), f"{name}-{n}", None)
+        p.flush(30)
+    finally:
+        p.flush(30)
+
+
+def _transactional(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random):
+    from txlake import KafkaException, Producer
+
+    p = Producer({**conf, "transactional.id": f"{topic}-{name}", "linger.ms": 2})
+    p.init_transactions(30)
+    aborts = round(spec.abort_fraction * spec.txns_per_producer)
+    outcomes = [False] * aborts + [True] * (spec.txns_per_producer - aborts)
+    rng.shuffle(outcomes)  # every producer aborts its share, in a seeded order
+    for t, commit in enumerate(outcomes):
+        txn = f"{name}-T{t}"
+        p.begin_transaction()
+        for n in range(spec.sends_per_txn):
+            _send(p, history, name, topic, rng.randrange(spec.partitions), f"{txn}-{n}", txn)
+        t0 = History.now()
+        try:
+            if commit:
+                p.commit_transaction(30)
+            else:
+                p.abort_transaction(30)
+            history.add(Txn(name, txn, TXN_COMMIT if commit else TXN_ABORT, t0, History.now()))
+        except KafkaException as exc:
+            err = exc.args[0]
+            history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
+            if err.fatal():
+                return
+            if err.txn_requires_abort():
+                p.abort_transaction(30)
+
+
+def _poller(conf: dict, history: History, topic: str, name: str, isolation: str, spec: WorkloadSpec,
+            done: threading.Event, group: str | None):
+    from txlake import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    extra = {"group.id": group, "enable.auto.commit": False} if group else {}
+    c = Consumer({**conf, **extra, "isolation.level": isolation, "auto.offset.reset": "earliest"})
+    try:
+        tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(spec.partitions)]
+        history.add(Assign(name, [(topic, p, OFFSET_BEGINNING) for p in range(spec.partitions)], History.now()))
+        c.assign(tps)
+        idle_after_done = 0
+        while idle_after_done < 2:
+            finished = done.is_set()
+            t0 = History.now()
+            msgs = [m for m in c.consume(200, 0.1) if m.error() is None]
+            if msgs:
+                history.add(Poll(name, isolation, [(m.topic(), m.partition(), m.offset(), m.value().decode())
+                                                   for m in msgs], t0, History.now()))
+                if group:
+                    t1 = History.now()
+                    c.commit(asynchronous=False)
+                    offsets = [(tp.topic, tp.partition, tp.offset)
+                               for tp in c.position([TopicPartition(topic, p) for p in range(spec.partitions)])]
+                    history.add(OffsetCommit(name, group, offsets, None, t1))
+            idle_after_done = idle_after_done + 1 if (finished and not msgs) else 0
+    finally:
+        c.close()
+
+
+def final_consumer_read(conf: dict, topic: str, partitions: int) -> list[tuple]:
+    """Every committed record of ``topic`` through a fresh read_committed in-process Consumer:
+    ``[(topic, partition, offset, value), ...]`` sorted."""
+    from txlake import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer({**conf, "isolation.level": "read_committed"})
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    out = []
+    try:
+        while True:
+            msgs = c.consume(500, 0.3)
+            if not msgs:
+                break
+            out.extend((m.topic(), m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
+    finally:
+        c.close()
+    return sorted(out)
+
+
+def final_duckdb_read(conf: dict, topic: str) -> list[tuple]:
+    """Every record of ``topic``'s DuckDB view (:mod:`txlake.duckdb`), same shape as
+    :func:`final_consumer_read`."""
+    import txlake.duckdb
+    from txlake.duckdb import quote_ident
+
+    con = txlake.duckdb.connect(conf["storage.url"], conf.get("storage.options") or {}, topics=[topic])
+    try:
+        rows = con.sql(f'SELECT partition, "offset", value FROM {quote_ident(topic)}').fetchall()
+    finally:
+        con.close()
+    return sorted((topic, p, o, bytes(v).decode()) for p, o, v in rows)
+
+
+def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = None,
+              sink: IO[str] | None = None) -> TrialResult:
+    """Run one trial of the workload on ``topic`` (created here) and check its history.
+
+    Args:
+        conf: client config of the root (``storage.url``, ``storage.options``, ...).
+        seed: seeds every random choice (partitions, which transactions abort).
+        topic: a topic name not yet used on the root.
+        spec: sizes (default :class:`WorkloadSpec`).
+        sink: where to append the history as JSON lines, or None.
+
+    Returns:
+        :class:`TrialResult` (anomalies empty when the trial is clean).
+
+    Raises:
+        KafkaException: the topic cannot be created, or a client fails outside what the
+            history records (e.g. ``init_transactions``); such a trial is an error, not an anomaly.
+    """
+    from txlake import AdminClient, NewTopic
+
+    spec = spec or WorkloadSpec()
+    AdminClient(conf).create_topics([NewTopic(topic, spec.partitions)])[topic].result()
+    history = History(sink=sink)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def thread(fn, *args) -> threading.Thread:
+        def run():
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by run_trial below
+                errors.append(exc)
+        return threading.Thread(target=run, name=args[3])
+
+    writers = [thread(_idempotent, conf, history, topic, f"i{k}", spec, random.Random(f"{seed}-i{k}"))
+               for k in range(spec.idempotent_producers)]
+    writers += [thread(_transactional, conf, history, topic, f"t{k}", spec, random.Random(f"{seed}-t{k}"))
+                for k in range(spec.transactional_producers)]
+    readers = [thread(_poller, conf, history, topic, "rc", "read_committed", spec, done, f"{topic}-g"),
+               thread(_poller, conf, history, topic, "ru", "read_uncommitted", spec, done, None)]
+    for t in readers + writers:
+        t.start()
+    for t in writers:
+        t.join()
+    done.set()
+    for t in readers:
+        t.join()
+    if errors:
+        raise errors[0]
+    history.add(FinalRead("consumer", final_consumer_read(conf, topic, spec.partitions)))
+    history.add(FinalRead("duckdb", final_duckdb_read(conf, topic)))
+    return TrialResult(topic, history, check(history))
