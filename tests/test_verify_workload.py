@@ -52,3 +52,31 @@ def test_checker_finds_what_a_reader_got_wrong_in_a_real_trial(storage, close_en
               if isinstance(e, FinalRead) and e.reader == "duckdb" else e for e in h.events]
     events.append(Poll("rc2", "read_committed", [bad], 1e9, 1e9))
     assert check(History(events)) == [Anomaly("aborted-read", "rc2", (bad,)), Anomaly("lost-write", "duckdb", (rec,))]
+
+
+def test_trial_through_txlake_serve_with_confluent_kafka(served, close_engines):  # noqa: F811
+    """The same workload with confluent-kafka clients against ``txlake serve``; the final state is
+    read over the wire, by an in-process Consumer and through DuckDB on the served root, and each
+    must equal the committed history."""
+    from txlake.verify.workload import default_readers, final_consumer_read
+
+    wire = {"bootstrap.servers": served.bootstrap}
+    readers = {"wire": lambda topic, n: final_consumer_read(wire, topic, n, drain_s=2.0),
+               **default_readers(client_conf(served.storage))}
+    result = run_trial(wire, seed=5, topic="w5", spec=SPEC, readers=readers, drain_s=2.0)
+    assert result.anomalies == []
+    h = result.history
+    txns = {t.txn: t.outcome for t in h.of(Txn)}
+    assert sorted(txns.values()) == ["abort", "abort", "commit", "commit", "commit", "commit"]
+    sends = h.of(Send)
+    assert len(sends) == 48
+    # librdkafka's abort_transaction purges what it has not sent yet: those reports are errors
+    assert {(s.outcome, s.error) for s in sends if s.txn is None or txns[s.txn] == "commit"} == {(SEND_OK, None)}
+    assert {(s.outcome, s.error) for s in sends if s.txn and txns[s.txn] == "abort"} <= {
+        (SEND_OK, None), ("info", "_PURGE_QUEUE"), ("info", "_PURGE_INFLIGHT")}
+    committed = sorted(("w5", s.partition, s.offset, s.value) for s in sends
+                       if s.txn is None or txns[s.txn] == "commit")
+    assert {f.reader: f.records for f in h.of(FinalRead)} == {"wire": committed, "consumer": committed,
+                                                               "duckdb": committed}
+    rc = sorted(r for p in h.of(Poll) if p.process == "rc" for r in p.records)
+    assert rc == committed

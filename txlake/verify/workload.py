@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import threading
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Callable
 
 from .checker import Anomaly, check
 from .history import (SEND_FAIL, SEND_INFO, SEND_OK, TXN_ABORT, TXN_COMMIT, TXN_INFO, Assign, FinalRead, History,
@@ -61,6 +61,21 @@ class TrialResult:
         return sum(1 for e in self.history.events if not isinstance(e, (FinalRead, Assign)))
 
 
+def clients(conf: dict):
+    """The client module a config talks through: :mod:`confluent_kafka` for
+    ``bootstrap.servers`` (the wire, e.g. ``txlake serve``), else :mod:`txlake` (in-process,
+    ``storage.url``). Both have the same API (API.md)."""
+    if "bootstrap.servers" in conf:
+        import confluent_kafka
+        import confluent_kafka.admin  # noqa: F401 (k.admin below)
+
+        return confluent_kafka
+    import txlake
+    import txlake.admin  # noqa: F401 (k.admin below)
+
+    return txlake
+
+
 def _record_delivery(history: History, process: str, value: str, txn: str | None, t_start: float):
     def on_delivery(err, msg) -> None:
         if err is None:
@@ -72,15 +87,13 @@ def _record_delivery(history: History, process: str, value: str, txn: str | None
     return on_delivery
 
 
-def _send(producer, history: History, process: str, topic: str, partition: int, value: str,
+def _send(k, producer, history: History, process: str, topic: str, partition: int, value: str,
           txn: str | None) -> None:
-    from txlake import KafkaException
-
     t0 = History.now()
     try:
         producer.produce(topic, value=value.encode(), partition=partition,
                          on_delivery=_record_delivery(history, process, value, txn, t0))
-    except (KafkaException, BufferError) as exc:  # refused before it was queued: not written
+    except (k.KafkaException, BufferError) as exc:  # refused before it was queued: not written
         err = exc.args[0] if exc.args else exc
         name = err.name() if hasattr(err, "name") else type(exc).__name__
         history.add(Send(process, topic, partition, value, SEND_FAIL, None, txn, name, t0, History.now()))
@@ -88,21 +101,19 @@ def _send(producer, history: History, process: str, topic: str, partition: int, 
 
 
 def _idempotent(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random):
-    from txlake import Producer
-
-    p = Producer({**conf, "enable.idempotence": True, "linger.ms": 2})
+    k = clients(conf)
+    p = k.Producer({**conf, "enable.idempotence": True, "linger.ms": 2})
     try:
         for n in range(spec.sends_per_producer):
-            _send(p, history, name, topic, rng.randrange(spec.partitions), f"{name}-{n}", None)
+            _send(k, p, history, name, topic, rng.randrange(spec.partitions), f"{name}-{n}", None)
         p.flush(30)
     finally:
         p.flush(30)
 
 
 def _transactional(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random):
-    from txlake import KafkaException, Producer
-
-    p = Producer({**conf, "transactional.id": f"{topic}-{name}", "linger.ms": 2})
+    k = clients(conf)
+    p = k.Producer({**conf, "transactional.id": f"{topic}-{name}", "linger.ms": 2})
     p.init_transactions(30)
     aborts = round(spec.abort_fraction * spec.txns_per_producer)
     outcomes = [False] * aborts + [True] * (spec.txns_per_producer - aborts)
@@ -111,7 +122,7 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
         txn = f"{name}-T{t}"
         p.begin_transaction()
         for n in range(spec.sends_per_txn):
-            _send(p, history, name, topic, rng.randrange(spec.partitions), f"{txn}-{n}", txn)
+            _send(k, p, history, name, topic, rng.randrange(spec.partitions), f"{txn}-{n}", txn)
         t0 = History.now()
         try:
             if commit:
@@ -119,7 +130,7 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
             else:
                 p.abort_transaction(30)
             history.add(Txn(name, txn, TXN_COMMIT if commit else TXN_ABORT, t0, History.now()))
-        except KafkaException as exc:
+        except k.KafkaException as exc:
             err = exc.args[0]
             history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
             if err.fatal():
@@ -129,47 +140,51 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
 
 
 def _poller(conf: dict, history: History, topic: str, name: str, isolation: str, spec: WorkloadSpec,
-            done: threading.Event, group: str | None):
-    from txlake import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    extra = {"group.id": group, "enable.auto.commit": False} if group else {}
-    c = Consumer({**conf, **extra, "isolation.level": isolation, "auto.offset.reset": "earliest"})
+            done: threading.Event, group: str, commits: bool, drain_s: float):
+    k = clients(conf)
+    c = k.Consumer({**conf, "group.id": group, "enable.auto.commit": False, "isolation.level": isolation,
+                    "auto.offset.reset": "earliest"})
     try:
-        tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(spec.partitions)]
-        history.add(Assign(name, [(topic, p, OFFSET_BEGINNING) for p in range(spec.partitions)], History.now()))
+        tps = [k.TopicPartition(topic, p, k.OFFSET_BEGINNING) for p in range(spec.partitions)]
+        history.add(Assign(name, [(topic, p, k.OFFSET_BEGINNING) for p in range(spec.partitions)], History.now()))
         c.assign(tps)
-        idle_after_done = 0
-        while idle_after_done < 2:
+        quiet_since = None  # when the writers were done and polls started coming back empty
+        while quiet_since is None or History.now() - quiet_since < drain_s:
             finished = done.is_set()
             t0 = History.now()
             msgs = [m for m in c.consume(200, 0.1) if m.error() is None]
             if msgs:
                 history.add(Poll(name, isolation, [(m.topic(), m.partition(), m.offset(), m.value().decode())
                                                    for m in msgs], t0, History.now()))
-                if group:
+                if commits:
                     t1 = History.now()
                     c.commit(asynchronous=False)
                     offsets = [(tp.topic, tp.partition, tp.offset)
-                               for tp in c.position([TopicPartition(topic, p) for p in range(spec.partitions)])]
+                               for tp in c.position([k.TopicPartition(topic, p) for p in range(spec.partitions)])]
                     history.add(OffsetCommit(name, group, offsets, None, t1))
-            idle_after_done = idle_after_done + 1 if (finished and not msgs) else 0
+            if msgs or not finished:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = History.now()
     finally:
         c.close()
 
 
-def final_consumer_read(conf: dict, topic: str, partitions: int) -> list[tuple]:
-    """Every committed record of ``topic`` through a fresh read_committed in-process Consumer:
-    ``[(topic, partition, offset, value), ...]`` sorted."""
-    from txlake import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    c = Consumer({**conf, "isolation.level": "read_committed"})
-    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+def final_consumer_read(conf: dict, topic: str, partitions: int, drain_s: float = 0.3) -> list[tuple]:
+    """Every committed record of ``topic`` through a fresh read_committed Consumer (in-process
+    for ``storage.url``, confluent-kafka for ``bootstrap.servers``), reading until no record
+    came for ``drain_s`` seconds: ``[(topic, partition, offset, value), ...]`` sorted."""
+    k = clients(conf)
+    c = k.Consumer({**conf, "group.id": f"{topic}-final", "enable.auto.commit": False,
+                    "isolation.level": "read_committed"})
+    c.assign([k.TopicPartition(topic, p, k.OFFSET_BEGINNING) for p in range(partitions)])
     out = []
     try:
-        while True:
-            msgs = c.consume(500, 0.3)
-            if not msgs:
-                break
+        last = History.now()
+        while History.now() - last < drain_s:
+            msgs = c.consume(500, 0.1)
+            if msgs:
+                last = History.now()
             out.extend((m.topic(), m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
     finally:
         c.close()
@@ -190,16 +205,29 @@ def final_duckdb_read(conf: dict, topic: str) -> list[tuple]:
     return sorted((topic, p, o, bytes(v).decode()) for p, o, v in rows)
 
 
+def default_readers(conf: dict) -> dict[str, Callable[[str, int], list[tuple]]]:
+    """The final readers of a ``storage.url`` root: ``consumer`` (in-process Consumer) and
+    ``duckdb`` (the DuckDB view), as ``{name: reader(topic, partitions) -> records}``."""
+    return {"consumer": lambda topic, n: final_consumer_read(conf, topic, n),
+            "duckdb": lambda topic, n: final_duckdb_read(conf, topic)}
+
+
 def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = None,
-              sink: IO[str] | None = None) -> TrialResult:
+              sink: IO[str] | None = None, *, readers: dict[str, Callable] | None = None,
+              drain_s: float = 0.3) -> TrialResult:
     """Run one trial of the workload on ``topic`` (created here) and check its history.
 
     Args:
-        conf: client config of the root (``storage.url``, ``storage.options``, ...).
+        conf: client config: of the root (``storage.url``, ``storage.options``: in-process
+            clients) or of a server (``bootstrap.servers``: confluent-kafka clients).
         seed: seeds every random choice (partitions, which transactions abort).
         topic: a topic name not yet used on the root.
         spec: sizes (default :class:`WorkloadSpec`).
         sink: where to append the history as JSON lines, or None.
+        readers: the final readers (default :func:`default_readers` of ``conf``), each
+            ``reader(topic, partitions) -> [(topic, partition, offset, value), ...]``.
+        drain_s: once the writers are done, consumers stop after this many seconds
+            without a record (s; longer over the wire, where a fetch takes a while).
 
     Returns:
         :class:`TrialResult` (anomalies empty when the trial is clean).
@@ -208,10 +236,10 @@ def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = Non
         KafkaException: the topic cannot be created, or a client fails outside what the
             history records (e.g. ``init_transactions``); such a trial is an error, not an anomaly.
     """
-    from txlake import AdminClient, NewTopic
-
+    k = clients(conf)
     spec = spec or WorkloadSpec()
-    AdminClient(conf).create_topics([NewTopic(topic, spec.partitions)])[topic].result()
+    admin = k.admin.AdminClient(conf)  # kept alive until the future is done (librdkafka destroys it otherwise)
+    admin.create_topics([k.admin.NewTopic(topic, spec.partitions)])[topic].result()
     history = History(sink=sink)
     done = threading.Event()
     errors: list[BaseException] = []
@@ -228,17 +256,18 @@ def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = Non
                for k in range(spec.idempotent_producers)]
     writers += [thread(_transactional, conf, history, topic, f"t{k}", spec, random.Random(f"{seed}-t{k}"))
                 for k in range(spec.transactional_producers)]
-    readers = [thread(_poller, conf, history, topic, "rc", "read_committed", spec, done, f"{topic}-g"),
-               thread(_poller, conf, history, topic, "ru", "read_uncommitted", spec, done, None)]
-    for t in readers + writers:
+    pollers = [thread(_poller, conf, history, topic, "rc", "read_committed", spec, done, f"{topic}-g", True, drain_s),
+               thread(_poller, conf, history, topic, "ru", "read_uncommitted", spec, done, f"{topic}-u", False,
+                      drain_s)]
+    for t in pollers + writers:
         t.start()
     for t in writers:
         t.join()
     done.set()
-    for t in readers:
+    for t in pollers:
         t.join()
     if errors:
         raise errors[0]
-    history.add(FinalRead("consumer", final_consumer_read(conf, topic, spec.partitions)))
-    history.add(FinalRead("duckdb", final_duckdb_read(conf, topic)))
+    for name, reader in (readers or default_readers(conf)).items():
+        history.add(FinalRead(name, reader(topic, spec.partitions)))
     return TrialResult(topic, history, check(history))
