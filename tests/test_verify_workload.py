@@ -80,3 +80,28 @@ def test_trial_through_txlake_serve_with_confluent_kafka(served, close_engines):
                                                                "duckdb": committed}
     rc = sorted(r for p in h.of(Poll) if p.process == "rc" for r in p.records)
     assert rc == committed
+
+
+@pytest.mark.parametrize("serve_root", ["file"], indirect=True)  # S3 under the server: the test above
+def test_trial_with_a_transactional_writer_sigkilled_mid_transaction(served, close_engines, tmp_path):  # noqa: F811
+    """Writer t0 (a confluent-kafka child process) is SIGKILLed after its first transaction,
+    inside its second, and started again: the new instance's init_transactions aborts the open
+    transaction, and the history stays clean, its records read by nobody under read_committed."""
+    from txlake.verify.workload import default_readers, final_consumer_read
+
+    wire = {"bootstrap.servers": served.bootstrap}
+    readers = {"wire": lambda topic, n: final_consumer_read(wire, topic, n, drain_s=2.0),
+               **default_readers(client_conf(served.storage))}
+    spec = dataclasses.replace(SPEC, send_interval_ms=200)  # the kill lands between sends, not in a commit
+    result = run_trial(wire, seed=9, topic="k9", spec=spec, readers=readers, drain_s=2.0, kill_writer=str(tmp_path))
+    assert result.anomalies == []
+    t0 = {t.txn: (t.outcome, t.error) for t in result.history.of(Txn) if t.process == "t0"}
+    assert t0["t0-T1"] == ("abort", "aborted by init_transactions")
+    assert sorted(t0) == ["t0-T0", "t0-T1", "t0-T2"]
+    killed = {s.value for s in result.history.of(Send) if s.txn == "t0-T1"}
+    assert killed
+    finals = {f.reader: {r[3] for r in f.records} for f in result.history.of(FinalRead)}
+    assert set(finals) == {"wire", "consumer", "duckdb"}
+    assert all(not (values & killed) for values in finals.values())
+    assert {v for v in finals["wire"] if v.startswith("t0-")} == {
+        s.value for s in result.history.of(Send) if s.txn in t0 and t0[s.txn][0] == "commit"}

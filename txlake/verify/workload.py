@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from dataclasses import dataclass
+import io
+import os
 from typing import IO, Callable
 
 from .checker import Anomaly, check
@@ -36,6 +39,8 @@ class WorkloadSpec:
         idempotent_producers / sends_per_producer: idempotent writers and their sends each.
         transactional_producers / txns_per_producer / sends_per_txn: transactional writers.
         abort_fraction: the share of each producer's transactions aborted (0..1, rounded).
+        send_interval_ms: a transactional producer's pause after each send (ms), so that a
+            kill lands inside a transaction, not in its commit.
     """
 
     partitions: int = 2
@@ -45,6 +50,7 @@ class WorkloadSpec:
     txns_per_producer: int = 6
     sends_per_txn: int = 4
     abort_fraction: float = 0.33
+    send_interval_ms: int = 0
 
 
 @dataclass
@@ -58,7 +64,11 @@ class TrialResult:
 
     @property
     def operations(self) -> int:
-        return sum(1 for e in self.history.events if not isinstance(e, (FinalRead, Assign)))
+        """Sends (one per value, its attempt and its report counted once), transactions,
+        polls and offset commits."""
+        h = self.history
+        return (len({s.value for s in h.of(Send)}) + len({t.txn for t in h.of(Txn)}) + len(h.of(Poll))
+                + len(h.of(OffsetCommit)))
 
 
 def clients(conf: dict):
@@ -88,8 +98,10 @@ def _record_delivery(history: History, process: str, value: str, txn: str | None
 
 
 def _send(k, producer, history: History, process: str, topic: str, partition: int, value: str,
-          txn: str | None) -> None:
+          txn: str | None, attempts: bool = False) -> None:
     t0 = History.now()
+    if attempts:  # a process that may be killed records the attempt first; its report replaces it
+        history.add(Send(process, topic, partition, value, SEND_INFO, None, txn, "attempted", t0, t0))
     try:
         producer.produce(topic, value=value.encode(), partition=partition,
                          on_delivery=_record_delivery(history, process, value, txn, t0))
@@ -111,19 +123,34 @@ def _idempotent(conf: dict, history: History, topic: str, name: str, spec: Workl
         p.flush(30)
 
 
-def _transactional(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random):
+def _transactional(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random,
+                   start: int = 0, attempts: bool = False, unfinished: tuple[str, ...] = ()):
+    """A transactional producer running transactions ``start`` on (the earlier ones' random
+    draws are replayed, so a restarted instance continues the seeded sequence).
+    ``unfinished``: transactions a killed instance left open before invoking their commit or
+    abort; this instance's ``init_transactions`` aborts them (KIP-98 fencing), recorded so."""
     k = clients(conf)
     p = k.Producer({**conf, "transactional.id": f"{topic}-{name}", "linger.ms": 2})
+    t0 = History.now()
     p.init_transactions(30)
+    for txn in unfinished:
+        history.add(Txn(name, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
     aborts = round(spec.abort_fraction * spec.txns_per_producer)
     outcomes = [False] * aborts + [True] * (spec.txns_per_producer - aborts)
     rng.shuffle(outcomes)  # every producer aborts its share, in a seeded order
     for t, commit in enumerate(outcomes):
+        partitions = [rng.randrange(spec.partitions) for _ in range(spec.sends_per_txn)]
+        if t < start:
+            continue
         txn = f"{name}-T{t}"
         p.begin_transaction()
-        for n in range(spec.sends_per_txn):
-            _send(k, p, history, name, topic, rng.randrange(spec.partitions), f"{txn}-{n}", txn)
+        for n, partition in enumerate(partitions):
+            _send(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
+            if spec.send_interval_ms:
+                time.sleep(spec.send_interval_ms / 1000)
         t0 = History.now()
+        if attempts:  # killed from here on, the outcome is unknown
+            history.add(Txn(name, txn, TXN_INFO, t0, t0, "invoked"))
         try:
             if commit:
                 p.commit_transaction(30)
@@ -205,6 +232,48 @@ def final_duckdb_read(conf: dict, topic: str) -> list[tuple]:
     return sorted((topic, p, o, bytes(v).decode()) for p, o, v in rows)
 
 
+def _killed_transactional(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, seed: int,
+                          sink_path: str, kill_after: int) -> None:
+    """Run transactional writer ``name`` as a child process (:mod:`.writer_proc`), SIGKILL it
+    once it has finished ``kill_after`` transactions and sent in the next one, start it again
+    to the end, then add its recorded events to ``history``.
+
+    Raises:
+        RuntimeError: a child exited with an error (its stderr included).
+    """
+    import dataclasses
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "txlake.verify.writer_proc", json.dumps(conf), topic, name, str(seed),
+            json.dumps(dataclasses.asdict(spec)), sink_path]
+
+    def events() -> list:
+        if not os.path.exists(sink_path):
+            return []
+        with open(sink_path) as fp:
+            lines = fp.readlines()
+        return History.load(io.StringIO("".join(line for line in lines if line.endswith("\n")))).events
+
+    def started_next(evs: list) -> bool:
+        done = sum(1 for e in evs if isinstance(e, Txn) and e.outcome != TXN_INFO)
+        return done >= kill_after and any(isinstance(e, Send) and e.txn == f"{name}-T{done}" for e in evs)
+
+    for attempt in ("killed", "restarted"):
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if attempt == "killed":
+            while proc.poll() is None and not started_next(events()):
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode not in (0, -signal.SIGKILL) or (attempt == "restarted" and proc.returncode != 0):
+            raise RuntimeError(f"{attempt} writer {name} exited {proc.returncode}: {err.decode()[-3000:]}")
+    for e in events():
+        history.add(e)
+
+
 def default_readers(conf: dict) -> dict[str, Callable[[str, int], list[tuple]]]:
     """The final readers of a ``storage.url`` root: ``consumer`` (in-process Consumer) and
     ``duckdb`` (the DuckDB view), as ``{name: reader(topic, partitions) -> records}``."""
@@ -214,7 +283,7 @@ def default_readers(conf: dict) -> dict[str, Callable[[str, int], list[tuple]]]:
 
 def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = None,
               sink: IO[str] | None = None, *, readers: dict[str, Callable] | None = None,
-              drain_s: float = 0.3) -> TrialResult:
+              drain_s: float = 0.3, kill_writer: str | None = None) -> TrialResult:
     """Run one trial of the workload on ``topic`` (created here) and check its history.
 
     Args:
@@ -228,6 +297,10 @@ def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = Non
             ``reader(topic, partitions) -> [(topic, partition, offset, value), ...]``.
         drain_s: once the writers are done, consumers stop after this many seconds
             without a record (s; longer over the wire, where a fetch takes a while).
+        kill_writer: a directory: transactional writer ``t0`` then runs as a child process
+            that is SIGKILLed mid-transaction after its first transaction and restarted
+            (its history file ``<topic>-t0.jsonl`` is kept there). Wire configs only: an
+            in-process root has one writer process.
 
     Returns:
         :class:`TrialResult` (anomalies empty when the trial is clean).
@@ -255,7 +328,12 @@ def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = Non
     writers = [thread(_idempotent, conf, history, topic, f"i{k}", spec, random.Random(f"{seed}-i{k}"))
                for k in range(spec.idempotent_producers)]
     writers += [thread(_transactional, conf, history, topic, f"t{k}", spec, random.Random(f"{seed}-t{k}"))
-                for k in range(spec.transactional_producers)]
+                for k in range(1 if kill_writer else 0, spec.transactional_producers)]
+    if kill_writer:
+        if "bootstrap.servers" not in conf:
+            raise ValueError("kill_writer needs a bootstrap.servers config: a storage.url root has one writer process")
+        writers.append(thread(_killed_transactional, conf, history, topic, "t0", spec, seed,
+                              os.path.join(kill_writer, f"{topic}-t0.jsonl"), 1))
     pollers = [thread(_poller, conf, history, topic, "rc", "read_committed", spec, done, f"{topic}-g", True, drain_s),
                thread(_poller, conf, history, topic, "ru", "read_uncommitted", spec, done, f"{topic}-u", False,
                       drain_s)]
