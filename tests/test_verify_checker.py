@@ -123,3 +123,21 @@ def test_history_round_trips_through_json_lines():
 def test_malformed_history_line_is_named():
     with pytest.raises(ValueError, match=r"history line 2: history event has unknown type 'bogus'"):
         History.load(io.StringIO('{"type": "final", "reader": "x", "records": []}\n{"type": "bogus"}\n'))
+
+
+def test_g1c_write_read_cycle():
+    """T3 read T4's x and T4 read T5's y and T5 read T3's w: one cycle of three; T6 read T3's w
+    too but nobody read T6's writes, so it is outside the cycle."""
+    w, x, y, v = (T, 1, 0, "w"), (T, 1, 1, "x"), (T, 1, 2, "y"), (T, 1, 3, "v")
+    h = History()
+    for value, txn, off in (("w", "T3", 0), ("x", "T4", 1), ("y", "T5", 2), ("v", "T6", 3)):
+        h.add(Send("t1", T, 1, value, SEND_OK, off, txn=txn))
+        h.add(Txn("t1", txn, "commit"))
+    h.add(Poll("x3", "read_committed", [x], txn="T3"))
+    h.add(Poll("x4", "read_committed", [y], txn="T4"))
+    h.add(Poll("x5", "read_committed", [w], txn="T5"))
+    h.add(Poll("x6", "read_committed", [w], txn="T6"))
+    h.add(FinalRead("consumer", [w, x, y, v]))
+    assert check(h) == [Anomaly("G1c", "", (w, x, y))]
+    h.events.remove(next(e for e in h.events if isinstance(e, Poll) and e.process == "x5"))
+    assert check(h) == []

@@ -31,6 +31,12 @@ Kinds (``Anomaly.kind``):
 ``poll-skip``
     Between two consecutive offsets a consumer read on a partition, the log (as its
     isolation level sees it) holds records the consumer did not read.
+``G1c``
+    Transactions that read each other's writes in a cycle (T1 read a record T2 wrote and
+    T2, directly or through others, one T1 wrote): write-read edges only, from polls made
+    inside a transaction (``Poll.txn``). Write-write order (offsets) is not an edge: Kafka
+    appends a transaction's records as they are sent, so offset order between open
+    transactions implies no isolation order.
 
 Reads past the LSO by read_committed consumers show as ``precommitted-read`` (or
 ``aborted-read``) once the transaction's outcome is known.
@@ -47,7 +53,7 @@ from .history import (SEND_FAIL, SEND_OK, TXN_ABORT, TXN_COMMIT, Assign, FinalRe
 READ_COMMITTED = "read_committed"
 
 KINDS = ("lost-write", "duplicate", "inconsistent-offsets", "aborted-read", "precommitted-read", "garbage-read",
-         "divergent-read", "nonmonotonic-poll", "poll-skip")
+         "divergent-read", "nonmonotonic-poll", "poll-skip", "G1c")
 
 
 @dataclass(frozen=True, order=True)
@@ -204,7 +210,69 @@ def check(history: History) -> list[Anomaly]:
                                                  for o in skipped), r),
                                         f"{len(skipped)} record(s) between offsets {prev[2]} and {r[2]} unread"))
             seen[tp] = r
+    out.update(_g1c(polls, sends))
     return sorted(out)
+
+
+def _g1c(polls: list[Poll], sends: dict[str, Send]) -> set[Anomaly]:
+    """Write-read cycles: one ``G1c`` per strongly connected set of 2+ transactions, with
+    the records that make its edges."""
+    edges: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))  # writer -> reader -> records
+    for p in polls:
+        if p.txn is None:
+            continue
+        for r in p.records:
+            s = sends.get(r[3])
+            if s is not None and s.txn is not None and s.txn != p.txn:
+                edges[s.txn][p.txn].add(tuple(r))
+    out = set()
+    for component in _strongly_connected(edges):
+        if len(component) > 1:
+            recs = sorted(r for a in component for b, rs in edges[a].items() if b in component for r in rs)
+            out.add(Anomaly("G1c", "", tuple(recs), f"transactions {sorted(component)} read each other's writes"))
+    return out
+
+
+def _strongly_connected(graph: dict[str, dict[str, set]]) -> list[set[str]]:
+    """Tarjan's strongly connected components of ``graph`` (node -> successors), iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    result: list[set[str]] = []
+    nodes = sorted(set(graph) | {b for succ in graph.values() for b in succ})
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, {}))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, {})))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        n = stack.pop()
+                        on_stack.discard(n)
+                        component.add(n)
+                        if n == node:
+                            break
+                    result.append(component)
+    return result
 
 
 def summarize(anomalies: list[Anomaly]) -> dict[str, int]:

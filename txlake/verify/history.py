@@ -89,6 +89,8 @@ class Poll:
         isolation: ``read_committed`` or ``read_uncommitted``.
         records: ``[(topic, partition, offset, value), ...]``.
         t_start, t_end: invocation and return times (s).
+        txn: the transaction (``Txn.txn``) this poll's records were consumed in, when a
+            consume-transform-produce loop sends their offsets in it; else None.
     """
 
     process: str
@@ -96,6 +98,7 @@ class Poll:
     records: list = field(default_factory=list)
     t_start: float = 0.0
     t_end: float = 0.0
+    txn: str | None = None
     type: str = "poll"
 
 
