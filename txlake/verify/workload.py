@@ -1,28 +1,31 @@
-"""A verification workload run in-process against a storage root (``storage.url`` clients).
+"""A verification workload: in-process against a storage root (``storage.url`` clients) or
+with confluent-kafka against a server such as ``txlake serve`` (``bootstrap.servers``).
 
 One trial, on a topic of its own (so trials can share a root):
 
 * idempotent producers send unique values to random partitions;
-* transactional producers run transactions of a few sends each and commit or abort
-  abort a seeded third of them;
+* transactional producers run transactions of a few sends each, commit them and abort a
+  seeded third of them (optionally one of them runs as a child process that is
+  SIGKILLed mid-transaction and restarted: ``kill_writer``);
 * a read_committed and a read_uncommitted consumer poll every partition from the
   beginning while the producers run, until they have read to the end; the
   read_committed one is in a consumer group and commits its position after each poll;
 
 all concurrently (one thread each), recording a :class:`~.history.History`. Then the
-final state is read by a fresh in-process Consumer (read_committed) and through the
-DuckDB view (:func:`txlake.duckdb.connect`), and :func:`~.checker.check` runs. The
+final state is read by the final readers -- by default a fresh in-process Consumer
+(read_committed) and the DuckDB view (:func:`txlake.duckdb.connect`) -- and
+:func:`~.checker.check` runs. The
 random choices follow ``seed``; thread interleavings do not.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import random
 import threading
 import time
 from dataclasses import dataclass
-import io
-import os
 from typing import IO, Callable
 
 from .checker import Anomaly, check
@@ -166,6 +169,16 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
                 p.abort_transaction(30)
 
 
+def _records(k, msgs: list) -> list:
+    """The records among ``msgs``; an error other than end-of-partition raises (a trial
+    that cannot read is an error, not a history)."""
+    for m in msgs:
+        err = m.error()
+        if err is not None and err.code() != k.KafkaError._PARTITION_EOF:
+            raise k.KafkaException(err)
+    return [m for m in msgs if m.error() is None]
+
+
 def _poller(conf: dict, history: History, topic: str, name: str, isolation: str, spec: WorkloadSpec,
             done: threading.Event, group: str, commits: bool, drain_s: float):
     k = clients(conf)
@@ -179,7 +192,7 @@ def _poller(conf: dict, history: History, topic: str, name: str, isolation: str,
         while quiet_since is None or History.now() - quiet_since < drain_s:
             finished = done.is_set()
             t0 = History.now()
-            msgs = [m for m in c.consume(200, 0.1) if m.error() is None]
+            msgs = _records(k, c.consume(200, 0.1))
             if msgs:
                 history.add(Poll(name, isolation, [(m.topic(), m.partition(), m.offset(), m.value().decode())
                                                    for m in msgs], t0, History.now()))
@@ -209,10 +222,10 @@ def final_consumer_read(conf: dict, topic: str, partitions: int, drain_s: float 
     try:
         last = History.now()
         while History.now() - last < drain_s:
-            msgs = c.consume(500, 0.1)
+            msgs = _records(k, c.consume(500, 0.1))
             if msgs:
                 last = History.now()
-            out.extend((m.topic(), m.partition(), m.offset(), m.value().decode()) for m in msgs if m.error() is None)
+            out.extend((m.topic(), m.partition(), m.offset(), m.value().decode()) for m in msgs)
     finally:
         c.close()
     return sorted(out)
