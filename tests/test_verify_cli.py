@@ -65,3 +65,20 @@ def test_trials_must_be_positive():
     result = CliRunner().invoke(main, ["verify", "--trials", "0"])
     assert result.exit_code == 2
     assert "Invalid value for '--trials': 0 is not in the range x>=1." in result.stderr
+
+
+def test_campaign_through_txlake_serve_with_a_killed_writer(tmp_path, close_engines):  # noqa: F811
+    """--serve: the trial runs through `txlake serve` (started and stopped cleanly by the command)
+    with confluent-kafka clients, its writer t0 SIGKILLed mid-transaction and restarted."""
+    result = CliRunner().invoke(main, ["verify", "--serve", "--trials", "1", "--seed", "2", "--history-dir",
+                                       str(tmp_path / "h"), "--storage", f"file://{tmp_path}/root"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    lines = result.stdout.splitlines()
+    m = re.fullmatch(r"trial 1/1 seed 2 topic (verify-2-[0-9a-f]{8}): (\d+) operations, 0 anomalies", lines[0])
+    assert m, lines
+    assert lines[1] == f"1 trials, {m.group(2)} operations; anomalies: {ZEROS}"
+    with open(tmp_path / "h" / f"{m.group(1)}.jsonl") as fp:
+        events = History.load(fp).events
+    assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "duckdb", "wire"]
+    assert [e.txn for e in events if e.type == "txn" and e.error == "aborted by init_transactions"] == ["t0-T1"]

@@ -1363,10 +1363,13 @@ def tables_list(ctx: click.Context) -> None:
               help="Seed of the first trial; trial i uses seed+i (re-run one with --seed S --trials 1).")
 @click.option("--history-dir", type=click.Path(file_okay=False), default=None,
               help="Write each trial's history here as JSON lines (<topic>.jsonl).")
+@click.option("--serve", is_flag=True,
+              help="Run the trials through `txlake serve` on the root with confluent-kafka clients, one "
+                   "transactional writer SIGKILLed mid-transaction and restarted in each.")
 @storage_options
 @writer_options
 @click.pass_context
-def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str | None) -> None:
+def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str | None, serve: bool) -> None:
     """Run anomaly-checked workloads on the storage root (docs/reliability.md).
 
     Each trial creates a topic verify-<seed>-<run> on the root of --storage (or
@@ -1386,7 +1389,7 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
         scratch = tempfile.TemporaryDirectory(prefix="txlake-verify-")  # not the user's default root
         conf["storage.url"] = f"file://{scratch.name}"
     try:
-        report = run_campaign(conf, trials, seed, echo=click.echo, history_dir=history_dir)
+        report = run_campaign(conf, trials, seed, echo=click.echo, history_dir=history_dir, serve=serve)
     finally:
         if scratch is not None:
             from txlake.engine import registry

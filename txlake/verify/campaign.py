@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .checker import KINDS, summarize
-from .workload import TrialResult, WorkloadSpec, run_trial
+from .workload import TrialResult, WorkloadSpec, default_readers, final_consumer_read, run_trial
 
 
 @dataclass
@@ -38,7 +38,8 @@ def trial_line(index: int, trials: int, seed: int, result: TrialResult) -> str:
 
 
 def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None = None,
-                 echo: Callable[[str], None] = print, history_dir: str | None = None) -> CampaignReport:
+                 echo: Callable[[str], None] = print, history_dir: str | None = None,
+                 serve: bool = False) -> CampaignReport:
     """Run ``trials`` trials on the root of ``conf``, trial ``i`` (from 0) with seed ``seed + i``
     on a new topic ``verify-<seed>-<random>``, echoing one :func:`trial_line` per trial and
     each anomaly under it.
@@ -49,13 +50,45 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
         seed: the first trial's seed; re-run one trial with its own seed and ``trials=1``.
         history_dir: a local directory to write each trial's history to
             (``<topic>.jsonl``), or None.
+        serve: run the trials through ``txlake serve`` started on the root (one server for
+            the campaign) with confluent-kafka clients, transactional writer ``t0`` a child
+            process SIGKILLed mid-transaction and restarted, the final state read over the
+            wire, by an in-process Consumer and through DuckDB.
 
     Raises:
         ValueError: ``trials`` < 1.
         KafkaException: a trial could not run (see :func:`~.workload.run_trial`).
+        RuntimeError: ``txlake serve`` or a killed writer's restart failed.
     """
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
+    if not serve:
+        return _trials(conf, trials, seed, spec, echo, history_dir, {})
+    import dataclasses
+    import tempfile
+
+    from txlake.demo import _Server
+
+    with tempfile.TemporaryDirectory(prefix="txlake-verify-serve-") as run_dir, \
+            open(os.path.join(run_dir, "serve.log"), "w") as log:
+        server = _Server(conf["storage.url"], conf.get("storage.options") or {}, run_dir, log)
+        try:
+            wire = {"bootstrap.servers": server.address}
+            readers = {"wire": lambda topic, n: final_consumer_read(wire, topic, n, drain_s=2.0),
+                       **default_readers(conf)}
+            spec = dataclasses.replace(spec or WorkloadSpec(), send_interval_ms=200)  # kills land between sends
+            report = _trials(wire, trials, seed, spec, echo, history_dir,
+                             dict(readers=readers, drain_s=2.0, kill_writer=run_dir))
+        finally:
+            code = server.stop()
+            server.close()
+        if code != 0:
+            raise RuntimeError(f"txlake serve exited {code} on SIGTERM")
+    return report
+
+
+def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo: Callable[[str], None],
+            history_dir: str | None, options: dict) -> CampaignReport:
     report = CampaignReport()
     run = uuid.uuid4().hex[:8]
     for i in range(trials):
@@ -64,9 +97,9 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
         if history_dir is not None:
             os.makedirs(history_dir, exist_ok=True)
             with open(os.path.join(history_dir, f"{topic}.jsonl"), "w") as sink:
-                result = run_trial(conf, trial_seed, topic, spec, sink)
+                result = run_trial(conf, trial_seed, topic, spec, sink, **options)
         else:
-            result = run_trial(conf, trial_seed, topic, spec)
+            result = run_trial(conf, trial_seed, topic, spec, **options)
         report.trials += 1
         report.operations += result.operations
         for kind, n in summarize(result.anomalies).items():
