@@ -1,0 +1,143 @@
+"""txlake.verify.checker on hand-made histories: each exhibits exactly one anomaly kind
+(the clean one none), and the checker must name exactly the records involved."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from txlake.verify import Anomaly, Assign, FinalRead, History, Poll, Send, Txn, check, summarize
+from txlake.verify.history import SEND_INFO, SEND_OK
+
+T = "t"
+A0, A1, B0, B1, C0, A2 = ((T, 0, 0, "a0"), (T, 0, 1, "a1"), (T, 0, 2, "b0"), (T, 0, 3, "b1"), (T, 0, 5, "c0"),
+                          (T, 0, 7, "a2"))
+COMMITTED = [A0, A1, B0, B1, A2]
+
+
+def base(rc_polls=([A0, A1, B0, B1, A2],), ru_polls=([A0, A1, B0, B1, C0, A2],), consumer=COMMITTED,
+         duckdb=COMMITTED, extra_sends=(), a1_ack=1):
+    """Idempotent p0 writes a0, a1, a2; transactional t0 commits T1 (b0, b1; marker at 4)
+    and aborts T2 (c0; marker at 6); consumers c0 (read_committed) and u0
+    (read_uncommitted) poll; two final readers."""
+    h = History()
+    h.add(Send("p0", T, 0, "a0", SEND_OK, 0))
+    h.add(Send("p0", T, 0, "a1", SEND_OK, a1_ack))
+    h.add(Send("t0", T, 0, "b0", SEND_OK, 2, txn="T1"))
+    h.add(Send("t0", T, 0, "b1", SEND_OK, 3, txn="T1"))
+    h.add(Txn("t0", "T1", "commit", t_start=5.0, t_end=6.0))
+    h.add(Send("t0", T, 0, "c0", SEND_OK, 5, txn="T2"))
+    h.add(Txn("t0", "T2", "abort", t_start=7.0, t_end=8.0))
+    h.add(Send("p0", T, 0, "a2", SEND_OK, 7))
+    for s in extra_sends:
+        h.add(s)
+    for recs in rc_polls:
+        h.add(Poll("c0", "read_committed", list(recs), t_start=8.5, t_end=9.0))
+    for recs in ru_polls:
+        h.add(Poll("u0", "read_uncommitted", list(recs), t_start=8.5, t_end=9.0))
+    h.add(FinalRead("consumer", list(consumer)))
+    h.add(FinalRead("duckdb", list(duckdb)))
+    return h
+
+
+def test_clean_history_has_no_anomaly():
+    assert check(base()) == []
+    assert set(summarize([]).values()) == {0}
+
+
+def test_lost_write():
+    h = base(duckdb=[A0, A1, B0, A2])
+    assert check(h) == [Anomaly("lost-write", "duckdb", ((T, 0, 3, "b1"),))]
+
+
+def test_duplicate():
+    d = (T, 0, 8, "d0"), (T, 0, 9, "d0")
+    h = base(consumer=COMMITTED + list(d), duckdb=COMMITTED + list(d),
+             extra_sends=[Send("p1", T, 0, "d0", SEND_INFO, error="_MSG_TIMED_OUT")])
+    assert check(h) == [Anomaly("duplicate", "", d)]
+
+
+def test_inconsistent_offsets_against_the_acknowledgement():
+    h = base(a1_ack=8)
+    assert check(h) == [Anomaly("inconsistent-offsets", "p0", (A1, (T, 0, 8, "a1")))]
+
+
+def test_aborted_read_by_read_committed_poll():
+    h = base(rc_polls=([A0, A1, B0, B1, C0],))
+    assert check(h) == [Anomaly("aborted-read", "c0", (C0,))]
+
+
+def test_aborted_read_in_final_read():
+    h = base(consumer=[A0, A1, B0, B1, C0, A2])
+    assert check(h) == [Anomaly("aborted-read", "consumer", (C0,))]
+
+
+def test_precommitted_read():
+    h = base()
+    h.events.insert(4, Poll("c1", "read_committed", [B0], t_start=3.0, t_end=4.0))  # before T1's commit (5.0)
+    assert check(h) == [Anomaly("precommitted-read", "c1", (B0,))]
+
+
+def test_garbage_read():
+    z = (T, 0, 9, "zz")
+    h = base(duckdb=COMMITTED + [z])
+    assert check(h) == [Anomaly("garbage-read", "duckdb", (z,))]
+
+
+def test_divergent_read_of_unknown_outcome():
+    d = (T, 0, 8, "d0")
+    h = base(consumer=COMMITTED + [d], extra_sends=[Send("p1", T, 0, "d0", SEND_INFO, error="_MSG_TIMED_OUT")])
+    assert check(h) == [Anomaly("divergent-read", "duckdb", (d,))]
+
+
+def test_nonmonotonic_poll_and_assign_resets():
+    h = base(rc_polls=([A1], [A0]))
+    assert check(h) == [Anomaly("nonmonotonic-poll", "c0", (A1, A0))]
+    h = base(rc_polls=([A1],))
+    h.add(Assign("c0", [(T, 0, -2)]))
+    h.add(Poll("c0", "read_committed", [A0, A1], t_start=9.0, t_end=9.5))
+    assert check(h) == []
+
+
+def test_poll_skip():
+    h = base(rc_polls=([A0], [B0, B1, A2]))
+    assert check(h) == [Anomaly("poll-skip", "c0", (A0, A1, B0))]
+
+
+def test_poll_skip_depends_on_isolation_level():
+    """c0 (read_committed) may go from b1 to a2 past the aborted c0; u0 (read_uncommitted) may not."""
+    h = base(ru_polls=([A0, A1, B0, B1], [A2]))
+    assert check(h) == [Anomaly("poll-skip", "u0", (B1, C0, A2))]
+
+
+def test_history_round_trips_through_json_lines():
+    h = base(rc_polls=([A0], [B0, B1, A2]))
+    buf = io.StringIO()
+    h.dump(buf)
+    buf.seek(0)
+    again = History.load(buf)
+    assert check(again) == check(h) == [Anomaly("poll-skip", "c0", (A0, A1, B0))]
+
+
+def test_malformed_history_line_is_named():
+    with pytest.raises(ValueError, match=r"history line 2: history event has unknown type 'bogus'"):
+        History.load(io.StringIO('{"type": "final", "reader": "x", "records": []}\n{"type": "bogus"}\n'))
+
+
+def test_g1c_write_read_cycle():
+    """T3 read T4's x and T4 read T5's y and T5 read T3's w: one cycle of three; T6 read T3's w
+    too but nobody read T6's writes, so it is outside the cycle."""
+    w, x, y, v = (T, 1, 0, "w"), (T, 1, 1, "x"), (T, 1, 2, "y"), (T, 1, 3, "v")
+    h = History()
+    for value, txn, off in (("w", "T3", 0), ("x", "T4", 1), ("y", "T5", 2), ("v", "T6", 3)):
+        h.add(Send("t1", T, 1, value, SEND_OK, off, txn=txn))
+        h.add(Txn("t1", txn, "commit"))
+    h.add(Poll("x3", "read_committed", [x], txn="T3"))
+    h.add(Poll("x4", "read_committed", [y], txn="T4"))
+    h.add(Poll("x5", "read_committed", [w], txn="T5"))
+    h.add(Poll("x6", "read_committed", [w], txn="T6"))
+    h.add(FinalRead("consumer", [w, x, y, v]))
+    assert check(h) == [Anomaly("G1c", "", (w, x, y))]
+    h.events.remove(next(e for e in h.events if isinstance(e, Poll) and e.process == "x5"))
+    assert check(h) == []

@@ -1,0 +1,84 @@
+"""``txlake verify``: a short campaign on file:// and S3 (the test suite's campaign), and
+exit status 1 naming the seed when a trial has an anomaly."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import close_engines  # noqa: F401 (fixture)
+from txlake.cli import main
+from txlake.verify import KINDS, History
+
+ZEROS = ", ".join(f"{k} 0" for k in KINDS)
+
+
+def storage_args(storage) -> list[str]:
+    import json
+
+    args = ["--storage", storage.url]
+    for k, v in storage.options.items():
+        args += ["-O", f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
+    return args
+
+
+@pytest.mark.parametrize("backend", ["file", pytest.param("s3", marks=pytest.mark.s3)])
+def test_short_campaign_finds_no_anomaly(storage, close_engines, tmp_path):  # noqa: F811
+    result = CliRunner().invoke(main, ["verify", "--trials", "3", "--seed", "11", "--history-dir",
+                                       str(tmp_path / "h"), *storage_args(storage)], catch_exceptions=False)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4, result.stdout
+    ops = []
+    for i, line in enumerate(lines[:3]):
+        m = re.fullmatch(rf"trial {i + 1}/3 seed {11 + i} topic (verify-{11 + i}-[0-9a-f]{{8}}): (\d+) operations, "
+                         r"0 anomalies", line)
+        assert m, line
+        ops.append(int(m.group(2)))
+        with open(tmp_path / "h" / f"{m.group(1)}.jsonl") as fp:
+            assert sum(1 for e in History.load(fp).events if e.type not in ("final", "assign")) == ops[-1]
+    assert lines[3] == f"3 trials, {sum(ops)} operations; anomalies: {ZEROS}"
+
+
+def test_anomaly_exits_1_and_names_the_seed(tmp_path, monkeypatch, close_engines):  # noqa: F811
+    """A reader that drops the last committed record (a stand-in for a reader defect) is caught."""
+    import txlake.verify.workload as workload
+
+    real = workload.final_duckdb_read
+    monkeypatch.setattr(workload, "final_duckdb_read", lambda conf, topic: real(conf, topic)[:-1])
+    result = CliRunner().invoke(main, ["verify", "--trials", "1", "--seed", "4", "--storage",
+                                       f"file://{tmp_path}/root"], catch_exceptions=False)
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert re.fullmatch(r"trial 1/1 seed 4 topic verify-4-[0-9a-f]{8}: \d+ operations, 1 anomalies \(lost-write 1\)",
+                        lines[0]), lines[0]
+    assert re.fullmatch(r"  lost-write at duckdb: '[^']+' was (committed|acknowledged) but duckdb lacks it; "
+                        r"records \[\('verify-4-[0-9a-f]{8}', [01], \d+, '[^']+'\)\]", lines[1]), lines[1]
+    assert lines[2] == "1 trials, " + lines[0].split(": ")[1].split(",")[0] + "; anomalies: " + \
+        ZEROS.replace("lost-write 0", "lost-write 1")
+    assert result.stderr == "anomalies in the trials of seeds [4]\n"
+
+
+def test_trials_must_be_positive():
+    result = CliRunner().invoke(main, ["verify", "--trials", "0"])
+    assert result.exit_code == 2
+    assert "Invalid value for '--trials': 0 is not in the range x>=1." in result.stderr
+
+
+def test_campaign_through_txlake_serve_with_a_killed_writer(tmp_path, close_engines):  # noqa: F811
+    """--serve: the trial runs through `txlake serve` (started and stopped cleanly by the command)
+    with confluent-kafka clients, its writer t0 SIGKILLed mid-transaction and restarted."""
+    result = CliRunner().invoke(main, ["verify", "--serve", "--trials", "1", "--seed", "2", "--history-dir",
+                                       str(tmp_path / "h"), "--storage", f"file://{tmp_path}/root"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    lines = result.stdout.splitlines()
+    m = re.fullmatch(r"trial 1/1 seed 2 topic (verify-2-[0-9a-f]{8}): (\d+) operations, 0 anomalies", lines[0])
+    assert m, lines
+    assert lines[1] == f"1 trials, {m.group(2)} operations; anomalies: {ZEROS}"
+    with open(tmp_path / "h" / f"{m.group(1)}.jsonl") as fp:
+        events = History.load(fp).events
+    assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "duckdb", "wire"]
+    assert [e.txn for e in events if e.type == "txn" and e.error == "aborted by init_transactions"] == ["t0-T1"]

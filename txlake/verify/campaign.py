@@ -1,0 +1,112 @@
+"""A campaign: N trials of the workload (:mod:`.workload`) with consecutive seeds, the
+counts of operations and anomalies by kind per trial and in total (``txlake verify``)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .checker import KINDS, summarize
+from .workload import TrialResult, WorkloadSpec, default_readers, final_consumer_read, run_trial
+
+
+@dataclass
+class CampaignReport:
+    """Totals of a campaign: trials run, operations recorded, anomalies by kind (every kind
+    in :data:`~.checker.KINDS`, zeros included) and the seeds of the trials that had any."""
+
+    trials: int = 0
+    operations: int = 0
+    anomalies: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
+    failed_seeds: list[int] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not any(self.anomalies.values())
+
+
+def trial_line(index: int, trials: int, seed: int, result: TrialResult) -> str:
+    """One line per trial: ``trial 1/3 seed 42 topic T: 164 operations, 0 anomalies`` plus
+    ``(kind n, ...)`` when there are any."""
+    counts = summarize(result.anomalies)
+    text = (f"trial {index}/{trials} seed {seed} topic {result.topic}: {result.operations} operations, "
+            f"{len(result.anomalies)} anomalies")
+    found = ", ".join(f"{k} {n}" for k, n in counts.items() if n)
+    return text + (f" ({found})" if found else "")
+
+
+def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None = None,
+                 echo: Callable[[str], None] = print, history_dir: str | None = None,
+                 serve: bool = False) -> CampaignReport:
+    """Run ``trials`` trials on the root of ``conf``, trial ``i`` (from 0) with seed ``seed + i``
+    on a new topic ``verify-<seed>-<random>``, echoing one :func:`trial_line` per trial and
+    each anomaly under it.
+
+    Args:
+        conf: client config of the root (``storage.url``, ``storage.options``).
+        trials: how many trials (>= 1).
+        seed: the first trial's seed; re-run one trial with its own seed and ``trials=1``.
+        history_dir: a local directory to write each trial's history to
+            (``<topic>.jsonl``), or None.
+        serve: run the trials through ``txlake serve`` started on the root (one server for
+            the campaign) with confluent-kafka clients, transactional writer ``t0`` a child
+            process SIGKILLed mid-transaction and restarted, the final state read over the
+            wire, by an in-process Consumer and through DuckDB.
+
+    Raises:
+        ValueError: ``trials`` < 1.
+        KafkaException: a trial could not run (see :func:`~.workload.run_trial`).
+        RuntimeError: ``txlake serve`` or a killed writer's restart failed.
+    """
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, got {trials}")
+    if not serve:
+        return _trials(conf, trials, seed, spec, echo, history_dir, {})
+    import dataclasses
+    import tempfile
+
+    from txlake.demo import _Server
+
+    with tempfile.TemporaryDirectory(prefix="txlake-verify-serve-") as run_dir, \
+            open(os.path.join(run_dir, "serve.log"), "w") as log:
+        server = _Server(conf["storage.url"], conf.get("storage.options") or {}, run_dir, log)
+        try:
+            wire = {"bootstrap.servers": server.address}
+            readers = {"wire": lambda topic, n: final_consumer_read(wire, topic, n, drain_s=2.0),
+                       **default_readers(conf)}
+            spec = dataclasses.replace(spec or WorkloadSpec(), send_interval_ms=200)  # kills land between sends
+            report = _trials(wire, trials, seed, spec, echo, history_dir,
+                             dict(readers=readers, drain_s=2.0, kill_writer=run_dir))
+        finally:
+            code = server.stop()
+            server.close()
+        if code != 0:
+            raise RuntimeError(f"txlake serve exited {code} on SIGTERM")
+    return report
+
+
+def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo: Callable[[str], None],
+            history_dir: str | None, options: dict) -> CampaignReport:
+    report = CampaignReport()
+    run = uuid.uuid4().hex[:8]
+    for i in range(trials):
+        trial_seed = seed + i
+        topic = f"verify-{trial_seed}-{run}"
+        if history_dir is not None:
+            os.makedirs(history_dir, exist_ok=True)
+            with open(os.path.join(history_dir, f"{topic}.jsonl"), "w") as sink:
+                result = run_trial(conf, trial_seed, topic, spec, sink, **options)
+        else:
+            result = run_trial(conf, trial_seed, topic, spec, **options)
+        report.trials += 1
+        report.operations += result.operations
+        for kind, n in summarize(result.anomalies).items():
+            report.anomalies[kind] += n
+        if result.anomalies:
+            report.failed_seeds.append(trial_seed)
+        echo(trial_line(i + 1, trials, trial_seed, result))
+        for a in result.anomalies:
+            echo(f"  {a.kind} at {a.where or 'log'}: {a.note}; records {list(a.records)}")
+    return report

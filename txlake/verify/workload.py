@@ -1,0 +1,364 @@
+"""A verification workload: in-process against a storage root (``storage.url`` clients) or
+with confluent-kafka against a server such as ``txlake serve`` (``bootstrap.servers``).
+
+One trial, on a topic of its own (so trials can share a root):
+
+* idempotent producers send unique values to random partitions;
+* transactional producers run transactions of a few sends each, commit them and abort a
+  seeded third of them (optionally one of them runs as a child process that is
+  SIGKILLed mid-transaction and restarted: ``kill_writer``);
+* a read_committed and a read_uncommitted consumer poll every partition from the
+  beginning while the producers run, until they have read to the end; the
+  read_committed one is in a consumer group and commits its position after each poll;
+
+all concurrently (one thread each), recording a :class:`~.history.History`. Then the
+final state is read by the final readers -- by default a fresh in-process Consumer
+(read_committed) and the DuckDB view (:func:`txlake.duckdb.connect`) -- and
+:func:`~.checker.check` runs. The
+random choices follow ``seed``; thread interleavings do not.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Callable
+
+from .checker import Anomaly, check
+from .history import (SEND_FAIL, SEND_INFO, SEND_OK, TXN_ABORT, TXN_COMMIT, TXN_INFO, Assign, FinalRead, History,
+                      OffsetCommit, Poll, Send, Txn)
+
+
+@dataclass
+class WorkloadSpec:
+    """How much a trial does.
+
+    Attributes:
+        partitions: partitions of the trial's topic.
+        idempotent_producers / sends_per_producer: idempotent writers and their sends each.
+        transactional_producers / txns_per_producer / sends_per_txn: transactional writers.
+        abort_fraction: the share of each producer's transactions aborted (0..1, rounded).
+        send_interval_ms: a transactional producer's pause after each send (ms), so that a
+            kill lands inside a transaction, not in its commit.
+    """
+
+    partitions: int = 2
+    idempotent_producers: int = 2
+    sends_per_producer: int = 40
+    transactional_producers: int = 2
+    txns_per_producer: int = 6
+    sends_per_txn: int = 4
+    abort_fraction: float = 0.33
+    send_interval_ms: int = 0
+
+
+@dataclass
+class TrialResult:
+    """A finished trial: its topic, history, anomalies and operation count (sends,
+    transaction outcomes, polls and offset commits recorded)."""
+
+    topic: str
+    history: History
+    anomalies: list[Anomaly]
+
+    @property
+    def operations(self) -> int:
+        """Sends (one per value, its attempt and its report counted once), transactions,
+        polls and offset commits."""
+        h = self.history
+        return (len({s.value for s in h.of(Send)}) + len({t.txn for t in h.of(Txn)}) + len(h.of(Poll))
+                + len(h.of(OffsetCommit)))
+
+
+def clients(conf: dict):
+    """The client module a config talks through: :mod:`confluent_kafka` for
+    ``bootstrap.servers`` (the wire, e.g. ``txlake serve``), else :mod:`txlake` (in-process,
+    ``storage.url``). Both have the same API (API.md)."""
+    if "bootstrap.servers" in conf:
+        import confluent_kafka
+        import confluent_kafka.admin  # noqa: F401 (k.admin below)
+
+        return confluent_kafka
+    import txlake
+    import txlake.admin  # noqa: F401 (k.admin below)
+
+    return txlake
+
+
+def _record_delivery(history: History, process: str, value: str, txn: str | None, t_start: float):
+    def on_delivery(err, msg) -> None:
+        if err is None:
+            history.add(Send(process, msg.topic(), msg.partition(), value, SEND_OK, msg.offset(), txn,
+                             t_start=t_start, t_end=History.now()))
+        else:  # a delivery error may still have been appended (e.g. a timeout): unknown outcome
+            history.add(Send(process, msg.topic(), msg.partition(), value, SEND_INFO, None, txn, err.name(),
+                             t_start=t_start, t_end=History.now()))
+    return on_delivery
+
+
+def _send(k, producer, history: History, process: str, topic: str, partition: int, value: str,
+          txn: str | None, attempts: bool = False) -> None:
+    t0 = History.now()
+    if attempts:  # a process that may be killed records the attempt first; its report replaces it
+        history.add(Send(process, topic, partition, value, SEND_INFO, None, txn, "attempted", t0, t0))
+    try:
+        producer.produce(topic, value=value.encode(), partition=partition,
+                         on_delivery=_record_delivery(history, process, value, txn, t0))
+    except (k.KafkaException, BufferError) as exc:  # refused before it was queued: not written
+        err = exc.args[0] if exc.args else exc
+        name = err.name() if hasattr(err, "name") else type(exc).__name__
+        history.add(Send(process, topic, partition, value, SEND_FAIL, None, txn, name, t0, History.now()))
+    producer.poll(0)
+
+
+def _idempotent(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random):
+    k = clients(conf)
+    p = k.Producer({**conf, "enable.idempotence": True, "linger.ms": 2})
+    try:
+        for n in range(spec.sends_per_producer):
+            _send(k, p, history, name, topic, rng.randrange(spec.partitions), f"{name}-{n}", None)
+        p.flush(30)
+    finally:
+        p.flush(30)
+
+
+def _transactional(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random,
+                   start: int = 0, attempts: bool = False, unfinished: tuple[str, ...] = ()):
+    """A transactional producer running transactions ``start`` on (the earlier ones' random
+    draws are replayed, so a restarted instance continues the seeded sequence).
+    ``unfinished``: transactions a killed instance left open before invoking their commit or
+    abort; this instance's ``init_transactions`` aborts them (KIP-98 fencing), recorded so."""
+    k = clients(conf)
+    p = k.Producer({**conf, "transactional.id": f"{topic}-{name}", "linger.ms": 2})
+    t0 = History.now()
+    p.init_transactions(30)
+    for txn in unfinished:
+        history.add(Txn(name, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
+    aborts = round(spec.abort_fraction * spec.txns_per_producer)
+    outcomes = [False] * aborts + [True] * (spec.txns_per_producer - aborts)
+    rng.shuffle(outcomes)  # every producer aborts its share, in a seeded order
+    for t, commit in enumerate(outcomes):
+        partitions = [rng.randrange(spec.partitions) for _ in range(spec.sends_per_txn)]
+        if t < start:
+            continue
+        txn = f"{name}-T{t}"
+        p.begin_transaction()
+        for n, partition in enumerate(partitions):
+            _send(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
+            if spec.send_interval_ms:
+                time.sleep(spec.send_interval_ms / 1000)
+        t0 = History.now()
+        if attempts:  # killed from here on, the outcome is unknown
+            history.add(Txn(name, txn, TXN_INFO, t0, t0, "invoked"))
+        try:
+            if commit:
+                p.commit_transaction(30)
+            else:
+                p.abort_transaction(30)
+            history.add(Txn(name, txn, TXN_COMMIT if commit else TXN_ABORT, t0, History.now()))
+        except k.KafkaException as exc:
+            err = exc.args[0]
+            history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
+            if err.fatal():
+                return
+            if err.txn_requires_abort():
+                p.abort_transaction(30)
+
+
+def _records(k, msgs: list) -> list:
+    """The records among ``msgs``; an error other than end-of-partition raises (a trial
+    that cannot read is an error, not a history)."""
+    for m in msgs:
+        err = m.error()
+        if err is not None and err.code() != k.KafkaError._PARTITION_EOF:
+            raise k.KafkaException(err)
+    return [m for m in msgs if m.error() is None]
+
+
+def _poller(conf: dict, history: History, topic: str, name: str, isolation: str, spec: WorkloadSpec,
+            done: threading.Event, group: str, commits: bool, drain_s: float):
+    k = clients(conf)
+    c = k.Consumer({**conf, "group.id": group, "enable.auto.commit": False, "isolation.level": isolation,
+                    "auto.offset.reset": "earliest"})
+    try:
+        tps = [k.TopicPartition(topic, p, k.OFFSET_BEGINNING) for p in range(spec.partitions)]
+        history.add(Assign(name, [(topic, p, k.OFFSET_BEGINNING) for p in range(spec.partitions)], History.now()))
+        c.assign(tps)
+        quiet_since = None  # when the writers were done and polls started coming back empty
+        while quiet_since is None or History.now() - quiet_since < drain_s:
+            finished = done.is_set()
+            t0 = History.now()
+            msgs = _records(k, c.consume(200, 0.1))
+            if msgs:
+                history.add(Poll(name, isolation, [(m.topic(), m.partition(), m.offset(), m.value().decode())
+                                                   for m in msgs], t0, History.now()))
+                if commits:
+                    t1 = History.now()
+                    c.commit(asynchronous=False)
+                    offsets = [(tp.topic, tp.partition, tp.offset)
+                               for tp in c.position([k.TopicPartition(topic, p) for p in range(spec.partitions)])]
+                    history.add(OffsetCommit(name, group, offsets, None, t1))
+            if msgs or not finished:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = History.now()
+    finally:
+        c.close()
+
+
+def final_consumer_read(conf: dict, topic: str, partitions: int, drain_s: float = 0.3) -> list[tuple]:
+    """Every committed record of ``topic`` through a fresh read_committed Consumer (in-process
+    for ``storage.url``, confluent-kafka for ``bootstrap.servers``), reading until no record
+    came for ``drain_s`` seconds: ``[(topic, partition, offset, value), ...]`` sorted."""
+    k = clients(conf)
+    c = k.Consumer({**conf, "group.id": f"{topic}-final", "enable.auto.commit": False,
+                    "isolation.level": "read_committed"})
+    c.assign([k.TopicPartition(topic, p, k.OFFSET_BEGINNING) for p in range(partitions)])
+    out = []
+    try:
+        last = History.now()
+        while History.now() - last < drain_s:
+            msgs = _records(k, c.consume(500, 0.1))
+            if msgs:
+                last = History.now()
+            out.extend((m.topic(), m.partition(), m.offset(), m.value().decode()) for m in msgs)
+    finally:
+        c.close()
+    return sorted(out)
+
+
+def final_duckdb_read(conf: dict, topic: str) -> list[tuple]:
+    """Every record of ``topic``'s DuckDB view (:mod:`txlake.duckdb`), same shape as
+    :func:`final_consumer_read`."""
+    import txlake.duckdb
+    from txlake.duckdb import quote_ident
+
+    con = txlake.duckdb.connect(conf["storage.url"], conf.get("storage.options") or {}, topics=[topic])
+    try:
+        rows = con.sql(f'SELECT partition, "offset", value FROM {quote_ident(topic)}').fetchall()
+    finally:
+        con.close()
+    return sorted((topic, p, o, bytes(v).decode()) for p, o, v in rows)
+
+
+def _killed_transactional(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, seed: int,
+                          sink_path: str, kill_after: int) -> None:
+    """Run transactional writer ``name`` as a child process (:mod:`.writer_proc`), SIGKILL it
+    once it has finished ``kill_after`` transactions and sent in the next one, start it again
+    to the end, then add its recorded events to ``history``.
+
+    Raises:
+        RuntimeError: a child exited with an error (its stderr included).
+    """
+    import dataclasses
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "txlake.verify.writer_proc", json.dumps(conf), topic, name, str(seed),
+            json.dumps(dataclasses.asdict(spec)), sink_path]
+
+    def events() -> list:
+        if not os.path.exists(sink_path):
+            return []
+        with open(sink_path) as fp:
+            lines = fp.readlines()
+        return History.load(io.StringIO("".join(line for line in lines if line.endswith("\n")))).events
+
+    def started_next(evs: list) -> bool:
+        done = sum(1 for e in evs if isinstance(e, Txn) and e.outcome != TXN_INFO)
+        return done >= kill_after and any(isinstance(e, Send) and e.txn == f"{name}-T{done}" for e in evs)
+
+    for attempt in ("killed", "restarted"):
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if attempt == "killed":
+            while proc.poll() is None and not started_next(events()):
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode not in (0, -signal.SIGKILL) or (attempt == "restarted" and proc.returncode != 0):
+            raise RuntimeError(f"{attempt} writer {name} exited {proc.returncode}: {err.decode()[-3000:]}")
+    for e in events():
+        history.add(e)
+
+
+def default_readers(conf: dict) -> dict[str, Callable[[str, int], list[tuple]]]:
+    """The final readers of a ``storage.url`` root: ``consumer`` (in-process Consumer) and
+    ``duckdb`` (the DuckDB view), as ``{name: reader(topic, partitions) -> records}``."""
+    return {"consumer": lambda topic, n: final_consumer_read(conf, topic, n),
+            "duckdb": lambda topic, n: final_duckdb_read(conf, topic)}
+
+
+def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = None,
+              sink: IO[str] | None = None, *, readers: dict[str, Callable] | None = None,
+              drain_s: float = 0.3, kill_writer: str | None = None) -> TrialResult:
+    """Run one trial of the workload on ``topic`` (created here) and check its history.
+
+    Args:
+        conf: client config: of the root (``storage.url``, ``storage.options``: in-process
+            clients) or of a server (``bootstrap.servers``: confluent-kafka clients).
+        seed: seeds every random choice (partitions, which transactions abort).
+        topic: a topic name not yet used on the root.
+        spec: sizes (default :class:`WorkloadSpec`).
+        sink: where to append the history as JSON lines, or None.
+        readers: the final readers (default :func:`default_readers` of ``conf``), each
+            ``reader(topic, partitions) -> [(topic, partition, offset, value), ...]``.
+        drain_s: once the writers are done, consumers stop after this many seconds
+            without a record (s; longer over the wire, where a fetch takes a while).
+        kill_writer: a directory: transactional writer ``t0`` then runs as a child process
+            that is SIGKILLed mid-transaction after its first transaction and restarted
+            (its history file ``<topic>-t0.jsonl`` is kept there). Wire configs only: an
+            in-process root has one writer process.
+
+    Returns:
+        :class:`TrialResult` (anomalies empty when the trial is clean).
+
+    Raises:
+        KafkaException: the topic cannot be created, or a client fails outside what the
+            history records (e.g. ``init_transactions``); such a trial is an error, not an anomaly.
+    """
+    k = clients(conf)
+    spec = spec or WorkloadSpec()
+    admin = k.admin.AdminClient(conf)  # kept alive until the future is done (librdkafka destroys it otherwise)
+    admin.create_topics([k.admin.NewTopic(topic, spec.partitions)])[topic].result()
+    history = History(sink=sink)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def thread(fn, *args) -> threading.Thread:
+        def run():
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by run_trial below
+                errors.append(exc)
+        return threading.Thread(target=run, name=args[3])
+
+    writers = [thread(_idempotent, conf, history, topic, f"i{k}", spec, random.Random(f"{seed}-i{k}"))
+               for k in range(spec.idempotent_producers)]
+    writers += [thread(_transactional, conf, history, topic, f"t{k}", spec, random.Random(f"{seed}-t{k}"))
+                for k in range(1 if kill_writer else 0, spec.transactional_producers)]
+    if kill_writer:
+        if "bootstrap.servers" not in conf:
+            raise ValueError("kill_writer needs a bootstrap.servers config: a storage.url root has one writer process")
+        writers.append(thread(_killed_transactional, conf, history, topic, "t0", spec, seed,
+                              os.path.join(kill_writer, f"{topic}-t0.jsonl"), 1))
+    pollers = [thread(_poller, conf, history, topic, "rc", "read_committed", spec, done, f"{topic}-g", True, drain_s),
+               thread(_poller, conf, history, topic, "ru", "read_uncommitted", spec, done, f"{topic}-u", False,
+                      drain_s)]
+    for t in pollers + writers:
+        t.start()
+    for t in writers:
+        t.join()
+    done.set()
+    for t in pollers:
+        t.join()
+    if errors:
+        raise errors[0]
+    for name, reader in (readers or default_readers(conf)).items():
+        history.add(FinalRead(name, reader(topic, spec.partitions)))
+    return TrialResult(topic, history, check(history))
