@@ -62,11 +62,36 @@ class StorageTarget:
         return ObjectStore(self.url, dict(self.options))
 
 
+#: the test files that take longest, longest first (seconds on the shared, loaded 2-core
+#: machine, 2026-11-25: a full run's ``--durations``, or the file run alone). ``dev/test.sh``
+#: runs files whole on 2 workers (``--dist loadfile``) in collection order
+#: (``--no-loadscope-reorder``): these go first, so the run does not end with one worker alone
+#: on a long file. xdist's default order (most tests
+#: first) put every one of them but test_spark_write last: they hold 1 or 2 tests each.
+LONGEST_FILES = (
+    "test_spark_write.py",          # ~120 s, 39 tests; the worker's Spark session starts here
+    "test_txn_copy.py",             # 65 + 26 s: 100 000 records, 6 copier processes
+    "test_group_copy.py",           # 41 + 33 s
+    "test_kafka_tools_eos.py",      # Kafka's TransactionalMessageCopier JVMs (not timed here)
+    "test_demo_runs.py",            # the examples, end to end (not timed here)
+    "test_spark_read.py",           # ~60 s
+    "test_spark_contact.py",        # 36 + 21 s: a Spark driver JVM each
+    "test_spark_stream_read.py",    # ~55 s
+    "test_txn_crash.py",
+    "test_crash_recovery.py",
+    "test_differential_basic.py",   # Apache Kafka's start, 23 s
+    "test_spark_compaction.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Every test that uses the ``s3_server`` fixture is marked ``s3``."""
+    """Every test that uses the ``s3_server`` fixture is marked ``s3``; the files of
+    :data:`LONGEST_FILES` come first, in that order (the others keep theirs)."""
     for item in items:
         if "s3_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.s3)
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable
 
 
 @pytest.fixture(scope="session")
