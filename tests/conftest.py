@@ -69,11 +69,17 @@ class StorageTarget:
 #: on a long file. xdist's default order (most tests
 #: first) put every one of them but test_spark_write last: they hold 1 or 2 tests each.
 LONGEST_FILES = (
+    "test_demo.py",                 # several whole demos (~400 s on a loaded machine)
+    "test_demo_runs.py",            # the demo on all flights and on 30 000 (197 + 138 s loaded)
     "test_spark_write.py",          # ~120 s, 39 tests; the worker's Spark session starts here
     "test_txn_copy.py",             # 65 + 26 s: 100 000 records, 6 copier processes
     "test_group_copy.py",           # 41 + 33 s
-    "test_kafka_tools_eos.py",      # Kafka's TransactionalMessageCopier JVMs (not timed here)
-    "test_demo_runs.py",            # the examples, end to end (not timed here)
+    "test_kafka_tools_eos.py",      # Kafka's TransactionalMessageCopier JVMs, 43-69 s
+    "test_tables.py",               # 35-60 s
+    "test_examples.py",             # 35-40 s: the upstream-style programs as subprocesses
+    "test_verify_workload.py",
+    "test_eos_worker.py",           # 22-32 s
+    "test_tables_spark.py",
     "test_spark_read.py",           # ~60 s
     "test_spark_contact.py",        # 36 + 21 s: a Spark driver JVM each
     "test_spark_stream_read.py",    # ~55 s
