@@ -51,7 +51,7 @@ from txlake.engine.registry import close_all  # noqa: E402
 
 #: object kinds by key prefix
 KINDS = {"_catalog/commits/": "commits", "_catalog/checkpoints/": "checkpoints", "_catalog/leases/": "heartbeats",
-         "data/": "data objects", "producer-state/": "snapshots"}
+         "data/": "data objects", "producer-state/": "snapshots", "tables/": "tables"}
 
 
 def kind_of(key: str) -> str:
