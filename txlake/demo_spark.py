@@ -281,9 +281,12 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
     conf: dict[str, Any] = {"storage.url": url, "storage.options": options}
     sample, parts = _first_values(conf, topic, OPEN_RECORDS)
     aborted_sample = sample[:ABORTED_RECORDS]
+    res.table_uri = tables.table_uri(url, topic, options)
+    res.delta_missing = delta_unavailable(res.table_uri)
     console.print(f"\n[bold]{step}. Spark[/] reads the committed data at the LSO: a transaction of {len(sample)} "
                   f"flights is left open and one of {len(aborted_sample)} is aborted, then Spark, DuckDB and the "
-                  "Consumer count the committed flights, Spark also through the topic's Delta table")
+                  "Consumer count the committed flights"
+                  + ("" if res.delta_missing else ", Spark also through the topic's Delta table"))
     # a generous transaction timeout: the open transaction must outlive the SparkSession's start
     txn_conf = {**conf, "transaction.timeout.ms": OPEN_TRANSACTION_TIMEOUT_MS}
     aborted = Producer({**txn_conf, "transactional.id": "demo-spark-aborted"})
@@ -305,8 +308,7 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
         res.open_records = len(sample)
         # the table as of this moment: the open and the aborted records hidden by its deletion vectors
         published = tables.publish(url, topic, storage_options=options)[0]
-        res.table_uri, res.table_version = published.uri, published.version
-        res.delta_missing = delta_unavailable(res.table_uri)
+        res.table_version = published.version
         res.consumer_committed = _consumer_count(conf, topic, Consumer, TopicPartition)
         con = txduck.connect(url, options, topics=[topic])
         try:
