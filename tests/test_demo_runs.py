@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from test_demo import _close_engines, check, check_serve  # noqa: F401 (_close_engines: the autouse fixture)
 from txlake.demo import run_demo
+from txlake.demo_spark import delta_unavailable
 
 
 def test_demo_on_part_of_the_flights(tmp_path):
@@ -17,10 +18,13 @@ def test_demo_on_part_of_the_flights(tmp_path):
     assert (group.output_committed, group.missing, group.duplicates, group.out_of_order_partitions) == (30_000, 0, 0, 0)
     assert group.committed_before_engine_kill > 0 and group.crashed_worker_open_records > 0
     assert group.workers_seen == 3 and group.committed_offsets_at_end and group.ok
-    spark = result.spark                       # step 8: Spark, DuckDB and the Consumer agree at the LSO
+    spark = result.spark                       # step 9: Spark, DuckDB and the Consumer agree at the LSO
     assert (spark.consumer_committed, spark.duckdb_committed, spark.spark_committed) == (30_000, 30_000, 30_000)
     assert spark.spark_uncommitted == 30_000 + spark.open_records + spark.aborted_records == 30_150
     assert spark.carriers and sum(c["flights"] for c in spark.carriers) <= 30_000 and spark.ok
+    assert spark.table_uri == f"{url}/tables/flights" and spark.table_version >= 0
+    missing = delta_unavailable(spark.table_uri)  # Spark over the Delta table, published with the transaction open
+    assert (spark.delta_committed, spark.delta_missing) == ((None, missing) if missing else (30_000, ""))
     check_serve(result, 30_000, 5)             # step 8: txlake serve, confluent-kafka, kafka-python, DuckDB
     assert result.url == url and result.local_path == f"{tmp_path}/demo"
 
@@ -44,4 +48,5 @@ def test_demo_on_all_flights(tmp_path):
     spark = result.spark
     assert (spark.consumer_committed, spark.duckdb_committed, spark.spark_committed) == (336_776,) * 3
     assert spark.spark_uncommitted == 336_776 + 150 and spark.ok
+    assert spark.delta_committed == (None if spark.delta_missing else 336_776)
     check_serve(result, None, 8)

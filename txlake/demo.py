@@ -28,8 +28,10 @@ departures, a pandas DataFrame) into a topic ``flights`` keyed by carrier, and s
    root beside the running server, sees the same committed rows; SIGTERM stops the server
    cleanly and hands the writer lease back;
 9. Spark (txlake's data source on a local SparkSession) over the committed data: with one
-   transaction open and one aborted, Spark, DuckDB and the Consumer agree on the committed
-   count, and a Spark query ranks carriers by delay (txlake/demo_spark.py).
+   transaction open and one aborted, the topic's Delta table is published, and Spark (through
+   the source and through the table with delta-spark), DuckDB and the Consumer agree on the
+   committed count; the table's URI is printed for any Delta reader; a Spark query ranks
+   carriers by delay (txlake/demo_spark.py).
 
 :func:`run_demo` does all of it and returns a :class:`DemoResult` (tests assert on it).
 
@@ -699,8 +701,7 @@ def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options
         result.spark = spark_stage(url, options, result.source_rows, TOPIC, COPIER_TARGET, console,
                                    step=SPARK_STEP, log=log, log_name=result.log_path)
         result.timings["spark"] = time.perf_counter() - t
-        console.print(_verdict(result.spark.ok, "Spark, DuckDB and the Consumer agree on the committed flights; "
-                               "only read_uncommitted sees the open and the aborted transaction"))
+        console.print(_verdict(result.spark.ok, result.spark.agreement))
 
     plan = [(1, load), (2, spread), (3, retries), (4, restart), (5, duckdb_step), (6, copier_step),
             (7, group_step), (SERVE_STEP, serve_step), (SPARK_STEP, spark_step)]

@@ -1,9 +1,13 @@
-"""The demo's last step: Spark over the committed data (issue 5).
+"""The demo's last step: Spark over the committed data (issues 5 and 19).
 
-With one transaction left open and one aborted on ``flights``, the committed record count of
-``flights`` is taken three ways -- the Consumer (read_committed), DuckDB's committed view
-and Spark's ``txlake`` source -- and must agree; Spark's read_uncommitted count must show
-the extra records. Then a Spark query joins the copier's output (``route-delays``: route,
+With one transaction left open and one aborted on ``flights``, the topic's Delta table is
+published (:func:`txlake.tables.publish`: the log's own objects, deletion vectors hiding the
+open and the aborted records) and the committed record count of ``flights`` is taken four
+ways -- the Consumer (read_committed), DuckDB's committed view, Spark's ``txlake`` source and
+Spark's ``format("delta")`` over the table (delta-spark) -- and must agree; Spark's
+read_uncommitted count must show the extra records. The table's URI is printed for any Delta
+reader. Without delta-spark (no release for the installed PySpark, its jars not fetched, or a
+root Spark's Hadoop cannot read) the Delta count is skipped, saying why, and the rest runs. Then a Spark query joins the copier's output (``route-delays``: route,
 arrival delay, source position) back to ``flights`` (key = carrier) and ranks carriers by
 average arrival delay. Finally the open transaction is aborted, leaving the root clean.
 """
@@ -57,21 +61,39 @@ class SparkStageResult:
     duckdb_committed: int = 0
     spark_committed: int = 0
     spark_uncommitted: int = 0
+    #: the flights' Delta table: its URI, the version published, and Spark's count over it
+    #: (None: not read, ``delta_missing`` says why)
+    table_uri: str = ""
+    table_version: int = -1
+    delta_committed: int | None = None
+    delta_missing: str = ""
     open_records: int = 0
     aborted_records: int = 0
     carriers: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     session_seconds: float = 0.0
     query_seconds: float = 0.0
+    #: of ``query_seconds``: the count over the Delta table (its log replayed, deletion vectors applied)
+    delta_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        """The three committed counts equal the flights loaded, and only read_uncommitted sees
-        the open and the aborted transaction."""
-        return (self.consumer_committed == self.duckdb_committed == self.spark_committed == self.source_rows
+        """The committed counts (Consumer, DuckDB, Spark's source, and Spark over the Delta table
+        when it was read) equal the flights loaded, and only read_uncommitted sees the open and
+        the aborted transaction."""
+        delta = self.spark_committed if self.delta_committed is None else self.delta_committed
+        return (self.consumer_committed == self.duckdb_committed == self.spark_committed == delta == self.source_rows
+                and bool(self.table_uri) and (self.delta_committed is not None or bool(self.delta_missing))
                 and self.open_records > 0 and self.aborted_records > 0
                 and self.spark_uncommitted == self.source_rows + self.open_records + self.aborted_records
                 and len(self.carriers) > 0)
+
+    @property
+    def agreement(self) -> str:
+        """What :attr:`ok` asserts, in words (the step's verdict)."""
+        readers = "Spark (txlake's source and the Delta table)" if self.delta_committed is not None else "Spark"
+        return (f"{readers}, DuckDB and the Consumer agree on the committed flights; only read_uncommitted sees "
+                "the open and the aborted transaction")
 
 
 @dataclass
@@ -247,19 +269,24 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
 
     Raises whatever stops it (e.g. JAVA_GATEWAY_EXITED); the open transaction is aborted first.
     """
+    from rich.markup import escape
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from . import Consumer, Producer, TopicPartition
     from . import duckdb as txduck
+    from . import tables
 
     res = SparkStageResult(source_rows=source_rows)
     started = time.perf_counter()
     conf: dict[str, Any] = {"storage.url": url, "storage.options": options}
     sample, parts = _first_values(conf, topic, OPEN_RECORDS)
     aborted_sample = sample[:ABORTED_RECORDS]
+    res.table_uri = tables.table_uri(url, topic, options)
+    res.delta_missing = delta_unavailable(res.table_uri)
     console.print(f"\n[bold]{step}. Spark[/] reads the committed data at the LSO: a transaction of {len(sample)} "
                   f"flights is left open and one of {len(aborted_sample)} is aborted, then Spark, DuckDB and the "
-                  "Consumer count the committed flights")
+                  "Consumer count the committed flights"
+                  + ("" if res.delta_missing else ", Spark also through the topic's Delta table"))
     # a generous transaction timeout: the open transaction must outlive the SparkSession's start
     txn_conf = {**conf, "transaction.timeout.ms": OPEN_TRANSACTION_TIMEOUT_MS}
     aborted = Producer({**txn_conf, "transactional.id": "demo-spark-aborted"})
@@ -279,6 +306,9 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
             pending.produce(topic, value, key=b"OPEN", partition=i % parts)
         pending.flush(30)  # durable, not committed: the LSO of partitions 0 (and 1) stays below it
         res.open_records = len(sample)
+        # the table as of this moment: the open and the aborted records hidden by its deletion vectors
+        published = tables.publish(url, topic, storage_options=options)[0]
+        res.table_version = published.version
         res.consumer_committed = _consumer_count(conf, topic, Consumer, TopicPartition)
         con = txduck.connect(url, options, topics=[topic])
         try:
@@ -296,7 +326,7 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
         with progress:
             task = progress.add_task(f"starting a local SparkSession{where}")
             t = time.perf_counter()
-            spark = spark_session(log=log)
+            spark = spark_session(log=log, delta=not res.delta_missing)  # one JVM for both readers
             res.session_seconds = time.perf_counter() - t
             progress.update(task, description="Spark: counting the flights read_committed and read_uncommitted")
             t = time.perf_counter()
@@ -307,17 +337,31 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
             res.spark_committed = flights.count()
             res.spark_uncommitted = (reader.option("subscribe", topic).option("isolation.level", "read_uncommitted")
                                      .load().count())
+            if not res.delta_missing:
+                progress.update(task, description="Spark: counting the flights in the topic's Delta table")
+                t_delta = time.perf_counter()
+                res.delta_committed = spark.read.format("delta").load(res.table_uri).count()
+                res.delta_seconds = time.perf_counter() - t_delta
             progress.update(task, description="Spark: joining route-delays to flights, ranking carriers by delay")
             flights.createOrReplaceTempView("flights")
             reader.option("subscribe", copier_target).load().createOrReplaceTempView("route_delays")
             res.carriers = [row.asDict() for row in spark.sql(CARRIER_DELAYS_SQL).collect()]
             res.query_seconds = time.perf_counter() - t
         console.print(f"   a local SparkSession started{where} in {res.session_seconds:.1f} s; its queries took "
-                      f"{res.query_seconds:.1f} s")
+                      f"{res.query_seconds:.1f} s"
+                      + ("" if res.delta_committed is None else f" (the Delta table's count {res.delta_seconds:.1f} s)"))
         console.print(f"   committed flights: Consumer {res.consumer_committed:,} · DuckDB {res.duckdb_committed:,} · "
-                      f"Spark {res.spark_committed:,}; Spark read_uncommitted {res.spark_uncommitted:,} "
+                      f"Spark {res.spark_committed:,}"
+                      + ("" if res.delta_committed is None else f" · Spark over the Delta table {res.delta_committed:,}")
+                      + f"; Spark read_uncommitted {res.spark_uncommitted:,} "
                       f"({res.spark_uncommitted - res.spark_committed:+,}: {res.open_records} open, "
                       f"{res.aborted_records} aborted)")
+        console.print(f"   the flights' Delta table (version {res.table_version}, published with the transaction open, "
+                      f"the log's objects in place): {res.table_uri}", soft_wrap=True)
+        if res.delta_missing:
+            console.print(f"   Spark over the Delta table skipped: {escape(res.delta_missing)}", soft_wrap=True)
+        console.print(f"   open it with any Delta reader, e.g. deltalake: "
+                      f"pa.table(deltalake.DeltaTable({res.table_uri!r}).scan())", soft_wrap=True)
     finally:
         if pending is not None:
             try:
@@ -328,6 +372,24 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
     res.seconds = time.perf_counter() - started
     _print_carriers(console, res)
     return res
+
+
+def delta_unavailable(table_uri: str) -> str:
+    """Why this process's Spark cannot read the Delta table at ``table_uri`` ("" when it can):
+    no delta-spark release for the installed PySpark, its jars not fetched
+    (``dev/fetch_delta_jars.py``; :func:`txlake.spark_connector.delta.delta_conf`), or a root
+    other than a local directory (delta-spark reads ``s3://`` through Hadoop's S3A, whose jars
+    are not fetched). Never raises, downloads nothing."""
+    from txlake.spark_connector.delta import DeltaUnavailableError, delta_conf
+
+    if not table_uri.startswith("file:"):
+        return (f"delta-spark reads {table_uri.split(':', 1)[0]}:// roots through Hadoop, whose jars for it "
+                "are not on this session; delta-rs (deltalake) reads it")
+    try:
+        delta_conf()
+    except DeltaUnavailableError as exc:
+        return str(exc)
+    return ""
 
 
 class _NoProgress:
