@@ -55,7 +55,8 @@ from .segment_merge import (MERGE_THREADS, READ_THREADS, MergeCancelled, MergeRu
 log = logging.getLogger(__name__)
 
 __all__ = ["CompactionSummary", "CompactionThread", "ProgressCallback", "apply_retention", "compact", "key_compaction",
-           "measure_after", "measure_before", "release_unused_memory", "round_lock", "selected_topics"]
+           "measure_after", "measure_before", "release_unused_memory", "round_lock", "selected_topics",
+           "use_memory_pool", "MEMORY_POOL_BACKENDS"]
 
 #: ``progress(phase, done, total)``: phase is "retention" (partitions), "key compaction" and
 #: "merge" (bytes of input segments) or "cleaning" (steps); called as work completes.
@@ -416,6 +417,43 @@ def release_unused_memory() -> None:
     pa.default_memory_pool().release_unused()
     if _malloc_trim is not None:
         _malloc_trim(0)
+
+
+#: ``use_memory_pool`` backends: Arrow's names (``pa.supported_memory_backends()``)
+MEMORY_POOL_BACKENDS = ("mimalloc", "jemalloc", "system")
+
+
+def use_memory_pool(backend: str, decay_ms: int = 0) -> str:
+    """Make ``backend`` the process's default Arrow memory pool (``pa.set_memory_pool``): a
+    process-wide setting, for a process that runs a writer (``txlake serve --memory-pool``,
+    ``bench_trickle.py --memory-pool``); a library never calls it on its own.
+
+    Why: pyarrow's default pool, mimalloc, returns freed pages to the OS on
+    ``release_unused`` only when called on the process's main thread, and a writer compacts
+    on its compaction thread, so a writer's RSS steps up to a round's peak and stays there
+    (issue 14). jemalloc purges from any thread: with ``backend="jemalloc"`` the pool's dirty
+    and muzzy pages are returned after ``decay_ms`` (``pa.jemalloc_set_decay_ms``; 0: at
+    once) and :func:`release_unused_memory` purges every arena at the end of a round.
+
+    Args:
+        backend: one of :data:`MEMORY_POOL_BACKENDS`.
+        decay_ms: jemalloc's decay time (ms; -1 never purges); ignored for other backends.
+
+    Returns:
+        The backend name now in use (``pa.default_memory_pool().backend_name``).
+
+    Raises:
+        ValueError: ``backend`` unknown or not built into this pyarrow (named in the message).
+    """
+    if backend not in MEMORY_POOL_BACKENDS or backend not in pa.supported_memory_backends():
+        raise ValueError(f"Arrow memory pool {backend!r} is not available: this pyarrow supports "
+                         f"{', '.join(pa.supported_memory_backends())}")
+    pool = {"mimalloc": pa.mimalloc_memory_pool, "jemalloc": pa.jemalloc_memory_pool,
+            "system": pa.system_memory_pool}[backend]()
+    if backend == "jemalloc":
+        pa.jemalloc_set_decay_ms(decay_ms)
+    pa.set_memory_pool(pool)
+    return pa.default_memory_pool().backend_name
 
 
 def _find_malloc_trim():
