@@ -160,8 +160,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3600.0, help="seconds of producing")
     ap.add_argument("--sample", type=float, default=10.0, help="seconds between RSS samples")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="client setting override")
-    ap.add_argument("--memory-pool", choices=("default",) + MEMORY_POOL_BACKENDS, default="jemalloc",
-                    help="the process's Arrow memory pool, as `txlake serve --memory-pool` (default: jemalloc)")
+    ap.add_argument("--memory-pool", choices=("default",) + MEMORY_POOL_BACKENDS, default="default",
+                    help="the process's Arrow memory pool, as `txlake serve --memory-pool` (default: pyarrow's)")
     ap.add_argument("--keep", action="store_true", help="keep the storage root (its path is printed)")
     args = ap.parse_args()
 

@@ -424,12 +424,14 @@ def use_memory_pool(backend: str, decay_ms: int = 0) -> str:
     process-wide setting, for a process that runs a writer (``txlake serve --memory-pool``,
     ``bench_trickle.py --memory-pool``); a library never calls it on its own.
 
-    Why: pyarrow's default pool, mimalloc, returns freed pages to the OS on
-    ``release_unused`` only when called on the process's main thread, and a writer compacts
-    on its compaction thread, so a writer's RSS steps up to a round's peak and stays there
-    (issue 14). jemalloc purges from any thread: with ``backend="jemalloc"`` the pool's dirty
-    and muzzy pages are returned after ``decay_ms`` (``pa.jemalloc_set_decay_ms``; 0: at
-    once) and :func:`release_unused_memory` purges every arena at the end of a round.
+    Why it exists (issue 14): pyarrow's default pool, mimalloc, keeps a heap per thread and
+    returns a freed page to the OS only when the thread that allocated it collects; a
+    compaction round releases on each of its threads (:class:`~.segment_merge.RoundWorkers`),
+    but buffers other threads allocate (flushes, fetches) and free elsewhere are not covered.
+    jemalloc purges its arenas from any thread: with ``backend="jemalloc"`` freed pages are
+    returned after ``decay_ms`` (``pa.jemalloc_set_decay_ms``; 0: at once) and
+    :func:`release_unused_memory` purges every arena. docs/benchmarks.md ("Trickle") gives
+    what each measured.
 
     Args:
         backend: one of :data:`MEMORY_POOL_BACKENDS`.

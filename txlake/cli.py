@@ -1180,10 +1180,10 @@ def _print_compaction_summary(console, summary, elapsed: float) -> None:
 @click.option("--config", "-c", "settings", multiple=True, metavar="KEY=VALUE",
               help="An engine setting (the storage.* keys of a client config, e.g. "
                    "storage.flush.interval.ms=100; docs/server.md). Repeatable.")
-@click.option("--memory-pool", type=click.Choice(["default", "mimalloc", "jemalloc", "system"]), default="jemalloc",
+@click.option("--memory-pool", type=click.Choice(["default", "mimalloc", "jemalloc", "system"]), default="default",
               show_default=True,
-              help="The process's Arrow memory pool. jemalloc returns what a compaction round freed to the OS "
-                   "from the compaction thread; pyarrow's default, mimalloc, does not (docs/server.md).")
+              help="The process's Arrow memory pool: pyarrow's default (mimalloc), or another allocator "
+                   "pyarrow was built with (docs/server.md, \"Memory\").")
 @storage_options
 @writer_options
 @click.pass_context
