@@ -274,3 +274,13 @@ def test_every_thread_that_decoded_or_encoded_in_a_round_releases_its_memory(sto
     assert worked <= set(released), (worked, released)  # each of them released what it had allocated
     assert round_thread.ident in released  # and so did the round's own thread
     assert len(released) == len(set(released))  # each thread once
+
+
+def test_use_memory_pool_refuses_a_backend_pyarrow_lacks_and_leaves_the_pool():
+    from txlake.engine.compaction import use_memory_pool
+
+    before = pa.default_memory_pool().backend_name
+    with pytest.raises(ValueError, match=r"Arrow memory pool 'tcmalloc' is not available: this pyarrow supports "
+                                         r"mimalloc, jemalloc, system"):
+        use_memory_pool("tcmalloc")
+    assert pa.default_memory_pool().backend_name == before
