@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import os
 import statistics
 import sys
@@ -46,7 +47,7 @@ from common import fresh_root, machine, peak_rss_mb, root_path, rss_mb  # noqa: 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.catalog.catalog import MIN_LOG_RETENTION_MS  # noqa: E402
 from txlake.catalog.storage import ObjectStore  # noqa: E402
-from txlake.engine.compaction import compact  # noqa: E402
+from txlake.engine.compaction import MEMORY_POOL_BACKENDS, compact, use_memory_pool  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
 
 #: object kinds by key prefix
@@ -116,6 +117,28 @@ def window_peak_mb() -> float | None:
     return peak
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+try:
+    _mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    _mallinfo2.restype = _Mallinfo2
+except (OSError, AttributeError):  # not glibc 2.33+
+    _mallinfo2 = None
+
+
+def malloc_in_use() -> int:
+    """Bytes glibc's malloc has handed out and not had back (``mallinfo2``: uordblks + hblkhd);
+    0 where unavailable."""
+    if _mallinfo2 is None:
+        return 0
+    info = _mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
 def parse_conf(items: list[str]) -> dict:
     conf = {}
     for item in items:
@@ -139,13 +162,18 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3600.0, help="seconds of producing")
     ap.add_argument("--sample", type=float, default=10.0, help="seconds between RSS samples")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="client setting override")
+    ap.add_argument("--memory-pool", choices=("default",) + MEMORY_POOL_BACKENDS, default="default",
+                    help="the process's Arrow memory pool, as `txlake serve --memory-pool` (default: pyarrow's)")
     ap.add_argument("--keep", action="store_true", help="keep the storage root (its path is printed)")
     args = ap.parse_args()
 
+    if args.memory_pool != "default":
+        use_memory_pool(args.memory_pool)
     url = fresh_root(keep=args.keep)
     conf = {"storage.url": url, "storage.file.delete.delay.ms": 0, "storage.orphan.grace.ms": 60_000,
             "storage.catalog.retention.ms": MIN_LOG_RETENTION_MS, **parse_conf(args.conf)}
-    print(f"bench_trickle: {args.rate:g} records/s of {args.record_bytes} B for {args.duration:g} s; {machine()}")
+    print(f"bench_trickle: {args.rate:g} records/s of {args.record_bytes} B for {args.duration:g} s; Arrow pool "
+          f"{pa.default_memory_pool().backend_name}; {machine()}")
     print(f"root {url}; settings: " + ", ".join(f"{k}={v}" for k, v in conf.items() if k != "storage.url"))
     puts = PutCounter()
     with AdminClient(conf) as admin:
@@ -161,13 +189,69 @@ def main() -> None:
         else:
             latencies.append(time.monotonic() - sent_at)
 
+    # one line per background compaction round: what it did, RSS around it (the round's peak is in
+    # the next sample's window), the records it rewrote and the catalog log it cleaned
+    from txlake.engine import compaction as compaction_module
+    plain_compact = compaction_module.compact
+    start_box = [time.monotonic()]
+
+    def reported_compact(writer, *a, **kw):
+        rss_before, t0 = rss_mb(), time.monotonic()
+        malloc_before, blocks_before = malloc_in_use(), sys.getallocatedblocks()
+        merged_before = {(s.path, s.base_offset): s.record_count for t in writer.catalog.state.topics.values()
+                         if t.name == "trickle" for p in t.partitions for s in p.segments}
+        done = threading.Event()
+        # seen every 20 ms during the round: RSS (MB), Arrow pool (bytes), glibc malloc in use
+        # (bytes, mallinfo2's uordblks + hblkhd) and Python's allocated blocks
+        highs = [0.0, 0, 0, 0, 0.0, 0.0, 0]  # ... and RssAnon, RssFile (MB) and threads
+
+        def status() -> dict[str, int]:
+            with open("/proc/self/status") as f:
+                return {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f)
+                        if k in ("RssAnon", "RssFile", "Threads")}
+
+        def watch():
+            while not done.wait(0.02):
+                highs[0] = max(highs[0], rss_mb())
+                highs[1] = max(highs[1], pa.total_allocated_bytes())
+                highs[2] = max(highs[2], malloc_in_use())
+                highs[3] = max(highs[3], sys.getallocatedblocks())
+                now = status()
+                highs[4] = max(highs[4], now["RssAnon"] / 1024)
+                highs[5] = max(highs[5], now["RssFile"] / 1024)
+                highs[6] = max(highs[6], now["Threads"])
+
+        anon_before = status()["RssAnon"] / 1024
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            summary = plain_compact(writer, *a, **kw)
+        finally:
+            done.set()
+            watcher.join()
+        after = {(s.path, s.base_offset) for t in writer.catalog.state.topics.values()
+                 if t.name == "trickle" for p in t.partitions for s in p.segments}
+        rewritten = sum(n for k, n in merged_before.items() if k not in after)
+        print(f"  round at {(t0 - start_box[0]) / 60:5.1f} min ({time.monotonic() - t0:.1f} s): {summary.merges} merges "
+              f"of {rewritten} records ({summary.segments_before} -> {summary.segments_after} segments), "
+              f"{summary.deleted_objects} retired + {summary.orphans_deleted} orphans deleted, catalog log "
+              f"{summary.catalog_commits_deleted} commits + {summary.catalog_checkpoints_deleted} checkpoints deleted; "
+              f"RSS {rss_before:.0f} -> {rss_mb():.0f} MB (highest seen during it {highs[0]:.0f}), Arrow pool "
+              f"{pa.total_allocated_bytes() / 2**20:.1f} MB (highest {highs[1] / 2**20:.1f}), glibc malloc in use "
+              f"{malloc_before / 2**20:.1f} -> {malloc_in_use() / 2**20:.1f} MB (highest {highs[2] / 2**20:.1f}), "
+              f"Python blocks {blocks_before} -> {sys.getallocatedblocks()} (highest {highs[3]}), RssAnon "
+              f"{anon_before:.0f} -> {status()['RssAnon'] / 1024:.0f} MB (highest {highs[4]:.0f}), RssFile highest "
+              f"{highs[5]:.0f} MB, threads highest {highs[6]}", flush=True)
+        return summary
+
+    compaction_module.compact = reported_compact
     producer = Producer(conf)
     broker = producer._broker  # the embedded engine of this process (its cache and catalog are measured)
     cache = broker.reader.cache
     # (t, rss MB, cache bytes, cache entries, pool bytes, peak RSS MB since the sample before or None)
     samples: list[tuple[float, float, int, int, int, float | None]] = []
     puts_before = puts.snapshot()
-    start = time.monotonic()
+    start = start_box[0] = time.monotonic()
     next_sample = start
     window_peak_mb()  # the first window starts here
     next_report = start + 60
@@ -202,6 +286,7 @@ def main() -> None:
     payload = sent * args.record_bytes
     before = stored(url)
 
+    compaction_module.compact = plain_compact
     t = time.perf_counter()
     summary = compact(broker)
     compact_s = time.perf_counter() - t

@@ -26,12 +26,12 @@ The writer runs a round every ``storage.compaction.interval.ms`` (:class:`Compac
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -48,15 +48,17 @@ from .log_reader import LogReader, SegmentCache
 from .log_retention import retention_targets
 from .object_cleaner import ObjectCleanup, clean_objects
 from .partition_writer import PartitionWriter
-from .segment_merge import (MERGE_THREADS, READ_THREADS, MergeCancelled, MergeRun, RowFilter, SegmentRewrite,
-                            commit_rewrite, discard_rewrite, in_batches, plan_merges, replace_segments, rewrite_runs)
+from .segment_merge import (MergeCancelled, MergeRun, RoundWorkers, RowFilter, SegmentRewrite, commit_rewrite,
+                            discard_rewrite, in_batches, plan_merges, release_unused_memory, replace_segments,
+                            rewrite_runs)
 from .table_publisher import clean_dv_files, clean_table_logs, tables_name
 
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CompactionSummary", "CompactionThread", "ProgressCallback", "apply_retention", "compact", "key_compaction",
-           "measure_after", "measure_before", "release_unused_memory", "round_lock", "selected_topics"]
+           "measure_after", "measure_before", "release_unused_memory", "round_lock", "selected_topics",
+           "use_memory_pool", "MEMORY_POOL_BACKENDS"]
 
 #: ``progress(phase, done, total)``: phase is "retention" (partitions), "key compaction" and
 #: "merge" (bytes of input segments) or "cleaning" (steps); called as work completes.
@@ -184,7 +186,8 @@ def measure_after(writer: PartitionWriter, names: list[str], sizes: dict[str, in
 
 
 def key_compaction(writer: PartitionWriter, names: list[str], now_ms: int,
-                   progress: ProgressCallback | None, cancel: threading.Event | None) -> tuple[int, int]:
+                   progress: ProgressCallback | None, cancel: threading.Event | None,
+                   workers: RoundWorkers | None = None) -> tuple[int, int]:
     """Key compaction of every partition of ``names`` whose ``cleanup.policy`` includes
     ``compact``, with the rules of :func:`txlake.engine.log_cleaner.row_filter`
     (``row_filter(partition, config, reader, now_ms) -> RowFilter | None``). ``partition`` is a snapshot
@@ -201,6 +204,9 @@ def key_compaction(writer: PartitionWriter, names: list[str], now_ms: int,
     ``groupSegmentsBySize``) and each group is rewritten through the filter and swapped in
     with :func:`~txlake.engine.segment_merge.replace_segments`. The filter sees one group's
     records (RECORD_SCHEMA, offset order) and returns the ones to keep.
+
+    Reads and rewrites run on ``workers`` (the round's :class:`RoundWorkers`, whose memory
+    the caller releases) or, when None, on workers of the call's own, released at its end.
 
     Returns:
         ``(partitions rewritten, groups skipped because their segments changed meanwhile)``.
@@ -220,18 +226,21 @@ def key_compaction(writer: PartitionWriter, names: list[str], now_ms: int,
                     offered.append((PartitionState(name, p.partition, p.log_start_offset, p.high_watermark,
                                                    p.last_stable_offset, cleanable, list(p.aborted_transactions)),
                                     config))
+    if not offered:
+        return 0, 0
     total = sum(s.size_bytes for snapshot, _ in offered for s in snapshot.segments)
     done = skipped = 0
     partitions: set[tuple[str, int]] = set()
     # batches of partitions: each batch's segments are prefetched once (a flush object shared by
     # its partitions is read once) and serve both the offset maps and the rewrites
     batch_reader = LogReader(writer.catalog, SegmentCache(None))
-    with ThreadPoolExecutor(MERGE_THREADS, thread_name_prefix="txlake-clean") as pool:
+    with contextlib.nullcontext(workers) if workers is not None else RoundWorkers() as round_workers:
+        pool = round_workers.encode
         for batch in in_batches(offered, lambda item: sum(s.size_bytes for s in item[0].segments),
                                 writer.config.compaction_batch_bytes):
             if cancel is not None and cancel.is_set():
                 break
-            batch_reader.prefetch([s for snapshot, _ in batch for s in snapshot.segments], READ_THREADS)
+            batch_reader.prefetch([s for snapshot, _ in batch for s in snapshot.segments], pool=round_workers.read)
             work: list[tuple[RowFilter, MergeRun]] = []
             for snapshot, config in batch:
                 row_filter = make_row_filter(snapshot, config, batch_reader, now_ms)
@@ -333,56 +342,60 @@ def compact(writer: PartitionWriter, topics: Iterable[str] | None = None, *, dry
         # 1. retention
         targets = apply_retention(writer, names, now, dry_run, progress)
         summary.retention_partitions = len(targets)
-        # 2. key compaction
-        if not dry_run:
-            summary.key_compacted_partitions, skipped = key_compaction(writer, names, now, progress, cancel)
-            summary.skipped += skipped
-        # 3. merge
-        with writer.catalog.lock:
-            state = writer.catalog.state
-            runs = plan_merges(state, names, sizes)
-            planned = _segments(state, names)
-        total = sum(r.size_bytes for r in runs if not r.drop)
-        done = 0
-        if dry_run:
-            summary.merges = len(runs)
-            for topic, partition, start in targets:
-                planned[(topic, partition)] = [s for s in planned[(topic, partition)] if s.last_offset >= start]
-            _estimate_merges(planned, runs, sizes)
-            if progress is not None and runs:
-                progress("merge", total, total)
-        else:
-            # the merge streams (segment_merge.rewrite_runs): a batch's objects are read once for
-            # all its runs, a few at a time, and each run holds one row group in progress
-            merge_reader = LogReader(writer.catalog, SegmentCache(0))
-            for batch in in_batches(runs, lambda run: run.size_bytes, writer.config.compaction_batch_bytes):
-                if cancel is not None and cancel.is_set():
-                    break
-                try:
-                    rewrites = rewrite_runs(merge_reader, batch, compression=writer.config.compression,
-                                            max_row_group_rows=writer.config.row_group_rows, now_ms=now,
-                                            cancel=cancel)
-                except MergeCancelled:
-                    break
-                for i, (run, rewrite) in enumerate(zip(batch, rewrites)):
+        # steps 2 and 3 decode and encode on the round's workers: on leaving, each gives back the
+        # pages the round freed (segment_merge.RoundWorkers), then this thread does
+        with RoundWorkers() as workers:
+            # 2. key compaction
+            if not dry_run:
+                summary.key_compacted_partitions, skipped = key_compaction(writer, names, now, progress, cancel,
+                                                                           workers)
+                summary.skipped += skipped
+            # 3. merge
+            with writer.catalog.lock:
+                state = writer.catalog.state
+                runs = plan_merges(state, names, sizes)
+                planned = _segments(state, names)
+            total = sum(r.size_bytes for r in runs if not r.drop)
+            done = 0
+            if dry_run:
+                summary.merges = len(runs)
+                for topic, partition, start in targets:
+                    planned[(topic, partition)] = [s for s in planned[(topic, partition)] if s.last_offset >= start]
+                _estimate_merges(planned, runs, sizes)
+                if progress is not None and runs:
+                    progress("merge", total, total)
+            else:
+                # the merge streams (segment_merge.rewrite_runs): a batch's objects are read once for
+                # all its runs, a few at a time, and each run holds one row group in progress
+                merge_reader = LogReader(writer.catalog, SegmentCache(0))
+                for batch in in_batches(runs, lambda run: run.size_bytes, writer.config.compaction_batch_bytes):
+                    if cancel is not None and cancel.is_set():
+                        break
                     try:
-                        outcome = commit_rewrite(merge_reader.store, writer.commit_under_lock, rewrite, now)
-                    except BaseException:
-                        for later in rewrites[i + 1:]:  # never committed: nothing will name them
-                            discard_rewrite(merge_reader.store, later)
-                        raise
-                    if outcome is None:
-                        summary.skipped += 1
-                    else:
-                        summary.merges += 1
-                        for s in outcome.segments:
-                            sizes[s.path] = s.size_bytes
-                    if not run.drop:
-                        done += run.size_bytes
-                        if progress is not None:
-                            progress("merge", done, total)
-            if runs or summary.key_compacted_partitions:
-                release_unused_memory()
+                        rewrites = rewrite_runs(merge_reader, batch, compression=writer.config.compression,
+                                                max_row_group_rows=writer.config.row_group_rows, now_ms=now,
+                                                cancel=cancel, workers=workers)
+                    except MergeCancelled:
+                        break
+                    for i, (run, rewrite) in enumerate(zip(batch, rewrites)):
+                        try:
+                            outcome = commit_rewrite(merge_reader.store, writer.commit_under_lock, rewrite, now)
+                        except BaseException:
+                            for later in rewrites[i + 1:]:  # never committed: nothing will name them
+                                discard_rewrite(merge_reader.store, later)
+                            raise
+                        if outcome is None:
+                            summary.skipped += 1
+                        else:
+                            summary.merges += 1
+                            for s in outcome.segments:
+                                sizes[s.path] = s.size_bytes
+                        if not run.drop:
+                            done += run.size_bytes
+                            if progress is not None:
+                                progress("merge", done, total)
+        if runs or summary.key_compacted_partitions:
+            release_unused_memory()
         if progress is not None and not runs:
             progress("merge", 0, 0)
         # 4. object cleaning (not when the writer is closing)
@@ -407,32 +420,45 @@ def compact(writer: PartitionWriter, topics: Iterable[str] | None = None, *, dry
     return summary
 
 
-def release_unused_memory() -> None:
-    """Hand the pages a compaction round freed back to the OS, best effort: Arrow's memory pool
-    (``MemoryPool.release_unused``) and, on glibc, every malloc arena (``malloc_trim(0)``; the
-    round's reader and writer threads each get an arena). The allocators keep freed pages
-    otherwise, so a writer's RSS would step up to each round's peak -- which follows the size
-    tier a round rewrites -- and stay there, though nothing is alive in them (issue 14: a
-    one-hour trickle's RSS rose 129 -> 308 MB while Arrow's pool and Python's heap held the
-    same few hundred KB after every round). ``malloc_trim`` works from any thread; pyarrow's
-    default pool, mimalloc, gives pages back on ``release_unused`` only when it is called on
-    the process's main thread (``mi_collect``): called from a worker thread it left RSS at the
-    peak in a measurement, so on the writer's compaction thread that part is of little use."""
-    pa.default_memory_pool().release_unused()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+#: ``use_memory_pool`` backends: Arrow's names (``pa.supported_memory_backends()``)
+MEMORY_POOL_BACKENDS = ("mimalloc", "jemalloc", "system")
 
 
-def _find_malloc_trim():
-    try:
-        import ctypes
+def use_memory_pool(backend: str, decay_ms: int = 0) -> str:
+    """Make ``backend`` the process's default Arrow memory pool (``pa.set_memory_pool``): a
+    process-wide setting, for a process that runs a writer (``txlake serve --memory-pool``,
+    ``bench_trickle.py --memory-pool``); a library never calls it on its own.
 
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
+    Why it exists (issue 14): pyarrow's default pool, mimalloc, keeps a heap per thread and
+    returns a freed page to the OS only when the thread that allocated it collects; a
+    compaction round releases on each of its threads (:class:`~.segment_merge.RoundWorkers`),
+    but buffers other threads allocate (flushes, fetches) and free elsewhere are not covered.
+    jemalloc purges its arenas from any thread: with ``backend="jemalloc"`` freed pages are
+    returned after ``decay_ms`` (``pa.jemalloc_set_decay_ms``; 0: at once) and
+    :func:`release_unused_memory` purges every arena. docs/benchmarks.md ("Trickle") gives
+    what each measured.
+
+    Args:
+        backend: one of :data:`MEMORY_POOL_BACKENDS`.
+        decay_ms: jemalloc's decay time (ms; -1 never purges); ignored for other backends.
+
+    Returns:
+        The backend name now in use (``pa.default_memory_pool().backend_name``).
+
+    Raises:
+        ValueError: ``backend`` unknown or not built into this pyarrow (named in the message).
+    """
+    if backend not in MEMORY_POOL_BACKENDS or backend not in pa.supported_memory_backends():
+        raise ValueError(f"Arrow memory pool {backend!r} is not available: this pyarrow supports "
+                         f"{', '.join(pa.supported_memory_backends())}")
+    pool = {"mimalloc": pa.mimalloc_memory_pool, "jemalloc": pa.jemalloc_memory_pool,
+            "system": pa.system_memory_pool}[backend]()
+    if backend == "jemalloc":
+        pa.jemalloc_set_decay_ms(decay_ms)
+    pa.set_memory_pool(pool)
+    return pa.default_memory_pool().backend_name
 
 
-_malloc_trim = _find_malloc_trim()
 
 
 def _merge_run(writer: PartitionWriter, reader: LogReader, run: MergeRun, now_ms: int,

@@ -7,6 +7,7 @@ does not decode the same object twice) and slices the requested offset range.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -211,13 +212,15 @@ class LogReader:
             self.cache.put(key, table)
         return table
 
-    def prefetch(self, segments: Iterable[SegmentInfo],
-                 threads: int = 1) -> dict[tuple[str, int], pa.Table]:
+    def prefetch(self, segments: Iterable[SegmentInfo], threads: int = 1,
+                 pool: ThreadPoolExecutor | None = None) -> dict[tuple[str, int], pa.Table]:
         """Decode ``segments`` into the cache, reading each object ONCE for all the segments
         it holds (:func:`~txlake.formats.records.read_row_group_sets`): a flush object holds
         a segment of every partition it flushed, and a merge of many partitions would
         otherwise open and parse it once per partition. Objects are read ``threads`` at a
-        time (Parquet decoding releases the GIL). Segments already cached are skipped.
+        time (Parquet decoding releases the GIL), or on ``pool`` when given (a compaction
+        round's workers, which release their memory at its end). Segments already cached are
+        skipped.
 
         Returns:
             The tables read, by cache key ``(object key, first row group)`` -- also when the
@@ -243,11 +246,12 @@ class LogReader:
                 self.cache.put(key, table)
                 read[key] = table  # dict item assignment is atomic
 
-        if threads <= 1 or len(by_path) < 2:
+        if pool is None and (threads <= 1 or len(by_path) < 2):
             for path in by_path:
                 read_object(path)
             return read
-        with ThreadPoolExecutor(min(threads, len(by_path)), thread_name_prefix="txlake-prefetch") as pool:
+        with contextlib.nullcontext(pool) if pool is not None else \
+                ThreadPoolExecutor(min(threads, len(by_path)), thread_name_prefix="txlake-prefetch") as pool:
             futures = [pool.submit(read_object, path) for path in by_path]
             try:
                 for f in futures:

@@ -250,13 +250,14 @@ def test_merge_policy():
                         _seg("f", 60, 69, 300)]})
     assert _plan(state) == [(0, ("a", "b"), False), (0, ("c", "d", "e"), False)]
     # tiering by records: a merged segment (at least TIER_FLOOR_BYTES) is rewritten only once
-    # MERGE_FACTOR - 1 (3) times its records join it, whatever the bytes (flush segments' own
-    # headers make them look bigger)
+    # about MERGE_FACTOR - 1 (3) times its records join it -- (MERGE_FACTOR - 1) / (1 +
+    # TIER_SLACK), 294.1 for 100 -- whatever the bytes (flush segments' own headers make them
+    # look bigger)
     mib, gib = 1 << 20, 1 << 30
-    state = _state({0: [_seg("m", 0, 99, mib), _seg("x", 100, 249, mib // 2), _seg("y", 250, 398, mib // 2)]}, gib)
-    assert _plan(state) == [(0, ("x", "y"), False)]  # 299 new records: m (100) stays
-    state = _state({0: [_seg("m", 0, 99, mib), _seg("x", 100, 249, mib // 2), _seg("y", 250, 399, mib // 2)]}, gib)
-    assert _plan(state) == [(0, ("m", "x", "y"), False)]  # 300 new records: m joins
+    state = _state({0: [_seg("m", 0, 99, mib), _seg("x", 100, 249, mib // 2), _seg("y", 250, 393, mib // 2)]}, gib)
+    assert _plan(state) == [(0, ("x", "y"), False)]  # 294 new records: m (100) stays
+    state = _state({0: [_seg("m", 0, 99, mib), _seg("x", 100, 249, mib // 2), _seg("y", 250, 394, mib // 2)]}, gib)
+    assert _plan(state) == [(0, ("m", "x", "y"), False)]  # 295 new records: m joins
     # ... and then the next segment is looked at the same way: MERGE_FACTOR segments of one size merge
     state = _state({0: [_seg("m", 0, 99, mib), _seg("n", 100, 129, mib), _seg("x", 130, 159, mib),
                         _seg("y", 160, 189, mib)]}, gib)
@@ -318,6 +319,27 @@ def test_a_rounds_rewrite_follows_the_tier_it_completes_not_the_partitions_histo
     assert rewritten == [r, r, r, 4 * r] * 3 + [r, r, r, 16 * r]
     assert [s.record_count for s in segments] == [16 * r]
     assert sorted(set(times.values())) == [1, 2, 3]  # the last round's flushes went straight into 16R
+
+
+def test_segments_of_about_one_size_complete_their_tier_in_the_round_that_brings_the_last():
+    """The 40-minute round of a measured trickle hour (issue 14): a 4R segment, three R
+    segments of the 25-, 30- and 35-minute rounds (60 705, 60 494 and 60 701 records) and
+    the round's 607 flush segments (60 728 records). The first R is 0.1% bigger than the
+    mean of the others, and without TIER_SLACK it was left out: the round merged only its
+    flushes, and the next round merged five R segments (303 328 records, peak RSS 329 MB
+    against 269-306 MB for the 4R rounds). With it the 4R merge happens in this round."""
+    mib, gib = 1 << 20, 1 << 30
+    segments = [_seg("4r", 0, 241_216, 12 * mib), _seg("r25", 241_217, 301_921, 3 * mib),
+                _seg("r30", 301_922, 362_415, 3 * mib), _seg("r35", 362_416, 423_116, 3 * mib)]
+    offset = 423_117
+    flushes = []
+    for i in range(607):
+        records = 100 + (i < 28)  # 60 728 records
+        flushes.append(_seg(f"f{i}", offset, offset + records - 1, 10_000))
+        offset += records
+    runs = plan_merges(_state({0: segments + flushes}, gib), None, None)
+    assert [(tuple(s.path for s in r.segments[:3]), len(r.segments), r.record_count) for r in runs] == [
+        (("r25", "r30", "r35"), 3 + 607, 60_705 + 60_494 + 60_701 + 60_728)]
 
 
 # ----------------------------------------------------------------------------------- catalog bookkeeping
