@@ -56,6 +56,8 @@ WORKER_CONSUMER_CONF = {"isolation.level": "read_committed", "auto.offset.reset"
                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 200, "max.poll.interval.ms": 4000}
 #: over the wire (confluent-kafka): librdkafka refuses a max.poll.interval.ms below session.timeout.ms
 WIRE_CONSUMER_CONF = {**WORKER_CONSUMER_CONF, "max.poll.interval.ms": 6000}
+#: fatal errors that mean another instance took this transactional.id over: the worker must stop, not replace its producer
+FENCED = ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
 #: how often a transaction's send_offsets / commit is retried on a retriable error (e.g. the broker restarting)
 RETRIABLE_ATTEMPTS = 10
 
@@ -121,9 +123,14 @@ class Worker:
 
     def _copy(self) -> None:
         kafka = kafka_clients(self.conf)
-        producer = kafka.Producer({**self.conf, "transactional.id": f"{self.group}-worker-{self.index}", "linger.ms": 5,
-                             "transaction.timeout.ms": 10_000})
-        producer.init_transactions(60)
+
+        def new_producer():
+            p = kafka.Producer({**self.conf, "transactional.id": f"{self.group}-worker-{self.index}", "linger.ms": 5,
+                                "transaction.timeout.ms": 10_000})
+            _retrying(kafka, p.init_transactions, 60)
+            return p
+
+        producer = new_producer()
         consumer = kafka.Consumer({**self.conf, **worker_consumer_conf(self.conf), "group.id": self.group})
 
         def changed(kind: str):
@@ -153,16 +160,23 @@ class Worker:
                     return               # no abort, no close: the transaction stays open
                 positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
                 try:
+                    producer.flush(60)   # a produce refused meanwhile fails the transaction before its offsets go
                     _retrying(kafka, producer.send_offsets_to_transaction, positions,
                               consumer.consumer_group_metadata(), 60)
                     _retrying(kafka, producer.commit_transaction, 60)
                 except kafka.KafkaException as exc:
-                    if not exc.args[0].txn_requires_abort():
+                    err = exc.args[0]
+                    if err.fatal() and err.name() not in FENCED:
+                        # confluent-kafka: a fatal error leaves the producer unusable; a new one with the same
+                        # transactional.id (init_transactions) fences it and aborts its open transaction
+                        self._event("producer-replaced", error=err.name())
+                        producer = new_producer()
+                    elif err.txn_requires_abort():
+                        producer.abort_transaction(60)
+                        self._event("aborted", error=err.name())
+                    else:
                         raise
-                    producer.abort_transaction(60)
-                    self._event("aborted", error=exc.args[0].name())
-                    for tp in consumer.assignment():      # copy those records again from the committed offsets
-                        consumer.seek(kafka.TopicPartition(tp.topic, tp.partition, kafka.OFFSET_STORED))
+                    _rewind(kafka, consumer)   # copy those records again from the committed offsets
                     continue
                 self.commits += 1
                 self.copied += len(msgs)
@@ -170,7 +184,19 @@ class Worker:
         finally:
             if not crashed:
                 consumer.close()
-                producer.close()
+                try:
+                    producer.close()
+                except kafka.KafkaException as exc:   # a fatal error it held: the worker's own error says more
+                    self._event("close-failed", error=exc.args[0].name())
+
+
+def _rewind(kafka, consumer) -> None:
+    """Seek every assigned partition back to the group's committed offset (the beginning when it
+    has none: ``auto.offset.reset`` is earliest). librdkafka cannot seek to OFFSET_STORED, so the
+    committed offsets are fetched (OffsetFetch, require_stable under read_committed)."""
+    for tp in consumer.committed(consumer.assignment(), timeout=60):
+        offset = tp.offset if tp.offset >= 0 else kafka.OFFSET_BEGINNING
+        consumer.seek(kafka.TopicPartition(tp.topic, tp.partition, offset))
 
 
 def committed_offsets(conf: dict[str, Any], source: str, group: str) -> dict[int, int]:
