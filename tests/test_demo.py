@@ -385,6 +385,10 @@ def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
                      r"skipped: confluent-kafka: it cannot be imported .*\nStep 9 \(Spark\) was skipped: Java: no java "
                      r"on PATH", out)
     assert "7. Exactly once in a consumer group" in out and "Kafka clients over the wire" not in out
+    # without confluent-kafka steps 6 and 7 fall back to the in-process workers, saying so
+    assert ("Steps 6 and 7 run their workers on txlake's in-process clients without confluent-kafka (with it, they "
+            "are Kafka clients through `txlake serve`).\n") in out
+    assert "workers — threads of one engine process" in out and "Kafka client (confluent-kafka)" not in out
 
 
 def test_spark_prerequisites_name_what_is_missing(tmp_path, monkeypatch):
