@@ -114,7 +114,7 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     try:
         while True:
             start = consumer.position(assigned)  # where an aborted transaction rewinds to
-            msgs = _next_batch(consumer, assigned, batch_records)
+            msgs = _next_batch(kafka, consumer, assigned, batch_records)
             if not msgs:
                 break
             txn += 1
@@ -153,7 +153,7 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     return copied
 
 
-def _next_batch(consumer, assigned: list, batch_records: int) -> list:
+def _next_batch(kafka, consumer, assigned: list, batch_records: int) -> list:
     """The next ``batch_records`` messages (fewer only at the end of the input), [] at the end:
     a transaction's size does not depend on how the fetches happened to split the input."""
     msgs: list = []
@@ -163,10 +163,31 @@ def _next_batch(consumer, assigned: list, batch_records: int) -> list:
             msgs += more
             continue
         positions = consumer.position(assigned)
-        ends = [consumer.get_watermark_offsets(tp)[1] for tp in assigned]
+        ends = [_end_offset(kafka, consumer, tp) for tp in assigned]
         if all(p.offset >= end for p, end in zip(positions, ends)):
             break
     return msgs
+
+
+#: seconds one end-offset query may take before it is sent again, and how many times
+END_OFFSET_TIMEOUT_S, END_OFFSET_ATTEMPTS = 10.0, 6
+
+
+def _end_offset(kafka, consumer, tp) -> int:
+    """The end a read_committed consumer can reach on ``tp`` (ListOffsets: the LSO), asked again
+    when an answer does not come within :data:`END_OFFSET_TIMEOUT_S` (librdkafka's query has no
+    bound of its own and was seen waiting forever over the wire).
+
+    Raises:
+        KafkaException: no answer after :data:`END_OFFSET_ATTEMPTS` queries.
+    """
+    for attempt in range(END_OFFSET_ATTEMPTS):
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=END_OFFSET_TIMEOUT_S)[1]
+        except kafka.KafkaException:
+            if attempt == END_OFFSET_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 #: the numbers each event line carries, named (for --json-events)
