@@ -19,10 +19,15 @@ departures, a pandas DataFrame) into a topic ``flights`` keyed by carrier, and s
 5. a question answered by DuckDB over the topic's committed view: the ten routes with
    the worst average arrival delay;
 6. an exactly-once copier process (transactions + send_offsets_to_transaction) SIGKILLed
-   mid-transaction and restarted;
+   mid-transaction and restarted -- a confluent-kafka client of ``txlake serve``, which the
+   demo starts on the root here for steps 6-8 (without confluent-kafka: txlake's in-process
+   clients, the copier the root's writer);
 7. the same with a consumer group of transactional workers (KIP-447), with a member
-   joining, the engine process SIGKILLed and a worker crashing with its transaction open;
-8. ``txlake serve`` on the same root as a subprocess: real Kafka clients over the wire --
+   joining, the server SIGKILLed and restarted on the same root and port mid-run, and a
+   worker crashing with its transaction open -- every worker a process of its own, a
+   confluent-kafka client with one transactional producer (in-process fallback: worker
+   threads of one engine process, which is SIGKILLed instead of the server);
+8. ``txlake serve`` on the same root (the server of steps 6-7): real Kafka clients over the wire --
    confluent-kafka produces January's flights idempotently to a topic of their own,
    kafka-python reads them back read_committed (assign, no group) -- and DuckDB, reading the
    root beside the running server, sees the same committed rows; SIGTERM stops the server

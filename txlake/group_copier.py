@@ -216,7 +216,7 @@ def end_offsets(conf: dict[str, Any], source: str) -> dict[int, int]:
     kafka = kafka_clients(conf)
     with kafka.Consumer({**conf, "group.id": "txlake-end-offsets", "isolation.level": "read_committed"}) as c:
         parts = sorted(c.list_topics(source).topics[source].partitions)
-        return {p: c.get_watermark_offsets(kafka.TopicPartition(source, p))[1] for p in parts}
+        return {p: c.get_watermark_offsets(kafka.TopicPartition(source, p), timeout=60)[1] for p in parts}
 
 
 def wait_until_decided(conf: dict[str, Any], topic: str, timeout_s: float = 120) -> None:
@@ -232,7 +232,8 @@ def wait_until_decided(conf: dict[str, Any], topic: str, timeout_s: float = 120)
     with kafka.Consumer({**conf, "isolation.level": "read_committed"}) as committed, \
             kafka.Consumer({**conf, "isolation.level": "read_uncommitted"}) as uncommitted:
         parts = [kafka.TopicPartition(topic, p) for p in sorted(committed.list_topics(topic).topics[topic].partitions)]
-        while any(committed.get_watermark_offsets(tp)[1] != uncommitted.get_watermark_offsets(tp)[1] for tp in parts):
+        while any(committed.get_watermark_offsets(tp, timeout=60)[1] != uncommitted.get_watermark_offsets(tp, timeout=60)[1]
+                  for tp in parts):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"transactions on {topic} still undecided after {timeout_s} s")
             time.sleep(0.2)
