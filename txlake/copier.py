@@ -104,8 +104,11 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     producer = kafka.Producer({"partitioner": "murmur2_random", **conf, "transactional.id": transactional_id,
                                "linger.ms": 5})
     producer.init_transactions(60)
-    consumer = kafka.Consumer({**conf, "group.id": group, "isolation.level": "read_committed",
+    def new_consumer():
+        return kafka.Consumer({**conf, "group.id": group, "isolation.level": "read_committed",
                                "auto.offset.reset": "earliest", "enable.auto.commit": False})
+
+    consumer = new_consumer()
     partitions = sorted(consumer.list_topics(source).topics[source].partitions)
     assigned = [kafka.TopicPartition(source, p) for p in partitions]
     consumer.assign(assigned)      # positions start from the group's committed offsets
@@ -114,7 +117,7 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     try:
         while True:
             start = consumer.position(assigned)  # where an aborted transaction rewinds to
-            msgs = _next_batch(kafka, consumer, assigned, batch_records)
+            msgs, consumer = _next_batch(kafka, consumer, assigned, batch_records, new_consumer)
             if not msgs:
                 break
             txn += 1
@@ -153,20 +156,35 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     return copied
 
 
-def _next_batch(kafka, consumer, assigned: list, batch_records: int) -> list:
-    """The next ``batch_records`` messages (fewer only at the end of the input), [] at the end:
-    a transaction's size does not depend on how the fetches happened to split the input."""
+def _next_batch(kafka, consumer, assigned: list, batch_records: int, new_consumer) -> tuple[list, Any]:
+    """The next ``batch_records`` messages (fewer only at the end of the input; [] at the end) and
+    the consumer to go on with: a transaction's size does not depend on how the fetches happened
+    to split the input. A consumer that stays :data:`STALLED_POLLS` empty polls short of the end
+    is closed and replaced by ``new_consumer()`` assigned at its positions (a librdkafka consumer
+    of txlake serve was seen stalled 8 records short of a partition's end, its fetches never
+    delivering them, while a new consumer read them at once)."""
     msgs: list = []
+    idle = 0
     while len(msgs) < batch_records:
         more = [m for m in consumer.consume(batch_records - len(msgs), 1.0) if m.error() is None]
         if more:
             msgs += more
+            idle = 0
             continue
         positions = consumer.position(assigned)
         ends = [_end_offset(kafka, consumer, tp) for tp in assigned]
         if all(p.offset >= end for p, end in zip(positions, ends)):
             break
-    return msgs
+        idle += 1
+        if idle % STALLED_POLLS == 0:
+            consumer.close()
+            consumer = new_consumer()
+            consumer.assign(positions)   # an invalid position (nothing fetched yet): the committed offset
+    return msgs, consumer
+
+
+#: empty polls (1 s each) short of the end after which the consumer is replaced
+STALLED_POLLS = 5
 
 
 #: seconds one end-offset query may take before it is sent again, and how many times
