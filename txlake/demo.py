@@ -1538,15 +1538,8 @@ def _group_stage(res: GroupCopyResult, url: str, options: dict, source_rows: int
             assignments += kind == "assigned"
             if kind == "started":
                 res.restarted_workers = sorted({*res.restarted_workers, w})
-            elif kind == "assigned":
-                owned.setdefault(w, set()).update(event["partitions"])
-                if res.crashed_worker >= 0 and w != res.crashed_worker:
-                    taken = set(event["partitions"]) & set(res.crashed_partitions)
-                    moved |= taken
-                    if taken and w not in res.reassigned_to:
-                        res.reassigned_to.append(w)
-            elif kind in ("revoked", "lost"):
-                owned.setdefault(w, set()).difference_update(event["partitions"])
+            elif kind in ("assigned", "revoked", "lost"):
+                _note_assignment(res, owned, moved, kind, w, event["partitions"])
             elif kind == "crashed":
                 res.crashed_worker, res.crashed_worker_open_records = w, event["records"]
                 res.crashed_partitions = sorted(owned.get(w, ()))
@@ -1667,20 +1660,16 @@ def _group_stage_wire(res: GroupCopyResult, held: dict, url: str, options: dict,
                 continue
             log.write(f"group worker {w}: {json.dumps(event)}\n")
             kind = event["event"]
+            if kind in ("assigned", "revoked", "lost"):
+                _note_assignment(res, owned, moved, kind, w, event["partitions"])
             if kind == "assigned":
                 assignments += 1
-                owned.setdefault(w, set()).update(event["partitions"])
                 if w in res.joined_later:
                     res.joined_rebalanced = True   # the late member is in the group (its share may be no partition)
                     if phase == "before the server kill":
                         res.joined_assigned = sorted(set(res.joined_assigned) | set(event["partitions"]))
-                if res.crashed_worker >= 0 and w != res.crashed_worker:
-                    taken = set(event["partitions"]) & set(res.crashed_partitions)
-                    moved |= taken
-                    if taken and w not in res.reassigned_to:
-                        res.reassigned_to.append(w)
             elif kind in ("revoked", "lost"):
-                owned.setdefault(w, set()).difference_update(event["partitions"])
+                pass
             elif kind in ("aborted", "producer-replaced") and phase != "before the server kill":
                 (res.aborted_after_restart if kind == "aborted" else res.producers_replaced).append(
                     f"worker {w}: {event['error']}")
@@ -1801,6 +1790,22 @@ def _check_group_output(res: GroupCopyResult, conf: dict, url: str, options: dic
                   f"out of order; read_uncommitted the log holds {res.output_in_log - res.output_committed:,} more "
                   f"(aborted); {res.rebalances} assignments handed out over the run")
     console.print(_verdict(res.ok, claim))
+
+
+def _note_assignment(res: GroupCopyResult, owned: dict[int, set[int]], moved: set[int], kind: str, worker: int,
+                     partitions: list[int]) -> None:
+    """Step 7: keep ``owned`` (worker -> partitions) up to date from an ``assigned`` / ``revoked`` /
+    ``lost`` event (cooperative: each names the partitions added or removed), and note in
+    ``moved`` / ``res.reassigned_to`` which of the crashed worker's partitions another worker took."""
+    if kind != "assigned":
+        owned.setdefault(worker, set()).difference_update(partitions)
+        return
+    owned.setdefault(worker, set()).update(partitions)
+    if res.crashed_worker >= 0 and worker != res.crashed_worker:
+        taken = set(partitions) & set(res.crashed_partitions)
+        moved.update(taken)
+        if taken and worker not in res.reassigned_to:
+            res.reassigned_to.append(worker)
 
 
 def _workers(ids: list[int]) -> str:
