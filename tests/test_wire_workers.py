@@ -63,3 +63,32 @@ def test_rewind_seeks_a_confluent_consumer_back_to_the_committed_offsets(serve_r
             [(0, o) for o in range(4, 10)] + [(1, o) for o in range(10)]
     finally:
         consumer.close()
+
+
+@pytest.mark.parametrize("serve_root", ["file"], indirect=True)
+def test_the_copier_over_the_wire_ends_when_a_partition_gives_it_no_record(serve_root):
+    """librdkafka's ``position()`` is OFFSET_INVALID for a partition the consumer returned no
+    message of -- an empty one, or one a killed predecessor had copied to its end. The copier's
+    end check reads the committed offset (else the log start) there; it used to compare
+    OFFSET_INVALID with the end and poll forever (the full demo's restarted copier did)."""
+    import threading
+
+    from txlake.copier import copy_exactly_once
+
+    served = serve_root.start()
+    conf = {"bootstrap.servers": served.bootstrap}
+    admin = KafkaAdmin(conf)
+    for topic in ("src", "dst"):
+        admin.create_topics([KafkaNewTopic(topic, 2)])[topic].result(30)
+    producer = KafkaProducer(conf)
+    for i in range(10):     # partition 0 only: partition 1 stays empty
+        producer.produce("src", value=b'{"origin": "EWR", "dest": "CAE", "arr_delay": %d}' % i, partition=0)
+    assert producer.flush(30) == 0
+    done: list[int] = []
+    events: list[str] = []
+    copier = threading.Thread(target=lambda: done.append(copy_exactly_once(conf, "src", "dst", "g", "t-1", 4,
+                                                                           emit=events.append)), daemon=True)
+    copier.start()
+    copier.join(timeout=90)
+    assert not copier.is_alive(), f"the copier did not end; its events: {events}"
+    assert done == [10] and events == ["started", "committed 1 4", "committed 2 4", "committed 3 2", "done 10"]

@@ -104,11 +104,8 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     producer = kafka.Producer({"partitioner": "murmur2_random", **conf, "transactional.id": transactional_id,
                                "linger.ms": 5})
     producer.init_transactions(60)
-    def new_consumer():
-        return kafka.Consumer({**conf, "group.id": group, "isolation.level": "read_committed",
+    consumer = kafka.Consumer({**conf, "group.id": group, "isolation.level": "read_committed",
                                "auto.offset.reset": "earliest", "enable.auto.commit": False})
-
-    consumer = new_consumer()
     partitions = sorted(consumer.list_topics(source).topics[source].partitions)
     assigned = [kafka.TopicPartition(source, p) for p in partitions]
     consumer.assign(assigned)      # positions start from the group's committed offsets
@@ -117,7 +114,7 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     try:
         while True:
             start = consumer.position(assigned)  # where an aborted transaction rewinds to
-            msgs, consumer = _next_batch(kafka, consumer, assigned, batch_records, new_consumer)
+            msgs = _next_batch(kafka, consumer, assigned, batch_records)
             if not msgs:
                 break
             txn += 1
@@ -156,35 +153,36 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     return copied
 
 
-def _next_batch(kafka, consumer, assigned: list, batch_records: int, new_consumer) -> tuple[list, Any]:
-    """The next ``batch_records`` messages (fewer only at the end of the input; [] at the end) and
-    the consumer to go on with: a transaction's size does not depend on how the fetches happened
-    to split the input. A consumer that stays :data:`STALLED_POLLS` empty polls short of the end
-    is closed and replaced by ``new_consumer()`` assigned at its positions (a librdkafka consumer
-    of txlake serve was seen stalled 8 records short of a partition's end, its fetches never
-    delivering them, while a new consumer read them at once)."""
+def _next_batch(kafka, consumer, assigned: list, batch_records: int) -> list:
+    """The next ``batch_records`` messages (fewer only at the end of the input), [] at the end:
+    a transaction's size does not depend on how the fetches happened to split the input."""
     msgs: list = []
-    idle = 0
     while len(msgs) < batch_records:
         more = [m for m in consumer.consume(batch_records - len(msgs), 1.0) if m.error() is None]
         if more:
             msgs += more
-            idle = 0
             continue
-        positions = consumer.position(assigned)
+        positions = _positions(consumer, assigned)
         ends = [_end_offset(kafka, consumer, tp) for tp in assigned]
         if all(p.offset >= end for p, end in zip(positions, ends)):
             break
-        idle += 1
-        if idle % STALLED_POLLS == 0:
-            consumer.close()
-            consumer = new_consumer()
-            consumer.assign(positions)   # an invalid position (nothing fetched yet): the committed offset
-    return msgs, consumer
+    return msgs
 
 
-#: empty polls (1 s each) short of the end after which the consumer is replaced
-STALLED_POLLS = 5
+def _positions(consumer, assigned: list) -> list:
+    """The consumer's position of every assigned partition; where it has none (librdkafka answers
+    OFFSET_INVALID for a partition it returned no message of -- one a predecessor copied to its
+    end, or an empty one), the group's committed offset, where this consumer started, else the
+    log start offset."""
+    positions = consumer.position(assigned)
+    unknown = [tp for tp in positions if tp.offset < 0]
+    if unknown:
+        committed = {tp.partition: tp for tp in consumer.committed(unknown, timeout=60)}
+        positions = [committed.get(tp.partition, tp) if tp.offset < 0 else tp for tp in positions]
+        for tp in positions:
+            if tp.offset < 0:    # nothing committed either: auto.offset.reset earliest, the log start offset
+                tp.offset = consumer.get_watermark_offsets(tp, timeout=END_OFFSET_TIMEOUT_S)[0]
+    return positions
 
 
 #: seconds one end-offset query may take before it is sent again, and how many times
@@ -194,7 +192,7 @@ END_OFFSET_TIMEOUT_S, END_OFFSET_ATTEMPTS = 10.0, 6
 def _end_offset(kafka, consumer, tp) -> int:
     """The end a read_committed consumer can reach on ``tp`` (ListOffsets: the LSO), asked again
     when an answer does not come within :data:`END_OFFSET_TIMEOUT_S` (librdkafka's query has no
-    bound of its own and was seen waiting forever over the wire).
+    bound of its own).
 
     Raises:
         KafkaException: no answer after :data:`END_OFFSET_ATTEMPTS` queries.
