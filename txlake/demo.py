@@ -1612,7 +1612,7 @@ def _group_stage_wire(res: GroupCopyResult, held: dict, url: str, options: dict,
                   f"(confluent-kafka) of `txlake serve` with its own transactional producer — share the {n_parts} "
                   f"partitions of '{TOPIC}' and copy them to '{GROUP_TARGET}', {batch:,} records per transaction, "
                   "sending offsets with consumer_group_metadata()")
-    admin = KafkaAdmin(conf)
+    admin = KafkaAdmin({**conf, "logger": logging.getLogger("txlake.demo.kafka-clients")})
     admin.create_topics([KafkaNewTopic(GROUP_TARGET, n_parts)])[GROUP_TARGET].result(60)
     del admin
 
@@ -2056,7 +2056,8 @@ def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table
             from confluent_kafka.admin import AdminClient as KafkaAdmin
             from confluent_kafka.admin import NewTopic as KafkaNewTopic
 
-            admin = KafkaAdmin({"bootstrap.servers": server.address, **WIRE_CLIENT_CONF})
+            admin = KafkaAdmin({"bootstrap.servers": server.address, **WIRE_CLIENT_CONF,
+                                "logger": logging.getLogger("txlake.demo.kafka-clients")})
             admin.create_topics([KafkaNewTopic(WIRE_TOPIC, partitions, config={"retention.ms": "-1"})])[WIRE_TOPIC].result(60)
             del admin
             console.print(f"   txlake serve (pid {server.pid}, the server of step 7) on {escape(server.address)}")

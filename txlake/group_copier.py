@@ -121,6 +121,23 @@ class Worker:
             self.error = exc
             self._event("failed", error=repr(exc))
 
+    def _recover(self, kafka, producer, consumer, exc: BaseException, new_producer):
+        """After a KafkaException in a transaction: abort it (abortable error) or replace the producer
+        (a fatal error other than fencing: confluent-kafka's producer is then unusable; a new one with
+        the same transactional.id fences it and aborts its open transaction), then rewind the consumer
+        to the committed offsets; the producer to go on with. Anything else is raised again."""
+        err = exc.args[0]
+        if err.fatal() and err.name() not in FENCED:
+            self._event("producer-replaced", error=err.name())
+            producer = new_producer()
+        elif err.txn_requires_abort():
+            producer.abort_transaction(60)
+            self._event("aborted", error=err.name())
+        else:
+            raise exc
+        _rewind(kafka, consumer)   # copy those records again from the committed offsets
+        return producer
+
     def _copy(self) -> None:
         kafka = kafka_clients(self.conf)
 
@@ -145,10 +162,14 @@ class Worker:
                 msgs = [m for m in consumer.consume(self.batch_records, 0.2) if m.error() is None]
                 if not msgs:
                     continue
-                producer.begin_transaction()
-                for m in msgs:
-                    key, value = derive(m.value(), m.partition(), m.offset())
-                    producer.produce(self.target, value=value, key=key, partition=m.partition())
+                try:
+                    producer.begin_transaction()
+                    for m in msgs:
+                        key, value = derive(m.value(), m.partition(), m.offset())
+                        producer.produce(self.target, value=value, key=key, partition=m.partition())
+                except kafka.KafkaException as exc:   # a fatal error the last transaction left, surfacing now
+                    producer = self._recover(kafka, producer, consumer, exc, new_producer)
+                    continue
                 if self.crash_now.is_set() or (self.crash_after_commits is not None
                                                and self.commits >= self.crash_after_commits
                                                and not self.crash_token.is_set()):
@@ -165,18 +186,7 @@ class Worker:
                               consumer.consumer_group_metadata(), 60)
                     _retrying(kafka, producer.commit_transaction, 60)
                 except kafka.KafkaException as exc:
-                    err = exc.args[0]
-                    if err.fatal() and err.name() not in FENCED:
-                        # confluent-kafka: a fatal error leaves the producer unusable; a new one with the same
-                        # transactional.id (init_transactions) fences it and aborts its open transaction
-                        self._event("producer-replaced", error=err.name())
-                        producer = new_producer()
-                    elif err.txn_requires_abort():
-                        producer.abort_transaction(60)
-                        self._event("aborted", error=err.name())
-                    else:
-                        raise
-                    _rewind(kafka, consumer)   # copy those records again from the committed offsets
+                    producer = self._recover(kafka, producer, consumer, exc, new_producer)
                     continue
                 self.commits += 1
                 self.copied += len(msgs)
