@@ -255,11 +255,18 @@ def test_demo_from_a_directory_holding_a_txlake_folder(tmp_path):
             "before the kill") in out
     assert f"the log holds {killed} more: aborted records, invisible to read_committed (the killed transaction held {killed})" in out
     assert f"Log file: {log}" in out and log.is_file()
-    # step 8: txlake serve started the same way (its log in the log file), real clients, DuckDB beside it
-    m = re.search(r"^   txlake serve \(pid (\d+)\) listening on 127\.0\.0\.1:\d+ after [\d.]+ s \(its log goes to the log file\)$",
-                  out, re.M)
+    # step 6 started txlake serve (its log in the log file); step 7 SIGKILLed and restarted it on the same port;
+    # step 8 uses the restarted one: real clients, DuckDB beside it
+    m = re.search(r"^   txlake serve \(pid (\d+)\) on this root listening on (127\.0\.0\.1:\d+) after [\d.]+ s: it serves "
+                  r"steps 6 to 8 \(its log goes to the log file\)$", out, re.M)
+    assert m, out
+    first_pid, address = m[1], m[2]
+    m = re.search(rf"`txlake serve` \(pid {first_pid}\) was killed with SIGKILL \(exit status -9\) and restarted on the "
+                  r"same root and port \(pid (\d+), listening after [\d.]+ s\); the workers kept running$", out, re.M)
     assert m, out
     pid = m[1]
+    assert f"\n   txlake serve (pid {pid}, the server of step 7) on {address}\n" in out
+    assert f"---- txlake serve (pid {first_pid}, exit status -9): stderr ----\n" in log.read_text()
     stored = wire_topic_rows(root)
     size_mb = sum(len(k) + len(v) for _, _, k, v, _ in stored) / 1e6
     m = re.search(r"^   confluent-kafka [\d.]+ \(librdkafka [\d.]+; enable\.idempotence, acks=all, partitioner "
@@ -397,6 +404,10 @@ def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
                      r"skipped: confluent-kafka: it cannot be imported .*\nStep 9 \(Spark\) was skipped: Java: no java "
                      r"on PATH", out)
     assert "7. Exactly once in a consumer group" in out and "Kafka clients over the wire" not in out
+    # without confluent-kafka steps 6 and 7 fall back to the in-process workers, saying so
+    assert ("Steps 6 and 7 run their workers on txlake's in-process clients without confluent-kafka (with it, they "
+            "are Kafka clients through `txlake serve`).\n") in out
+    assert "workers — threads of one engine process" in out and "Kafka client (confluent-kafka)" not in out
 
 
 def test_delta_unavailable_says_why_spark_cannot_read_the_table(tmp_path, monkeypatch):

@@ -18,6 +18,10 @@ def test_demo_on_part_of_the_flights(tmp_path):
     assert (group.output_committed, group.missing, group.duplicates, group.out_of_order_partitions) == (30_000, 0, 0, 0)
     assert group.committed_before_engine_kill > 0 and group.crashed_worker_open_records > 0
     assert group.workers_seen == 3 and group.committed_offsets_at_end and group.ok
+    # steps 6 and 7 ran as confluent-kafka clients of one txlake serve, SIGKILLed and restarted mid-step 7
+    assert result.over_the_wire and group.over_the_wire
+    assert group.engine_exit_status == -9 and group.committed_after_restart > 0 and group.workers_through_restart
+    assert group.crashed_worker_exit_status == -9 and group.crashed_transaction_state == "CompleteAbort"
     spark = result.spark                       # step 9: Spark, DuckDB and the Consumer agree at the LSO
     assert (spark.consumer_committed, spark.duckdb_committed, spark.spark_committed) == (30_000, 30_000, 30_000)
     assert spark.spark_uncommitted == 30_000 + spark.open_records + spark.aborted_records == 30_150

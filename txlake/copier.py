@@ -14,7 +14,10 @@ Run as a process (the demo kills it with SIGKILL mid-transaction)::
 
 with the client config as one JSON line on stdin (``-``; :mod:`txlake.child_conf`: a
 command line is readable by every local user, a config may hold credentials). JSON text
-in place of ``-`` is accepted too, with a warning if it holds credentials.
+in place of ``-`` is accepted too, with a warning if it holds credentials. A config with
+``bootstrap.servers`` runs the worker as a real Kafka client (confluent-kafka's Producer and
+Consumer, e.g. through ``txlake serve``); one with ``storage.url`` runs txlake's in-process
+clients (:func:`kafka_clients`).
 
 It prints one line per event on stdout: ``started``, ``committed <txn> <records>``,
 ``aborted <txn> <records>`` (with --abort-every N: every N-th transaction of this run
@@ -38,13 +41,33 @@ partition holds its source partition's offsets in increasing order.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
-from typing import Any, Callable
+from types import ModuleType
+from typing import Any, Callable, Mapping
 
-from . import Consumer, Producer, TopicPartition
 from .child_conf import load_conf
+
+
+def kafka_clients(conf: Mapping[str, Any]) -> ModuleType:
+    """The client module a worker with ``conf`` uses: ``confluent_kafka`` (librdkafka, over the
+    wire) when ``conf`` names ``bootstrap.servers``, else ``txlake`` (the engine in this process,
+    ``storage.url``). Both offer the names the workers use -- ``Producer``, ``Consumer``,
+    ``TopicPartition``, ``KafkaException``, ``OFFSET_STORED`` -- with confluent-kafka's API.
+
+    Raises:
+        ImportError: ``bootstrap.servers`` is given but confluent-kafka (the ``test`` extra, not a
+            dependency of txlake) cannot be imported; the message says how to install it.
+    """
+    if "bootstrap.servers" not in conf:
+        return importlib.import_module("txlake")
+    try:
+        return importlib.import_module("confluent_kafka")
+    except ImportError as exc:
+        raise ImportError(f"a config with bootstrap.servers needs confluent-kafka, which cannot be imported ({exc}); "
+                          "pip install confluent-kafka (in a checkout: pip install -e '.[test]')") from exc
 
 
 def derive(value: bytes, partition: int, offset: int) -> tuple[bytes, bytes]:
@@ -77,25 +100,23 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
     # Only then are the group's committed offsets stable -- had the predecessor died after
     # send_offsets_to_transaction, its pending offsets would hold the read_committed
     # OffsetFetch (UNSTABLE_OFFSET_COMMIT) until that transaction ends.
-    producer = Producer({"partitioner": "murmur2_random", **conf, "transactional.id": transactional_id, "linger.ms": 5})
+    kafka = kafka_clients(conf)
+    producer = kafka.Producer({"partitioner": "murmur2_random", **conf, "transactional.id": transactional_id,
+                               "linger.ms": 5})
     producer.init_transactions(60)
-    consumer = Consumer({**conf, "group.id": group, "isolation.level": "read_committed",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = kafka.Consumer({**conf, "group.id": group, "isolation.level": "read_committed",
+                               "auto.offset.reset": "earliest", "enable.auto.commit": False})
     partitions = sorted(consumer.list_topics(source).topics[source].partitions)
-    assigned = [TopicPartition(source, p) for p in partitions]
+    assigned = [kafka.TopicPartition(source, p) for p in partitions]
     consumer.assign(assigned)      # positions start from the group's committed offsets
     emit("started")
     copied, txn = 0, 0
     try:
         while True:
             start = consumer.position(assigned)  # where an aborted transaction rewinds to
-            msgs = consumer.consume(batch_records, 1.0)
+            msgs = _next_batch(kafka, consumer, assigned, batch_records)
             if not msgs:
-                positions = consumer.position(assigned)
-                ends = [consumer.get_watermark_offsets(tp)[1] for tp in assigned]
-                if all(p.offset >= end for p, end in zip(positions, ends)):
-                    break
-                continue
+                break
             txn += 1
             producer.begin_transaction()
             for m in msgs:
@@ -111,10 +132,13 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
                 producer.flush(60)       # durable but undecided, then aborted
                 producer.abort_transaction(60)
                 for tp in start:         # copy these inputs again in a later transaction
-                    consumer.seek(tp)
+                    # no position yet (nothing fetched before this transaction): the committed offset
+                    consumer.seek(tp if tp.offset >= 0 else kafka.TopicPartition(tp.topic, tp.partition,
+                                                                                 kafka.OFFSET_STORED))
                 emit(f"aborted {txn} {len(msgs)}")
                 continue
-            producer.send_offsets_to_transaction(consumer.position(assigned), group, 60)
+            positions = [tp for tp in consumer.position(assigned) if tp.offset >= 0]
+            producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), 60)
             if pause_before_commit == txn:
                 producer.flush(60)       # its records too are durable (sending offsets does not flush)
                 emit(f"offsets-sent {txn}")
@@ -127,6 +151,59 @@ def copy_exactly_once(conf: dict[str, Any], source: str, target: str, group: str
         producer.close()
     emit(f"done {copied}")
     return copied
+
+
+def _next_batch(kafka, consumer, assigned: list, batch_records: int) -> list:
+    """The next ``batch_records`` messages (fewer only at the end of the input), [] at the end:
+    a transaction's size does not depend on how the fetches happened to split the input."""
+    msgs: list = []
+    while len(msgs) < batch_records:
+        more = [m for m in consumer.consume(batch_records - len(msgs), 1.0) if m.error() is None]
+        if more:
+            msgs += more
+            continue
+        positions = _positions(consumer, assigned)
+        ends = [_end_offset(kafka, consumer, tp) for tp in assigned]
+        if all(p.offset >= end for p, end in zip(positions, ends)):
+            break
+    return msgs
+
+
+def _positions(consumer, assigned: list) -> list:
+    """The consumer's position of every assigned partition; where it has none (librdkafka answers
+    OFFSET_INVALID for a partition it returned no message of -- one a predecessor copied to its
+    end, or an empty one), the group's committed offset, where this consumer started, else the
+    log start offset."""
+    positions = consumer.position(assigned)
+    unknown = [tp for tp in positions if tp.offset < 0]
+    if unknown:
+        committed = {tp.partition: tp for tp in consumer.committed(unknown, timeout=60)}
+        positions = [committed.get(tp.partition, tp) if tp.offset < 0 else tp for tp in positions]
+        for tp in positions:
+            if tp.offset < 0:    # nothing committed either: auto.offset.reset earliest, the log start offset
+                tp.offset = consumer.get_watermark_offsets(tp, timeout=END_OFFSET_TIMEOUT_S)[0]
+    return positions
+
+
+#: seconds one end-offset query may take before it is sent again, and how many times
+END_OFFSET_TIMEOUT_S, END_OFFSET_ATTEMPTS = 10.0, 6
+
+
+def _end_offset(kafka, consumer, tp) -> int:
+    """The end a read_committed consumer can reach on ``tp`` (ListOffsets: the LSO), asked again
+    when an answer does not come within :data:`END_OFFSET_TIMEOUT_S` (librdkafka's query has no
+    bound of its own).
+
+    Raises:
+        KafkaException: no answer after :data:`END_OFFSET_ATTEMPTS` queries.
+    """
+    for attempt in range(END_OFFSET_ATTEMPTS):
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=END_OFFSET_TIMEOUT_S)[1]
+        except kafka.KafkaException:
+            if attempt == END_OFFSET_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 #: the numbers each event line carries, named (for --json-events)

@@ -19,10 +19,15 @@ departures, a pandas DataFrame) into a topic ``flights`` keyed by carrier, and s
 5. a question answered by DuckDB over the topic's committed view: the ten routes with
    the worst average arrival delay;
 6. an exactly-once copier process (transactions + send_offsets_to_transaction) SIGKILLed
-   mid-transaction and restarted;
+   mid-transaction and restarted -- a confluent-kafka client of ``txlake serve``, which the
+   demo starts on the root here for steps 6-8 (without confluent-kafka: txlake's in-process
+   clients, the copier the root's writer);
 7. the same with a consumer group of transactional workers (KIP-447), with a member
-   joining, the engine process SIGKILLed and a worker crashing with its transaction open;
-8. ``txlake serve`` on the same root as a subprocess: real Kafka clients over the wire --
+   joining, the server SIGKILLed and restarted on the same root and port mid-run, and a
+   worker crashing with its transaction open -- every worker a process of its own, a
+   confluent-kafka client with one transactional producer (in-process fallback: worker
+   threads of one engine process, which is SIGKILLed instead of the server);
+8. ``txlake serve`` on the same root (the server of steps 6-7): real Kafka clients over the wire --
    confluent-kafka produces January's flights idempotently to a topic of their own,
    kafka-python reads them back read_committed (assign, no group) -- and DuckDB, reading the
    root beside the running server, sees the same committed rows; SIGTERM stops the server
@@ -206,6 +211,14 @@ class GroupCopyResult:
         crashed_transaction_state: its transactional id's state at the coordinator afterwards
             (Kafka's name; CompleteAbort when the coordinator aborted it).
         output_in_log: records of the target read read_uncommitted.
+        over_the_wire: the workers were processes of their own, confluent-kafka clients of
+            ``txlake serve``; ``engine_exit_status`` is then the server's (SIGKILLed mid-run and
+            restarted on the same root and port), ``committed_after_restart`` the records
+            committed after the restart by ``workers_through_restart`` (the workers that kept
+            running across it), and ``crashed_worker_exit_status`` the exit status of the
+            crashed worker's process (SIGKILLed with its transaction open); ``aborted_after_restart``
+            / ``producers_replaced``: ``"worker N: ERROR"`` for each transaction a worker aborted
+            (an abortable error) / each producer it replaced after a fatal error, after the restart.
     """
 
     workers_seen: int = 0
@@ -229,6 +242,12 @@ class GroupCopyResult:
     duplicates: int = 0
     out_of_order_partitions: int = 0
     committed_offsets_at_end: bool = False
+    over_the_wire: bool = False
+    committed_after_restart: int = 0
+    workers_through_restart: list[int] = field(default_factory=list)
+    crashed_worker_exit_status: int | None = None
+    aborted_after_restart: list[str] = field(default_factory=list)
+    producers_replaced: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -241,7 +260,9 @@ class GroupCopyResult:
                 and self.crashed_transaction_state == "CompleteAbort"
                 and self.output_in_log - self.output_committed >= self.crashed_worker_open_records
                 and self.missing == 0 and self.duplicates == 0 and self.out_of_order_partitions == 0
-                and self.committed_offsets_at_end)
+                and self.committed_offsets_at_end
+                and (not self.over_the_wire or (self.committed_after_restart > 0
+                                                and self.crashed_worker_exit_status == -signal.SIGKILL)))
 
 
 @dataclass
@@ -345,6 +366,9 @@ class DemoResult:
         offsets_contiguous: every partition reads back offsets log-start..high-watermark-1 without gaps.
         worst_routes: the DuckDB answer, rows of ``WORST_ROUTES_SQL``.
         copier / group / serve / spark: what steps 6, 7, 8 and 9 established (None: not run).
+        over_the_wire: steps 6 and 7 ran their workers as Kafka clients (confluent-kafka) through
+            one ``txlake serve`` (which step 8 then uses); False: on txlake's in-process clients
+            (without confluent-kafka, or with ``serve=False``).
         failed_step / failure: the step that raised and why, in one line (None / "": none did).
         skipped: the steps not run on purpose, with why (e.g. ``{9: "--no-spark"}``).
         log_path: the log file of the run; stored_bytes: bytes under the root at the end (-1: unknown).
@@ -379,6 +403,7 @@ class DemoResult:
     group: GroupCopyResult | None = None
     serve: ServeStageResult | None = None
     spark: SparkStageResult | None = None
+    over_the_wire: bool = False
     failed_step: int | None = None
     failure: str = ""
     skipped: dict[int, str] = field(default_factory=dict)
@@ -558,12 +583,17 @@ def run_demo(url: str, console=None, *, storage_options: dict | None = None, fre
             missing[SERVE_STEP] = lacking
     for number, lines in missing.items():
         result.skipped[number] = "; ".join(lines)
+    result.over_the_wire = copier and SERVE_STEP not in result.skipped
     for number, lines in sorted(missing.items()):
         ran = [n for n in STEPS if n not in result.skipped]
         console.print(f"[bold yellow]The {_STEP_TITLES[number]} step ({number}) will be skipped[/]; steps {_ranges(ran)} "
                       "run. Missing:", soft_wrap=True)
         for line in lines:
             console.print(f"   • {escape(line)}", soft_wrap=True)
+    if copier and not result.over_the_wire:
+        why = "without confluent-kafka" if SERVE_STEP in missing else "with --no-serve"
+        console.print(f"Steps 6 and 7 run their workers on txlake's in-process clients {why} (with it, they are Kafka "
+                      "clients through `txlake serve`).", soft_wrap=True)
     console.print(f"Log file (engine, worker processes, the server, Spark's JVM): {escape(result.log_path)}",
                   soft_wrap=True)
 
@@ -596,8 +626,15 @@ def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options
     conf: dict[str, Any] = {"storage.url": url, "storage.options": options}
     if force_lease:
         conf["storage.lease.force"] = True
-    held: dict[str, Any] = {}   # the broker of steps 1-3
+    held: dict[str, Any] = {}   # the broker of steps 1-3; the server of steps 6-8 (over the wire)
     shared: dict[str, Any] = {}
+
+    def start_server() -> "_Server":
+        """Start ``txlake serve`` on the root for steps 6-8 (this process holds no lease then)."""
+        registry.close_all()
+        held["server"] = _Server(url, options, run_dir, log, settings=DEMO_SERVER_CONF,
+                                 force_lease="storage.lease.force" in conf)
+        return held["server"]
 
     def load() -> None:
         t = time.perf_counter()
@@ -679,19 +716,24 @@ def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options
     def copier_step() -> None:
         t = time.perf_counter()
         result.copier = CopierResult(source_records=result.source_rows)
-        _copier_stage(result.copier, url, options, result.source_rows, console, run_dir, log)
+        _copier_stage(result.copier, url, options, result.source_rows, console, run_dir, log,
+                      start_server if result.over_the_wire else None)
         result.timings["copier"] = time.perf_counter() - t
 
     def group_step() -> None:
         t = time.perf_counter()
         result.group = GroupCopyResult()
-        _group_stage(result.group, url, options, result.source_rows, console, run_dir, log)
+        if result.over_the_wire:
+            _group_stage_wire(result.group, held, url, options, result.source_rows, console, run_dir, log)
+        else:
+            _group_stage(result.group, url, options, result.source_rows, console, run_dir, log)
         result.timings["group"] = time.perf_counter() - t
 
     def serve_step() -> None:
         t = time.perf_counter()
         result.serve = ServeStageResult()
-        _serve_stage(result.serve, url, options, shared["table"], result.partitions, console, run_dir, log)
+        _serve_stage(result.serve, url, options, shared["table"], result.partitions, console, run_dir, log,
+                     held.pop("server", None))
         result.timings["serve"] = time.perf_counter() - t
 
     def spark_step() -> None:
@@ -727,6 +769,9 @@ def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options
                                   f"{', '.join(map(str, not_run))}")
                 return
     finally:
+        server = held.pop("server", None)
+        if server is not None:       # a step failed while it ran: stop it (its stderr goes to the log file)
+            server.close()
         broker = held.pop("broker", None)
         if broker is not None:
             registry.release_broker(broker)
@@ -1223,20 +1268,51 @@ COPIER_TXN_ID = "route-delays-copier-0"
 COPIER_KILLED_TXN = 4
 
 
-def _read_target(conf: dict, topic: str, isolation: str, on_message=None) -> int:
-    """Records of every partition of ``topic`` read with ``isolation`` from the start (the scan
-    ends at the first empty poll of 0.5 s); ``on_message(msg)`` sees each."""
-    from . import Consumer, TopicPartition
+#: what the demo's Kafka clients add to ``bootstrap.servers`` (steps 6 and 7 over the wire)
+WIRE_CLIENT_CONF = {"client.id": "txlake-demo",
+                    # one broker: when it is down, librdkafka 2.x would re-bootstrap and decommission it, and a
+                    # transactional call in flight then never completes; the address stays the same across restarts
+                    "metadata.recovery.strategy": "none"}
+#: the settings of the demo's ``txlake serve`` (steps 6-8): timed-out transactions are looked for every
+#: second (step 7's crashed worker), and a transaction's writes are flushed within 100 ms instead of 500
+DEMO_SERVER_CONF = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
+                    "storage.flush.interval.ms": 100}
+#: seconds a read-back of a target topic may take
+READ_BACK_TIMEOUT_S = 300.0
 
-    c = Consumer({**conf, "isolation.level": isolation, "auto.offset.reset": "earliest"})
+
+def _read_target(conf: dict, topic: str, isolation: str, on_message=None) -> int:
+    """Records of every partition of ``topic`` read with ``isolation`` from the start to its end
+    (each partition's end-of-partition event: the LSO under read_committed, the high watermark
+    under read_uncommitted); ``on_message(msg)`` sees each. ``conf``: txlake's in-process
+    clients (``storage.url``) or confluent-kafka's (``bootstrap.servers``).
+
+    Raises:
+        DemoStepError: a message carried an error, or the ends were not reached within
+            :data:`READ_BACK_TIMEOUT_S`.
+    """
+    from .copier import kafka_clients
+
+    kafka = kafka_clients(conf)
+    c = kafka.Consumer({**conf, "group.id": "txlake-demo-read-back", "isolation.level": isolation,
+                        "auto.offset.reset": "earliest", "enable.partition.eof": True, "enable.auto.commit": False})
     try:
         parts = sorted(c.list_topics(topic).topics[topic].partitions)
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        c.assign([kafka.TopicPartition(topic, p, 0) for p in parts])
         n = 0
-        while msgs := c.consume(50_000, 0.5):
-            for m in msgs:
+        at_end: set[int] = set()
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while len(at_end) < len(parts):
+            if time.monotonic() > deadline:
+                raise DemoStepError(f"reading {topic} ({isolation}): partitions {sorted(set(parts) - at_end)} did not "
+                                    f"reach their end within {READ_BACK_TIMEOUT_S:.0f} s")
+            for m in c.consume(50_000, 0.5):
                 if m.error() is not None:
+                    if m.error().code() == kafka.KafkaError._PARTITION_EOF:
+                        at_end.add(m.partition())
+                        continue
                     raise DemoStepError(f"reading {topic} ({isolation}) failed: {m.error()}")
+                at_end.discard(m.partition())
                 n += 1
                 if on_message is not None:
                     on_message(m)
@@ -1246,10 +1322,13 @@ def _read_target(conf: dict, topic: str, isolation: str, on_message=None) -> int
 
 
 def _copier_stage(res: CopierResult, url: str, options: dict, source_rows: int, console, run_dir: str,
-                  log: IO[str]) -> None:
+                  log: IO[str], start_server=None) -> None:
     """Copy ``flights`` to ``route-delays`` exactly once with a transactional worker process that
     is SIGKILLed in the middle of a transaction, restarted, and checked record by record; ``res``
     is filled in as it goes (every figure from the worker's reports and the log read back).
+    With ``start_server`` (a callable starting ``txlake serve`` on the root: a ``_Server``) the
+    workers and the read-back are confluent-kafka clients of that server; else txlake's
+    in-process clients, the worker process the root's writer.
 
     Raises:
         WorkerProcessError: a worker process failed or ended before it was killed.
@@ -1259,17 +1338,24 @@ def _copier_stage(res: CopierResult, url: str, options: dict, source_rows: int, 
     from txlake.catalog.storage import ObjectStore
     from txlake.engine import registry
 
-    from . import AdminClient, Consumer, NewTopic, TopicPartition
+    from . import AdminClient, NewTopic
     from .child_conf import FROM_STDIN, ConfChild, module_command
+    from .copier import kafka_clients
 
     batch = max(10, source_rows // 12)  # about 12 transactions; the 4th is killed
-    console.print(f"\n[bold]6. Exactly once[/]: a transactional copier process reads '{TOPIC}' read_committed, writes one "
-                  f"route-delay record per flight to '{COPIER_TARGET}' and commits its input offsets in the same "
-                  f"transaction (send_offsets_to_transaction), {batch:,} records per transaction")
+    how = "a Kafka client (confluent-kafka) of `txlake serve`, " if start_server else ""
+    console.print(f"\n[bold]6. Exactly once[/]: a transactional copier process, {how}reads '{TOPIC}' read_committed, "
+                  f"writes one route-delay record per flight to '{COPIER_TARGET}' and commits its input offsets in the "
+                  f"same transaction (send_offsets_to_transaction), {batch:,} records per transaction")
     conf = {"storage.url": url, "storage.options": options}
     with AdminClient(conf) as admin:
         admin.create_topics([NewTopic(COPIER_TARGET, 4)])[COPIER_TARGET].result()
-    registry.close_all()  # the worker process becomes the writer
+    registry.close_all()  # the worker process (or the server) becomes the writer
+    if start_server is not None:
+        server = start_server()
+        conf = {"bootstrap.servers": server.address, **WIRE_CLIENT_CONF}
+        console.print(f"   txlake serve (pid {server.pid}) on this root listening on {server.address} after "
+                      f"{server.start_seconds:.1f} s: it serves steps 6 to {SERVE_STEP} (its log goes to the log file)")
 
     def run(extra: dict, pause: int | None) -> ConfChild:
         # the config (credentials included) goes on the child's stdin, never on its command line;
@@ -1303,7 +1389,8 @@ def _copier_stage(res: CopierResult, url: str, options: dict, source_rows: int, 
                   f"{res.transactions_before_kill} transactions, produced the {res.killed_transaction_records:,} "
                   f"records of transaction {res.killed_in_transaction} (flushed: durable, undecided) and was "
                   f"[bold]killed with SIGKILL[/] (exit status {res.first_exit_status})")
-    worker = run({"storage.lease.force": True}, None)  # we know the old worker is dead: take its lease at once
+    # in-process: we know the old worker is dead, so it takes its lease at once
+    worker = run({} if start_server else {"storage.lease.force": True}, None)
     try:
         out = worker.stdout.read()
         worker.check("after its restart")
@@ -1336,9 +1423,10 @@ def _copier_stage(res: CopierResult, url: str, options: dict, source_rows: int, 
     source = state.topics[TOPIC]
     expected = {(p.partition, o) for p in source.partitions for o in range(p.log_start_offset, p.high_watermark)}
     res.missing = len(expected - set(seen))
-    g = Consumer({**conf, "group.id": COPIER_GROUP})
+    kafka = kafka_clients(conf)
+    g = kafka.Consumer({**conf, "group.id": COPIER_GROUP})
     try:
-        committed = g.committed([TopicPartition(TOPIC, p.partition) for p in source.partitions], timeout=30)
+        committed = g.committed([kafka.TopicPartition(TOPIC, p.partition) for p in source.partitions], timeout=30)
     finally:
         g.close()
     res.committed_offsets_at_end = all(tp.offset == source.partitions[tp.partition].high_watermark for tp in committed)
@@ -1376,7 +1464,6 @@ def _group_stage(res: GroupCopyResult, url: str, options: dict, source_rows: int
 
     from . import AdminClient, NewTopic
     from .child_conf import FROM_STDIN, ConfChild, module_command
-    from .group_copier import committed_offsets
 
     batch = max(10, source_rows // 120)
     conf = {"storage.url": url, "storage.options": options}
@@ -1452,15 +1539,8 @@ def _group_stage(res: GroupCopyResult, url: str, options: dict, source_rows: int
             assignments += kind == "assigned"
             if kind == "started":
                 res.restarted_workers = sorted({*res.restarted_workers, w})
-            elif kind == "assigned":
-                owned.setdefault(w, set()).update(event["partitions"])
-                if res.crashed_worker >= 0 and w != res.crashed_worker:
-                    taken = set(event["partitions"]) & set(res.crashed_partitions)
-                    moved |= taken
-                    if taken and w not in res.reassigned_to:
-                        res.reassigned_to.append(w)
-            elif kind in ("revoked", "lost"):
-                owned.setdefault(w, set()).difference_update(event["partitions"])
+            elif kind in ("assigned", "revoked", "lost"):
+                _note_assignment(res, owned, moved, kind, w, event["partitions"])
             elif kind == "crashed":
                 res.crashed_worker, res.crashed_worker_open_records = w, event["records"]
                 res.crashed_partitions = sorted(owned.get(w, ()))
@@ -1486,6 +1566,203 @@ def _group_stage(res: GroupCopyResult, url: str, options: dict, source_rows: int
     console.print(f"   run 2 (pid {second.pid}): the engine restarted from storage; {_workers(res.restarted_workers)} "
                   f"started with the same transactional ids (init_transactions fenced their predecessors); {crash}",
                   soft_wrap=False)
+    _check_group_output(res, conf, url, options, source_rows, console,
+                        "a consumer group copied every flight exactly once and in order across a member joining, an "
+                        "engine SIGKILL and a worker crash")
+
+
+#: how long step 7 over the wire may take, in seconds
+GROUP_WIRE_TIMEOUT_S = 600.0
+
+
+def _group_stage_wire(res: GroupCopyResult, held: dict, url: str, options: dict, source_rows: int, console,
+                      run_dir: str, log: IO[str]) -> None:
+    """Step 7 over the wire: a consumer group of worker processes, each a confluent-kafka client
+    of ``held["server"]`` (``txlake serve``) with one transactional producer (KIP-447), copies
+    ``flights``; a member joins late, the server is SIGKILLed mid-run and restarted on the same
+    root and port while the workers keep running, then one worker is made to crash with its
+    transaction open (SIGUSR1, then SIGKILL); then check every record is in the output once, in
+    order. ``res`` is filled in as it goes, every figure from the workers' events, the exit
+    statuses, the transaction coordinator and the log read back.
+
+    Raises:
+        WorkerProcessError: a worker process failed.
+        DemoStepError: a SIGKILL did not end its process with -9, or the run did not finish in
+            :data:`GROUP_WIRE_TIMEOUT_S`.
+    """
+    import queue
+    import threading
+
+    from kafka.admin import KafkaAdminClient
+    from confluent_kafka.admin import AdminClient as KafkaAdmin
+    from confluent_kafka.admin import NewTopic as KafkaNewTopic
+
+    from txlake.catalog.catalog import Catalog
+    from txlake.catalog.storage import ObjectStore
+
+    from .child_conf import FROM_STDIN, ConfChild, module_command
+    from .group_copier import wait_until_decided
+
+    res.over_the_wire = True
+    server: _Server = held["server"]
+    address = server.address
+    conf = {"bootstrap.servers": address, **WIRE_CLIENT_CONF}
+    batch = max(10, source_rows // 120)
+    n_parts = len(Catalog.open(ObjectStore(url, options)).state.topics[TOPIC].partitions)
+    console.print(f"\n[bold]7. Exactly once in a consumer group[/] (KIP-447): worker processes — each a Kafka client "
+                  f"(confluent-kafka) of `txlake serve` with its own transactional producer — share the {n_parts} "
+                  f"partitions of '{TOPIC}' and copy them to '{GROUP_TARGET}', {batch:,} records per transaction, "
+                  "sending offsets with consumer_group_metadata()")
+    admin = KafkaAdmin({**conf, "logger": logging.getLogger("txlake.demo.kafka-clients")})
+    admin.create_topics([KafkaNewTopic(GROUP_TARGET, n_parts)])[GROUP_TARGET].result(60)
+    del admin
+
+    events: queue.Queue = queue.Queue()
+    children: dict[int, ConfChild] = {}
+
+    def start(index: int) -> None:
+        args = module_command("txlake.group_copier", FROM_STDIN, TOPIC, GROUP_TARGET, GROUP_ID, "--worker", str(index),
+                              "--batch-records", str(batch))
+        child = children[index] = ConfChild(f"group worker {index}", args, conf, cwd=run_dir, stderr_log=log)
+
+        def pump() -> None:
+            for line in child.stdout:
+                events.put((index, json.loads(line)))
+            events.put((index, None))          # its stdout ended
+
+        threading.Thread(target=pump, name=f"demo-group-worker-{index}", daemon=True).start()
+
+    kill_after = min(28 * batch, source_rows // 3)
+    owned: dict[int, set[int]] = {}
+    moved: set[int] = set()
+    assignments = commits = 0
+    phase = "before the server kill"
+    ended: set[int] = set()
+    crash_sent_to = -1
+    deadline = time.monotonic() + GROUP_WIRE_TIMEOUT_S
+    try:
+        for index in (0, 1):
+            start(index)
+        res.started_first = [0, 1]
+        while len(ended) < len(children):
+            if time.monotonic() > deadline:
+                raise DemoStepError(f"the group did not finish copying '{TOPIC}' within {GROUP_WIRE_TIMEOUT_S:.0f} s "
+                                    f"(workers still running: {sorted(set(children) - ended)})")
+            try:
+                w, event = events.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if event is None:                  # a worker's stdout ended: it exited
+                ended.add(w)
+                if w == res.crashed_worker:
+                    res.crashed_worker_exit_status = children[w].proc.wait()
+                else:
+                    children[w].check(phase)
+                continue
+            log.write(f"group worker {w}: {json.dumps(event)}\n")
+            kind = event["event"]
+            if kind in ("assigned", "revoked", "lost"):
+                _note_assignment(res, owned, moved, kind, w, event["partitions"])
+            if kind == "assigned":
+                assignments += 1
+                if w in res.joined_later:
+                    res.joined_rebalanced = True   # the late member is in the group (its share may be no partition)
+                    if phase == "before the server kill":
+                        res.joined_assigned = sorted(set(res.joined_assigned) | set(event["partitions"]))
+            elif kind in ("revoked", "lost"):
+                pass
+            elif kind in ("aborted", "producer-replaced") and phase != "before the server kill":
+                (res.aborted_after_restart if kind == "aborted" else res.producers_replaced).append(
+                    f"worker {w}: {event['error']}")
+            elif kind == "committed":
+                commits += 1
+                if phase == "before the server kill":
+                    res.committed_before_engine_kill += event["records"]
+                else:
+                    res.committed_after_restart += event["records"]
+                    res.workers_through_restart = sorted({*res.workers_through_restart, w})
+                if commits >= 6 and 2 not in children:   # a member joins: a rebalance
+                    res.joined_later, res.joined_after_commits = [2], commits
+                    start(2)
+                if (phase == "before the server kill" and res.joined_rebalanced
+                        and res.committed_before_engine_kill >= kill_after):
+                    server.kill()              # SIGKILL: the coordinators die, nothing is flushed or released
+                    res.engine_exit_status = server.proc.returncode
+                    server.close()
+                    held.pop("server", None)
+                    if res.engine_exit_status != -signal.SIGKILL:
+                        raise DemoStepError(f"txlake serve (pid {server.pid}) was sent SIGKILL but ended with exit "
+                                            f"status {res.engine_exit_status}")
+                    killed_pid = server.pid
+                    # the same root and port; --force-lease: the dead server can no longer release its lease
+                    server = held["server"] = _Server(url, options, run_dir, log, listen=address,
+                                                      settings=DEMO_SERVER_CONF, force_lease=True)
+                    console.print(f"   after {res.committed_before_engine_kill:,} committed records `txlake serve` "
+                                  f"(pid {killed_pid}) was [bold]killed with SIGKILL[/] (exit status "
+                                  f"{res.engine_exit_status}) and restarted on the same root and port (pid {server.pid}, "
+                                  f"listening after {server.start_seconds:.1f} s); the workers kept running")
+                    phase = "after the server restart"
+                elif (phase == "after the server restart" and crash_sent_to < 0 and res.committed_after_restart
+                      and owned.get(w) and w not in ended):
+                    crash_sent_to = w           # it crashes in its next transaction
+                    os.kill(children[w].pid, signal.SIGUSR1)
+            elif kind == "crashed":
+                res.crashed_worker, res.crashed_worker_open_records = w, event["records"]
+                res.crashed_partitions = sorted(owned.get(w, ()))
+                os.kill(children[w].pid, signal.SIGKILL)
+                phase = "after a worker crashed"
+    finally:
+        for child in children.values():
+            child.close()
+    res.workers_seen = len(children)
+    res.rebalances = assignments
+    share = f"partitions {res.joined_assigned}" if res.joined_assigned else f"no partition (the others hold all {n_parts})"
+    console.print(f"   workers 0, 1 started, worker 2 joined after {_count(res.joined_after_commits, 'commit')}; the "
+                  f"rebalance gave it {share}")
+    troubles = ""
+    if res.aborted_after_restart:
+        troubles += f"; aborted and redone: {', '.join(res.aborted_after_restart)}"
+    if res.producers_replaced:
+        troubles += (f"; a fatal error made {', '.join(res.producers_replaced)} replace its producer (a new one with the "
+                     "same transactional.id: init_transactions fenced the old one and aborted its transaction)")
+    console.print(f"   after the restart {_workers(res.workers_through_restart)} committed "
+                  f"{res.committed_after_restart:,} more records, in the processes they ran in before it{troubles}")
+    if res.crashed_worker < 0:
+        crash = "[bold red]no worker crashed[/] (too few flights left?)"
+    else:
+        lost = sorted(set(res.crashed_partitions) - moved)
+        crash = (f"worker {res.crashed_worker} [bold]crashed[/] with {res.crashed_worker_open_records:,} records in an "
+                 f"open transaction (its process killed with SIGKILL: exit status {res.crashed_worker_exit_status}); "
+                 f"its partitions {res.crashed_partitions} went to "
+                 f"{_workers(res.reassigned_to) if res.reassigned_to else 'no other worker'} once its session timed "
+                 "out" + (f" (never reassigned: {lost})" if lost else ""))
+        wait_until_decided(conf, GROUP_TARGET, GROUP_WIRE_TIMEOUT_S)
+        tid = f"{GROUP_ID}-worker-{res.crashed_worker}"
+        py_admin = KafkaAdminClient(bootstrap_servers=address, client_id="txlake-demo")
+        try:
+            state = py_admin.describe_transactions([tid])[tid].state
+        finally:
+            py_admin.close()
+        res.crashed_transaction_state = getattr(state, "value", state)
+        crash += (f"; the coordinator aborted its transaction at transaction.timeout.ms (its state now: "
+                  f"{res.crashed_transaction_state})" if res.crashed_transaction_state == "CompleteAbort" else
+                  f"; its transaction was [bold red]not aborted[/] (state {res.crashed_transaction_state})")
+    console.print(f"   {crash}", soft_wrap=False)
+    _check_group_output(res, conf, url, options, source_rows, console,
+                        "a consumer group of Kafka clients copied every flight exactly once and in order across a "
+                        "member joining, a SIGKILL and restart of the server and a worker crash")
+
+
+def _check_group_output(res: GroupCopyResult, conf: dict, url: str, options: dict, source_rows: int, console,
+                        claim: str) -> None:
+    """Step 7's read-back: every flight in ``GROUP_TARGET`` exactly once and in source order per
+    partition (read_committed), what read_uncommitted adds, the group's committed offsets at the
+    end of the source; ``claim`` is the verdict's text. ``conf``: the clients to read with."""
+    from txlake.catalog.catalog import Catalog
+    from txlake.catalog.storage import ObjectStore
+    from txlake.engine import registry
+
+    from .group_copier import committed_offsets
 
     state = Catalog.open(ObjectStore(url, options)).state
     source = state.topics[TOPIC]
@@ -1513,8 +1790,23 @@ def _group_stage(res: GroupCopyResult, url: str, options: dict, source_rows: int
                   f"{res.missing} missing, {res.duplicates} duplicates, {res.out_of_order_partitions} partitions "
                   f"out of order; read_uncommitted the log holds {res.output_in_log - res.output_committed:,} more "
                   f"(aborted); {res.rebalances} assignments handed out over the run")
-    console.print(_verdict(res.ok, "a consumer group copied every flight exactly once and in order across a "
-                                   "member joining, an engine SIGKILL and a worker crash"))
+    console.print(_verdict(res.ok, claim))
+
+
+def _note_assignment(res: GroupCopyResult, owned: dict[int, set[int]], moved: set[int], kind: str, worker: int,
+                     partitions: list[int]) -> None:
+    """Step 7: keep ``owned`` (worker -> partitions) up to date from an ``assigned`` / ``revoked`` /
+    ``lost`` event (cooperative: each names the partitions added or removed), and note in
+    ``moved`` / ``res.reassigned_to`` which of the crashed worker's partitions another worker took."""
+    if kind != "assigned":
+        owned.setdefault(worker, set()).difference_update(partitions)
+        return
+    owned.setdefault(worker, set()).update(partitions)
+    if res.crashed_worker >= 0 and worker != res.crashed_worker:
+        taken = set(partitions) & set(res.crashed_partitions)
+        moved.update(taken)
+        if taken and worker not in res.reassigned_to:
+            res.reassigned_to.append(worker)
 
 
 def _workers(ids: list[int]) -> str:
@@ -1578,7 +1870,19 @@ class _Server:
 
     name = "txlake serve"
 
-    def __init__(self, url: str, options: dict, run_dir: str, log: IO[str]):
+    def __init__(self, url: str, options: dict, run_dir: str, log: IO[str], *, listen: str = "127.0.0.1:0",
+                 settings: dict[str, Any] | None = None, force_lease: bool = False):
+        """Start it and wait for its ``listening on`` line.
+
+        Args:
+            listen: ``HOST:PORT`` (port 0: any free one); a restart passes the address it had.
+            settings: engine settings, as ``--config KEY=VALUE``.
+            force_lease: ``--force-lease``: take the writer lease at once (a restart after the
+                demo SIGKILLed the previous server, which can no longer release it).
+
+        Raises:
+            WorkerProcessError: it ended before it listened; DemoStepError: it did not say it listened.
+        """
         import subprocess
 
         from .child_conf import module_command
@@ -1590,7 +1894,10 @@ class _Server:
                "PYTHONUNBUFFERED": "1"}
         t = time.perf_counter()
         try:
-            self.proc = subprocess.Popen(module_command("txlake.cli", "serve", "--listen", "127.0.0.1:0"),
+            args = module_command("txlake.cli", "serve", "--listen", listen,
+                                  *[arg for key, value in (settings or {}).items() for arg in ("--config", f"{key}={value}")],
+                                  *(["--force-lease"] if force_lease else []))
+            self.proc = subprocess.Popen(args,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
                                          cwd=run_dir, env=env)
         except BaseException:
@@ -1690,13 +1997,15 @@ class _Server:
 
 
 def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table, partitions: int, console,
-                 run_dir: str, log: IO[str]) -> None:
+                 run_dir: str, log: IO[str], server: "_Server | None" = None) -> None:
     """Start ``txlake serve`` on the root, produce January's flights to :data:`WIRE_TOPIC` with
     confluent-kafka (idempotent, acks=all, murmur2 partitioner), read them back with
     kafka-python (assign + seek to beginning, read_committed, no group), compare with DuckDB's
     view of the root built while the server runs, stop the server with SIGTERM and take the
     writer lease back in this process. ``res`` is filled in as it goes, every figure from the
-    server, the clients' reports and DuckDB.
+    server, the clients' reports and DuckDB. ``server``: the server steps 6 and 7 used, still
+    running (the topic is then created through it, with confluent-kafka's AdminClient); None:
+    create the topic in this process and start one.
 
     Raises:
         WorkerProcessError: the server ended before it listened.
@@ -1727,20 +2036,33 @@ def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table
     res.topic, res.partitions = WIRE_TOPIC, partitions
     res.records_sent = len(sent)
     res.bytes_sent = sum(len(k) + len(v) for k, v, _ in sent)
-    conf = {"storage.url": url, "storage.options": options}
-    with AdminClient(conf) as admin:
-        admin.create_topics([NewTopic(WIRE_TOPIC, partitions, config={"retention.ms": "-1"})])[WIRE_TOPIC].result()
-    registry.close_all()   # the server becomes the root's writer: this process holds no lease while it runs
+    topic = NewTopic(WIRE_TOPIC, partitions, config={"retention.ms": "-1"})
+    if server is None:
+        with AdminClient({"storage.url": url, "storage.options": options}) as admin:
+            admin.create_topics([topic])[WIRE_TOPIC].result()
+        registry.close_all()   # the server becomes the root's writer: this process holds no lease while it runs
+        created = "created in-process before the server started"
+    else:
+        created = "created through the server with confluent-kafka's AdminClient"
     console.print(f"\n[bold]{SERVE_STEP}. Kafka clients over the wire[/]: `txlake serve` on this root as a separate "
-                  f"process (this one gave up the writer lease first); confluent-kafka produces the "
-                  f"{res.records_sent:,} flights of January 2013 to '{WIRE_TOPIC}' ({partitions} partitions, created "
-                  "in-process before the server started), kafka-python reads them back, DuckDB reads the root beside "
-                  "the server")
-    server = _Server(url, options, run_dir, log)
+                  f"process (this one holds no writer lease while it runs); confluent-kafka produces the "
+                  f"{res.records_sent:,} flights of January 2013 to '{WIRE_TOPIC}' ({partitions} partitions, {created}), "
+                  "kafka-python reads them back, DuckDB reads the root beside the server")
     try:
+        if server is None:
+            server = _Server(url, options, run_dir, log)
+            console.print(f"   txlake serve (pid {server.pid}) listening on {escape(server.address)} after "
+                          f"{server.start_seconds:.1f} s (its log goes to the log file)")
+        else:
+            from confluent_kafka.admin import AdminClient as KafkaAdmin
+            from confluent_kafka.admin import NewTopic as KafkaNewTopic
+
+            admin = KafkaAdmin({"bootstrap.servers": server.address, **WIRE_CLIENT_CONF,
+                                "logger": logging.getLogger("txlake.demo.kafka-clients")})
+            admin.create_topics([KafkaNewTopic(WIRE_TOPIC, partitions, config={"retention.ms": "-1"})])[WIRE_TOPIC].result(60)
+            del admin
+            console.print(f"   txlake serve (pid {server.pid}, the server of step 7) on {escape(server.address)}")
         res.pid, res.address, res.start_seconds = server.pid, server.address, server.start_seconds
-        console.print(f"   txlake serve (pid {server.pid}) listening on {escape(server.address)} after "
-                      f"{server.start_seconds:.1f} s (its log goes to the log file)")
         client_log = logging_.getLogger("txlake.demo.kafka-clients")
         acked = _produce_over_the_wire(res, server.address, sent, client_log)
         lib = confluent_kafka.libversion()[0]
@@ -1782,7 +2104,8 @@ def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table
                                "picks, as the in-process load of step 1, at offsets contiguous from 0"))
         res.exit_status = server.stop()
     finally:
-        server.close()
+        if server is not None:
+            server.close()
     broker = registry.acquire_broker(url, options)
     try:
         broker.ensure_writer()   # no force: a lease still held by a live server would fail here

@@ -11,19 +11,28 @@ refused by the group coordinator (ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID, aborta
 aborts and rewinds to the committed offsets. A new owner of a partition starts only once
 the previous owner's transaction is decided (its committed offsets are stable).
 
-Workers run inside the process that holds the storage root's writer lease (the group
-coordinator is there). Run as a process::
+With a ``storage.url`` config the workers use txlake's in-process clients and run inside
+the process that holds the storage root's writer lease (the group coordinator is there);
+with ``bootstrap.servers`` they are real Kafka clients (confluent-kafka, e.g. through
+``txlake serve``; :func:`txlake.copier.kafka_clients`). Run as a process::
 
     python -m txlake.group_copier - SOURCE TARGET GROUP --workers N
         [--join-later K] [--join-after-commits C] [--crash-worker W --crash-after-commits C]
         [--batch-records N]
+
+or, one worker per process (``--worker I``: worker I alone; SIGUSR1 makes it crash at its
+next transaction)::
+
+    python -m txlake.group_copier - SOURCE TARGET GROUP --worker I [--batch-records N]
 
 with the client config as one JSON line on stdin (``-``, as for :mod:`txlake.copier`).
 
 Every event is one JSON line on stdout: ``started`` (worker), ``assigned``/``revoked``/``lost``
 (worker, partitions), ``committed`` (worker, txn, records), ``aborted`` (worker, error),
 ``crashed`` (worker: its transaction is left open, its thread stops polling and it never
-cleans up; the group notices after ``max.poll.interval.ms``), ``done`` (records per worker).
+cleans up; the group notices after ``max.poll.interval.ms``), ``done`` (records per worker;
+with ``--worker``: that worker's ``records``). A ``--worker`` process that crashed waits to
+be killed: the group notices after ``session.timeout.ms``.
 The derived record of source record (p, o) goes to target partition p, so each target
 partition holds its source partition's records in order.
 """
@@ -32,20 +41,43 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from . import Consumer, KafkaException, Producer, TopicPartition
 from .child_conf import load_conf
-from .copier import derive
-from .types import OFFSET_STORED
+from .copier import derive, kafka_clients
 
 #: the workers' consumer settings (small timeouts so that a crashed worker is noticed fast)
 WORKER_CONSUMER_CONF = {"isolation.level": "read_committed", "auto.offset.reset": "earliest",
                         "enable.auto.commit": False, "partition.assignment.strategy": "cooperative-sticky",
                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 200, "max.poll.interval.ms": 4000}
+#: over the wire (confluent-kafka): librdkafka refuses a max.poll.interval.ms below session.timeout.ms
+WIRE_CONSUMER_CONF = {**WORKER_CONSUMER_CONF, "max.poll.interval.ms": 6000}
+#: fatal errors that mean another instance took this transactional.id over: the worker must stop, not replace its producer
+FENCED = ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+#: how often a transaction's send_offsets / commit is retried on a retriable error (e.g. the broker restarting)
+RETRIABLE_ATTEMPTS = 10
+
+
+def worker_consumer_conf(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The workers' consumer settings for a client config (:data:`WIRE_CONSUMER_CONF` over the wire)."""
+    return WIRE_CONSUMER_CONF if "bootstrap.servers" in conf else WORKER_CONSUMER_CONF
+
+
+def _retrying(kafka, call: Callable[..., None], *args: Any) -> None:
+    """``call(*args)``, again while it raises a retriable KafkaException (confluent-kafka's
+    transactional API: "retriable: the call may be retried"), at most :data:`RETRIABLE_ATTEMPTS` times."""
+    for attempt in range(RETRIABLE_ATTEMPTS):
+        try:
+            call(*args)
+            return
+        except kafka.KafkaException as exc:
+            if not exc.args[0].retriable() or attempt == RETRIABLE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.5)
 
 
 class Worker:
@@ -68,6 +100,8 @@ class Worker:
         #: shared by the workers that may crash: only the first to get there does
         self.crash_token = crash_token or threading.Event()
         self.crashed = False
+        #: set to make this worker crash at its next transaction (``--worker`` processes: SIGUSR1)
+        self.crash_now = threading.Event()
         self.copied = 0
         self.commits = 0
         self.stop = threading.Event()
@@ -87,11 +121,34 @@ class Worker:
             self.error = exc
             self._event("failed", error=repr(exc))
 
+    def _recover(self, kafka, producer, consumer, exc: BaseException, new_producer):
+        """After a KafkaException in a transaction: abort it (abortable error) or replace the producer
+        (a fatal error other than fencing: confluent-kafka's producer is then unusable; a new one with
+        the same transactional.id fences it and aborts its open transaction), then rewind the consumer
+        to the committed offsets; the producer to go on with. Anything else is raised again."""
+        err = exc.args[0]
+        if err.fatal() and err.name() not in FENCED:
+            self._event("producer-replaced", error=err.name())
+            producer = new_producer()
+        elif err.txn_requires_abort():
+            producer.abort_transaction(60)
+            self._event("aborted", error=err.name())
+        else:
+            raise exc
+        _rewind(kafka, consumer)   # copy those records again from the committed offsets
+        return producer
+
     def _copy(self) -> None:
-        producer = Producer({**self.conf, "transactional.id": f"{self.group}-worker-{self.index}", "linger.ms": 5,
-                             "transaction.timeout.ms": 10_000})
-        producer.init_transactions(60)
-        consumer = Consumer({**self.conf, **WORKER_CONSUMER_CONF, "group.id": self.group})
+        kafka = kafka_clients(self.conf)
+
+        def new_producer():
+            p = kafka.Producer({**self.conf, "transactional.id": f"{self.group}-worker-{self.index}", "linger.ms": 5,
+                                "transaction.timeout.ms": 10_000})
+            _retrying(kafka, p.init_transactions, 60)
+            return p
+
+        producer = new_producer()
+        consumer = kafka.Consumer({**self.conf, **worker_consumer_conf(self.conf), "group.id": self.group})
 
         def changed(kind: str):
             return lambda c, parts: self._event(kind, partitions=sorted(tp.partition for tp in parts))
@@ -105,12 +162,17 @@ class Worker:
                 msgs = [m for m in consumer.consume(self.batch_records, 0.2) if m.error() is None]
                 if not msgs:
                     continue
-                producer.begin_transaction()
-                for m in msgs:
-                    key, value = derive(m.value(), m.partition(), m.offset())
-                    producer.produce(self.target, value=value, key=key, partition=m.partition())
-                if self.crash_after_commits is not None and self.commits >= self.crash_after_commits \
-                        and not self.crash_token.is_set():
+                try:
+                    producer.begin_transaction()
+                    for m in msgs:
+                        key, value = derive(m.value(), m.partition(), m.offset())
+                        producer.produce(self.target, value=value, key=key, partition=m.partition())
+                except kafka.KafkaException as exc:   # a fatal error the last transaction left, surfacing now
+                    producer = self._recover(kafka, producer, consumer, exc, new_producer)
+                    continue
+                if self.crash_now.is_set() or (self.crash_after_commits is not None
+                                               and self.commits >= self.crash_after_commits
+                                               and not self.crash_token.is_set()):
                     self.crash_token.set()
                     self.crashed = True
                     producer.flush(60)
@@ -119,15 +181,12 @@ class Worker:
                     return               # no abort, no close: the transaction stays open
                 positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
                 try:
-                    producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), 60)
-                    producer.commit_transaction(60)
-                except KafkaException as exc:
-                    if not exc.args[0].txn_requires_abort():
-                        raise
-                    producer.abort_transaction(60)
-                    self._event("aborted", error=exc.args[0].name())
-                    for tp in consumer.assignment():      # copy those records again from the committed offsets
-                        consumer.seek(TopicPartition(tp.topic, tp.partition, OFFSET_STORED))
+                    producer.flush(60)   # a produce refused meanwhile fails the transaction before its offsets go
+                    _retrying(kafka, producer.send_offsets_to_transaction, positions,
+                              consumer.consumer_group_metadata(), 60)
+                    _retrying(kafka, producer.commit_transaction, 60)
+                except kafka.KafkaException as exc:
+                    producer = self._recover(kafka, producer, consumer, exc, new_producer)
                     continue
                 self.commits += 1
                 self.copied += len(msgs)
@@ -135,21 +194,39 @@ class Worker:
         finally:
             if not crashed:
                 consumer.close()
-                producer.close()
+                try:
+                    producer.close()
+                except kafka.KafkaException as exc:   # a fatal error it held: the worker's own error says more
+                    self._event("close-failed", error=exc.args[0].name())
+
+
+def _rewind(kafka, consumer) -> None:
+    """Seek every assigned partition back to the group's committed offset (the beginning when it
+    has none: ``auto.offset.reset`` is earliest). librdkafka cannot seek to OFFSET_STORED, so the
+    committed offsets are fetched (OffsetFetch, require_stable under read_committed)."""
+    for tp in consumer.committed(consumer.assignment(), timeout=60):
+        offset = tp.offset if tp.offset >= 0 else kafka.OFFSET_BEGINNING
+        consumer.seek(kafka.TopicPartition(tp.topic, tp.partition, offset))
 
 
 def committed_offsets(conf: dict[str, Any], source: str, group: str) -> dict[int, int]:
     """The group's committed (stable) offset of every source partition (-1001 when none)."""
-    with Consumer({**conf, "group.id": group}) as c:
-        parts = sorted(c.list_topics(source).topics[source].partitions)
-        return {tp.partition: tp.offset for tp in c.committed([TopicPartition(source, p) for p in parts], timeout=120)}
+    kafka = kafka_clients(conf)
+    with kafka.Consumer({**conf, "group.id": group}) as c:
+        return _committed(kafka, c, source)
+
+
+def _committed(kafka, c, source: str) -> dict[int, int]:
+    parts = sorted(c.list_topics(source).topics[source].partitions)
+    return {tp.partition: tp.offset for tp in c.committed([kafka.TopicPartition(source, p) for p in parts], timeout=120)}
 
 
 def end_offsets(conf: dict[str, Any], source: str) -> dict[int, int]:
     """The read_committed end (LSO) of every source partition."""
-    with Consumer(conf) as c:
+    kafka = kafka_clients(conf)
+    with kafka.Consumer({**conf, "group.id": "txlake-end-offsets", "isolation.level": "read_committed"}) as c:
         parts = sorted(c.list_topics(source).topics[source].partitions)
-        return {p: c.get_watermark_offsets(TopicPartition(source, p))[1] for p in parts}
+        return {p: c.get_watermark_offsets(kafka.TopicPartition(source, p), timeout=60)[1] for p in parts}
 
 
 def wait_until_decided(conf: dict[str, Any], topic: str, timeout_s: float = 120) -> None:
@@ -160,9 +237,13 @@ def wait_until_decided(conf: dict[str, Any], topic: str, timeout_s: float = 120)
         RuntimeError: still undecided after ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
-    with Consumer(conf) as committed, Consumer({**conf, "isolation.level": "read_uncommitted"}) as uncommitted:
-        parts = [TopicPartition(topic, p) for p in sorted(committed.list_topics(topic).topics[topic].partitions)]
-        while any(committed.get_watermark_offsets(tp)[1] != uncommitted.get_watermark_offsets(tp)[1] for tp in parts):
+    kafka = kafka_clients(conf)
+    conf = {**conf, "group.id": "txlake-wait-until-decided"}   # confluent-kafka's Consumer needs one
+    with kafka.Consumer({**conf, "isolation.level": "read_committed"}) as committed, \
+            kafka.Consumer({**conf, "isolation.level": "read_uncommitted"}) as uncommitted:
+        parts = [kafka.TopicPartition(topic, p) for p in sorted(committed.list_topics(topic).topics[topic].partitions)]
+        while any(committed.get_watermark_offsets(tp, timeout=60)[1] != uncommitted.get_watermark_offsets(tp, timeout=60)[1]
+                  for tp in parts):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"transactions on {topic} still undecided after {timeout_s} s")
             time.sleep(0.2)
@@ -217,6 +298,43 @@ def run_group(conf: dict[str, Any], source: str, target: str, group: str, worker
     return copied
 
 
+def run_worker(conf: dict[str, Any], source: str, target: str, group: str, index: int,
+               emit: Callable[..., None], batch_records: int = 5_000, timeout_s: float = 600) -> int:
+    """Run worker ``index`` alone in this process until the group's committed offsets reach the
+    end of ``source``; return the records it copied. SIGUSR1 makes it crash at its next
+    transaction (records written and flushed, the transaction left open, no cleanup); it then
+    waits to be killed.
+
+    Raises:
+        RuntimeError: the worker failed, or the group did not finish within ``timeout_s``.
+    """
+    kafka = kafka_clients(conf)
+    worker = Worker(conf, source, target, group, index, emit, batch_records)
+    signal.signal(signal.SIGUSR1, lambda *_: worker.crash_now.set())
+    ends = end_offsets(conf, source)
+    worker.start()
+    deadline = time.monotonic() + timeout_s
+    with kafka.Consumer({**conf, "group.id": group}) as checker:
+        while True:
+            if worker.error is not None:
+                raise RuntimeError(f"worker {index} failed: {worker.error!r}")
+            if worker.crashed:
+                time.sleep(0.5)         # crashed: wait to be killed
+                continue
+            done = _committed(kafka, checker, source)
+            if all(done.get(p, -1) >= end for p, end in ends.items()):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the group did not finish copying {source} in {timeout_s} s")
+            time.sleep(0.5)
+    worker.stop.set()
+    worker.thread.join(timeout=60)
+    if worker.error is not None:
+        raise RuntimeError(f"worker {index} failed: {worker.error!r}")
+    emit("done", worker=index, records=worker.copied)
+    return worker.copied
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry of the group process."""
     ap = argparse.ArgumentParser(prog="python -m txlake.group_copier")
@@ -225,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("target")
     ap.add_argument("group")
     ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--worker", type=int, default=None,
+                    help="run worker I alone in this process (SIGUSR1: crash at its next transaction)")
     ap.add_argument("--join-later", type=int, default=0)
     ap.add_argument("--join-after-commits", type=int, default=0)
     ap.add_argument("--crash-worker", type=int, default=None, help="worker number, or -1: the first to get there")
@@ -238,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
             sys.stdout.flush()
 
+    if args.worker is not None:
+        run_worker(load_conf(args.conf), args.source, args.target, args.group, args.worker, emit, args.batch_records)
+        return 0
     run_group(load_conf(args.conf), args.source, args.target, args.group, args.workers, emit,
               args.batch_records, args.join_later, args.join_after_commits, args.crash_worker,
               args.crash_after_commits)
