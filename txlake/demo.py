@@ -76,6 +76,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import default_storage_url
+from .serve_process import ServeProcess, ServeProcessError
 
 if TYPE_CHECKING:
     from .demo_spark import SparkStageResult
@@ -629,10 +630,10 @@ def _run_steps(result: DemoResult, console, log, run_dir: str, *, store, options
     held: dict[str, Any] = {}   # the broker of steps 1-3; the server of steps 6-8 (over the wire)
     shared: dict[str, Any] = {}
 
-    def start_server() -> "_Server":
+    def start_server() -> "ServeProcess":
         """Start ``txlake serve`` on the root for steps 6-8 (this process holds no lease then)."""
         registry.close_all()
-        held["server"] = _Server(url, options, run_dir, log, settings=DEMO_SERVER_CONF,
+        held["server"] = ServeProcess(url, options, run_dir, log, settings=DEMO_SERVER_CONF,
                                  force_lease="storage.lease.force" in conf)
         return held["server"]
 
@@ -793,7 +794,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, KafkaException):
         err = exc.args[0]
         return f"{err.name()}: {err.str()}"
-    if isinstance(exc, DemoStepError):
+    if isinstance(exc, (DemoStepError, ServeProcessError)):
         return str(exc)
     text = " ".join(str(exc).split())
     if getattr(exc, "getErrorClass", None) is not None:  # PySpark's errors: their class is the name to know
@@ -1326,7 +1327,7 @@ def _copier_stage(res: CopierResult, url: str, options: dict, source_rows: int, 
     """Copy ``flights`` to ``route-delays`` exactly once with a transactional worker process that
     is SIGKILLed in the middle of a transaction, restarted, and checked record by record; ``res``
     is filled in as it goes (every figure from the worker's reports and the log read back).
-    With ``start_server`` (a callable starting ``txlake serve`` on the root: a ``_Server``) the
+    With ``start_server`` (a callable starting ``txlake serve`` on the root: a ``ServeProcess``) the
     workers and the read-back are confluent-kafka clients of that server; else txlake's
     in-process clients, the worker process the root's writer.
 
@@ -1604,7 +1605,7 @@ def _group_stage_wire(res: GroupCopyResult, held: dict, url: str, options: dict,
     from .group_copier import wait_until_decided
 
     res.over_the_wire = True
-    server: _Server = held["server"]
+    server: ServeProcess = held["server"]
     address = server.address
     conf = {"bootstrap.servers": address, **WIRE_CLIENT_CONF}
     batch = max(10, source_rows // 120)
@@ -1695,7 +1696,7 @@ def _group_stage_wire(res: GroupCopyResult, held: dict, url: str, options: dict,
                                             f"status {res.engine_exit_status}")
                     killed_pid = server.pid
                     # the same root and port; --force-lease: the dead server can no longer release its lease
-                    server = held["server"] = _Server(url, options, run_dir, log, listen=address,
+                    server = held["server"] = ServeProcess(url, options, run_dir, log, listen=address,
                                                       settings=DEMO_SERVER_CONF, force_lease=True)
                     console.print(f"   after {res.committed_before_engine_kill:,} committed records `txlake serve` "
                                   f"(pid {killed_pid}) was [bold]killed with SIGKILL[/] (exit status "
@@ -1821,9 +1822,6 @@ def _count(n: int, what: str) -> str:
 
 
 # ------------------------------------------------------------------ 8. txlake serve
-#: seconds to wait for ``txlake serve`` to announce its address, and to end after SIGTERM
-SERVE_START_TIMEOUT_S = 60.0
-SERVE_STOP_TIMEOUT_S = 60.0
 #: seconds kafka-python may take to read everything back
 WIRE_READ_TIMEOUT_S = 120.0
 
@@ -1860,144 +1858,8 @@ def records_digest(rows) -> str:
     return h.hexdigest()
 
 
-class _Server:
-    """``txlake serve`` on the demo's root as a child process: ``python -P -m txlake.cli serve``
-    in the demo's neutral working directory (a ``txlake`` folder where the user runs the demo
-    cannot shadow the package), the root and its storage options in its environment
-    (``TXLAKE_STORAGE``, ``TXLAKE_STORAGE_OPTIONS``: never on its command line, which every
-    local user can read), its stderr (the server's log) kept in a private temporary file and
-    appended to the demo's log file when it is closed."""
-
-    name = "txlake serve"
-
-    def __init__(self, url: str, options: dict, run_dir: str, log: IO[str], *, listen: str = "127.0.0.1:0",
-                 settings: dict[str, Any] | None = None, force_lease: bool = False):
-        """Start it and wait for its ``listening on`` line.
-
-        Args:
-            listen: ``HOST:PORT`` (port 0: any free one); a restart passes the address it had.
-            settings: engine settings, as ``--config KEY=VALUE``.
-            force_lease: ``--force-lease``: take the writer lease at once (a restart after the
-                demo SIGKILLed the previous server, which can no longer release it).
-
-        Raises:
-            WorkerProcessError: it ended before it listened; DemoStepError: it did not say it listened.
-        """
-        import subprocess
-
-        from .child_conf import module_command
-
-        self._log = log
-        self._stdout_ended = False
-        self._stderr = tempfile.TemporaryFile(mode="w+b")
-        env = {**os.environ, "TXLAKE_STORAGE": url, "TXLAKE_STORAGE_OPTIONS": json.dumps(options),
-               "PYTHONUNBUFFERED": "1"}
-        t = time.perf_counter()
-        try:
-            args = module_command("txlake.cli", "serve", "--listen", listen,
-                                  *[arg for key, value in (settings or {}).items() for arg in ("--config", f"{key}={value}")],
-                                  *(["--force-lease"] if force_lease else []))
-            self.proc = subprocess.Popen(args,
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
-                                         cwd=run_dir, env=env)
-        except BaseException:
-            self._stderr.close()
-            raise
-        self.pid = self.proc.pid
-        line = self._first_line(SERVE_START_TIMEOUT_S)
-        prefix = "txlake serve: listening on "
-        if not line.startswith(prefix):
-            if self._stdout_ended and self.proc.poll() is None:
-                try:                         # its stdout closed: it is exiting; let it end, for its exit code
-                    self.proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
-            if self.proc.poll() is None:    # still running: silent for too long, or saying something else
-                self.kill()
-                self.close()
-                what = (f"its first line was {line!r}" if line else "its stdout ended" if self._stdout_ended
-                        else f"it said nothing within {SERVE_START_TIMEOUT_S:.0f} s")
-                raise DemoStepError(f"txlake serve (pid {self.pid}) did not say it was listening ({what}); it was "
-                                    "killed (its log is in the log file)")
-            self._fail(f"before it listened (its first line: {line!r})" if line else "before it listened")
-        self.start_seconds = time.perf_counter() - t
-        self.address = line[len(prefix):]
-
-    def _first_line(self, timeout_s: float) -> str:
-        import selectors
-
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout_s
-        data = b""
-        try:
-            while not data.endswith(b"\n") and time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    break
-                chunk = os.read(self.proc.stdout.fileno(), 1)
-                if not chunk:
-                    self._stdout_ended = True
-                    break
-                data += chunk
-        finally:
-            sel.close()
-        return data.decode(errors="replace").strip()
-
-    def _fail(self, when: str) -> None:
-        from .child_conf import WorkerProcessError
-
-        code = self.proc.wait()
-        self._stderr.flush()
-        self._stderr.seek(0)
-        tail = "\n".join(self._stderr.read().decode("utf-8", errors="replace").splitlines()[-20:])
-        self.close()   # its stderr goes to the log file too
-        raise WorkerProcessError(self.name, self.pid, code, tail, when)
-
-    def stop(self) -> int:
-        """SIGTERM, and its exit status (Kafka's controlled shutdown: 0 when clean).
-
-        Raises:
-            DemoStepError: it did not end within :data:`SERVE_STOP_TIMEOUT_S` (it is then killed).
-        """
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=SERVE_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise DemoStepError(f"txlake serve (pid {self.pid}) did not end within {SERVE_STOP_TIMEOUT_S:.0f} s "
-                                "of SIGTERM; it was killed") from None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-    def close(self) -> None:
-        """Stop it if it still runs (SIGTERM, else SIGKILL), append its stderr to the log file."""
-        if self.proc.poll() is None:
-            try:
-                self.stop()
-            except DemoStepError:
-                pass
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        if not self._stderr.closed:
-            self._stderr.flush()
-            self._stderr.seek(0)
-            text = self._stderr.read().decode("utf-8", errors="replace")
-            self._log.write(f"---- txlake serve (pid {self.pid}, exit status {self.proc.returncode}): "
-                            f"stderr{'' if text else ' (empty)'} ----\n{text}")
-            if text and not text.endswith("\n"):
-                self._log.write("\n")
-            self._log.flush()
-            self._stderr.close()
-
-
 def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table, partitions: int, console,
-                 run_dir: str, log: IO[str], server: "_Server | None" = None) -> None:
+                 run_dir: str, log: IO[str], server: "ServeProcess | None" = None) -> None:
     """Start ``txlake serve`` on the root, produce January's flights to :data:`WIRE_TOPIC` with
     confluent-kafka (idempotent, acks=all, murmur2 partitioner), read them back with
     kafka-python (assign + seek to beginning, read_committed, no group), compare with DuckDB's
@@ -2050,7 +1912,7 @@ def _serve_stage(res: ServeStageResult, url: str, options: dict, table: pa.Table
                   "kafka-python reads them back, DuckDB reads the root beside the server")
     try:
         if server is None:
-            server = _Server(url, options, run_dir, log)
+            server = ServeProcess(url, options, run_dir, log)
             console.print(f"   txlake serve (pid {server.pid}) listening on {escape(server.address)} after "
                           f"{server.start_seconds:.1f} s (its log goes to the log file)")
         else:

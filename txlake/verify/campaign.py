@@ -67,11 +67,11 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
     import dataclasses
     import tempfile
 
-    from txlake.demo import _Server
+    from txlake.serve_process import ServeProcess
 
     with tempfile.TemporaryDirectory(prefix="txlake-verify-serve-") as run_dir, \
             open(os.path.join(run_dir, "serve.log"), "w") as log:
-        server = _Server(conf["storage.url"], conf.get("storage.options") or {}, run_dir, log)
+        server = ServeProcess(conf["storage.url"], conf.get("storage.options") or {}, run_dir, log)
         try:
             wire = {"bootstrap.servers": server.address}
             readers = {"wire": lambda topic, n: final_consumer_read(wire, topic, n, drain_s=2.0),
