@@ -16,6 +16,12 @@ Parquet, Scala, logging, codecs). A session then loads them with ``spark.jars`` 
 downloads anything; without them :func:`delta_conf` can fall back to ``spark.jars.packages``
 (Spark's Ivy resolution at session start, which needs Maven Central then).
 
+Tables on ``s3://`` need Hadoop's S3A too: :func:`fetch_s3a_jars` (``dev/fetch_delta_jars.py
+--s3a``) fetches hadoop-aws of PySpark's Hadoop version and the AWS SDK v2 bundle into
+``dev/s3a-lib/<hadoop version>/``; :func:`s3a_conf` maps txlake's s3fs storage options to S3A
+settings, :func:`s3a_session_conf` adds them and the jars to a new session's settings and
+:func:`apply_s3a_conf` sets a bucket's on a running one (docs/spark.md, "Delta tables on S3").
+
 Use::
 
     builder = SparkSession.builder
@@ -176,33 +182,6 @@ def fetch_jars(spark_version: str | None = None, mvn: str | None = None) -> Path
     version = delta_version(spark_version)
     return _mvn_copy(mvn, ("io.delta", "delta-spark_2.13", version), _lib_dir() / version,
                      f"delta-spark_2.13-{version}.jar", _PROVIDED_GROUPS)
-    mvn = mvn or shutil.which("mvn")
-    if mvn is None:
-        raise DeltaUnavailableError("mvn (Apache Maven) is not on PATH: delta-spark's jars cannot be fetched")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    pom = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>txlake.dev</groupId><artifactId>delta-spark-jars</artifactId><version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency><groupId>io.delta</groupId><artifactId>delta-spark_2.13</artifactId><version>{version}</version></dependency>
-  </dependencies>
-</project>
-"""
-    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        (Path(tmp) / "pom.xml").write_text(pom)
-        partial = Path(tmp) / "jars"
-        done = subprocess.run([mvn, "-q", "-B", "-f", str(Path(tmp) / "pom.xml"), "dependency:copy-dependencies",
-                               "-DincludeScope=runtime", f"-DexcludeGroupIds={','.join(_PROVIDED_GROUPS)}",
-                               f"-DoutputDirectory={partial}"], capture_output=True, text=True)
-        if done.returncode != 0 or not (partial / f"delta-spark_2.13-{version}.jar").is_file():
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-30:])
-            raise DeltaUnavailableError(f"Maven could not fetch io.delta:delta-spark_2.13:{version}:\n{tail}")
-        (partial / _MARKER).write_text(version + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        partial.replace(folder)
-    return folder
 
 
 def _mvn_copy(mvn: str | None, coordinates: tuple[str, str, str], folder: Path, expect: str,

@@ -124,11 +124,12 @@ def delta_spark(storage=None):
             pytest.skip(f"delta-spark is not on the Spark session: {DELTA_MISSING}")
         pytest.fail(f"delta-spark is not on the Spark session: {DELTA_MISSING} "
                     f"(run dev/setup.sh or .venv/bin/python dev/fetch_delta_jars.py)")
+    s3 = storage is not None and storage.backend == "s3"
+    if s3 and S3A_MISSING is not None:
+        pytest.fail(f"Hadoop's S3A is not on the Spark session: {S3A_MISSING} "
+                    f"(run dev/setup.sh or .venv/bin/python dev/fetch_delta_jars.py --s3a)")
     session = spark()
-    if storage is not None and storage.backend == "s3":
-        if S3A_MISSING is not None:
-            pytest.fail(f"Hadoop's S3A is not on the Spark session: {S3A_MISSING} "
-                        f"(run dev/setup.sh or .venv/bin/python dev/fetch_delta_jars.py --s3a)")
+    if s3:
         from txlake.spark_connector.delta import apply_s3a_conf
 
         apply_s3a_conf(session, storage.options, bucket=storage.url[len("s3://"):].split("/", 1)[0])
