@@ -23,3 +23,7 @@ fi
 # sessions that read the topics' Delta tables (docs/spark.md, "Delta tables"; a no-op when present).
 # Some PySpark versions have no delta-spark release yet: the note says so and the tests that need it skip.
 .venv/bin/python dev/fetch_delta_jars.py || echo "note: delta-spark's jars were not fetched (see above); docs/spark.md, Delta tables"
+# Hadoop's S3A (hadoop-aws of PySpark's Hadoop version and the AWS SDK v2 bundle, about 690 MB)
+# into the git-ignored dev/s3a-lib/, for Spark sessions that read s3:// Delta tables (docs/spark.md,
+# "Delta tables on S3"; a no-op when present). Without it the s3 case of tests/test_tables_spark.py fails naming this.
+.venv/bin/python dev/fetch_delta_jars.py --s3a || echo "note: Hadoop's S3A jars were not fetched (see above); Spark cannot read s3:// Delta tables (docs/spark.md, Delta tables on S3)"

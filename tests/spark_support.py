@@ -75,6 +75,20 @@ def _with_delta(conf: dict[str, str]) -> tuple[dict[str, str], str | None]:
 SPARK_CONF, DELTA_MISSING = _with_delta(SPARK_CONF)
 
 
+def _with_s3a(conf: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """``conf`` with Hadoop's S3A (jars on the driver's class path, ``s3://`` -> S3AFileSystem),
+    or ``conf`` and why S3A is not available (dev/fetch_delta_jars.py --s3a not run)."""
+    from txlake.spark_connector.delta import DeltaUnavailableError, s3a_session_conf
+
+    try:
+        return s3a_session_conf(conf), None
+    except DeltaUnavailableError as e:
+        return conf, str(e)
+
+
+SPARK_CONF, S3A_MISSING = _with_s3a(SPARK_CONF)
+
+
 def spark():
     """The process's SparkSession (created on first call)."""
     global _session
@@ -92,11 +106,15 @@ def spark():
         return _session
 
 
-def delta_spark():
+def delta_spark(storage=None):
     """The process's SparkSession with delta-spark on it. Skips the test (naming the reason)
     only when no delta-spark release exists for the installed PySpark (a PySpark the test
     extra does not pin); when one exists but its jars were not fetched, the test fails naming
-    the script that fetches them, so a set-up that lost them cannot pass silently."""
+    the script that fetches them, so a set-up that lost them cannot pass silently.
+
+    ``storage`` (a conftest ``StorageTarget``) on ``s3``: its bucket's endpoint and credentials
+    are set on the running session (S3A's per-bucket settings); the test fails, naming the
+    script, when the S3A jars are not fetched."""
     if DELTA_MISSING is not None:
         from txlake.spark_connector.delta import DeltaUnavailableError, delta_version
 
@@ -106,7 +124,16 @@ def delta_spark():
             pytest.skip(f"delta-spark is not on the Spark session: {DELTA_MISSING}")
         pytest.fail(f"delta-spark is not on the Spark session: {DELTA_MISSING} "
                     f"(run dev/setup.sh or .venv/bin/python dev/fetch_delta_jars.py)")
-    return spark()
+    s3 = storage is not None and storage.backend == "s3"
+    if s3 and S3A_MISSING is not None:
+        pytest.fail(f"Hadoop's S3A is not on the Spark session: {S3A_MISSING} "
+                    f"(run dev/setup.sh or .venv/bin/python dev/fetch_delta_jars.py --s3a)")
+    session = spark()
+    if s3:
+        from txlake.spark_connector.delta import apply_s3a_conf
+
+        apply_s3a_conf(session, storage.options, bucket=storage.url[len("s3://"):].split("/", 1)[0])
+    return session
 
 
 # ---------------------------------------------------------------------------- shared fixtures

@@ -378,8 +378,8 @@ def delta_unavailable(table_uri: str) -> str:
     """Why this process's Spark cannot read the Delta table at ``table_uri`` ("" when it can):
     no delta-spark release for the installed PySpark, its jars not fetched
     (``dev/fetch_delta_jars.py``; :func:`txlake.spark_connector.delta.delta_conf`), or a root
-    other than a local directory (delta-spark reads ``s3://`` through Hadoop's S3A, whose jars
-    are not fetched). Never raises, downloads nothing."""
+    other than a local directory (delta-spark reads ``s3://`` through Hadoop's S3A, which this
+    session does not load; docs/spark.md, "Delta tables on S3"). Never raises, downloads nothing."""
     from txlake.spark_connector.delta import DeltaUnavailableError, delta_conf
 
     if not table_uri.startswith("file:"):
