@@ -26,7 +26,7 @@ from typing import IO, Any, Mapping
 from txlake.catalog.redaction import redact_config
 from txlake.formats.errors import TxlakeError
 
-__all__ = ["FROM_STDIN", "WorkerProcessError", "ConfChild", "load_conf", "module_command", "start_with_conf"]
+__all__ = ["FROM_STDIN", "append_stderr", "WorkerProcessError", "ConfChild", "load_conf", "module_command", "start_with_conf"]
 
 #: The command-line argument that means "the config is the first line of stdin".
 FROM_STDIN = "-"
@@ -143,6 +143,18 @@ class WorkerProcessError(TxlakeError, RuntimeError):
         return lines[-1] if lines else ""
 
 
+def append_stderr(log: IO[str], name: str, pid: int, returncode: int | None, stderr: IO[bytes]) -> None:
+    """Append a child process's whole stderr (a temporary file it wrote) to ``log`` under a
+    ``---- NAME (pid P, exit status S): stderr ----`` line; ``stderr`` is left open."""
+    stderr.flush()
+    stderr.seek(0)
+    text = stderr.read().decode("utf-8", errors="replace")
+    log.write(f"---- {name} (pid {pid}, exit status {returncode}): stderr{'' if text else ' (empty)'} ----\n{text}")
+    if text and not text.endswith("\n"):
+        log.write("\n")
+    log.flush()
+
+
 class ConfChild:
     """A worker process started with :func:`start_with_conf`, its stdout a text pipe and its
     stderr kept in a private temporary file (no pipe to fill up; read back when it fails).
@@ -207,14 +219,7 @@ class ConfChild:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         if self._stderr_log is not None and not self._stderr.closed:
-            self._stderr.flush()
-            self._stderr.seek(0)
-            text = self._stderr.read().decode("utf-8", errors="replace")
-            self._stderr_log.write(f"---- {self.name} (pid {self.pid}, exit status {self.proc.returncode}): "
-                                   f"stderr{'' if text else ' (empty)'} ----\n{text}")
-            if text and not text.endswith("\n"):
-                self._stderr_log.write("\n")
-            self._stderr_log.flush()
+            append_stderr(self._stderr_log, self.name, self.pid, self.proc.returncode, self._stderr)
         self._stderr.close()
 
     def __enter__(self) -> "ConfChild":

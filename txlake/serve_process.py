@@ -151,12 +151,7 @@ class ServeProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         if not self._stderr.closed:
-            self._stderr.flush()
-            self._stderr.seek(0)
-            text = self._stderr.read().decode("utf-8", errors="replace")
-            self._log.write(f"---- txlake serve (pid {self.pid}, exit status {self.proc.returncode}): "
-                            f"stderr{'' if text else ' (empty)'} ----\n{text}")
-            if text and not text.endswith("\n"):
-                self._log.write("\n")
-            self._log.flush()
+            from .child_conf import append_stderr
+
+            append_stderr(self._log, self.name, self.pid, self.proc.returncode, self._stderr)
             self._stderr.close()
