@@ -412,10 +412,15 @@ def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
 
 def test_delta_unavailable_says_why_spark_cannot_read_the_table(tmp_path, monkeypatch):
     """Step 9 reads the Delta table with Spark only when delta-spark's jars are here for this
-    PySpark and the root is a local directory; otherwise it names why (and downloads nothing)."""
+    PySpark and, for an s3:// root, Hadoop's S3A jars too; otherwise it names why (and downloads
+    nothing)."""
+    assert delta_unavailable("s3://bucket/lake/tables/flights") == ""  # both fetched by dev/setup.sh
+    assert delta_unavailable("gs://bucket/lake/tables/flights") == (
+        "delta-spark is not set up here for gs:// roots; delta-rs (deltalake) reads the table")
+    monkeypatch.setenv("TXLAKE_S3A_LIB", str(tmp_path / "no-s3a"))
     assert delta_unavailable("s3://bucket/lake/tables/flights") == (
-        "delta-spark reads s3:// roots through Hadoop, whose jars for it are not on this session; delta-rs "
-        "(deltalake) reads it")
+        "Hadoop's S3A jars, by which delta-spark reads s3:// tables, are not fetched "
+        "(python dev/fetch_delta_jars.py --s3a); delta-rs (deltalake) reads the table")
     monkeypatch.setenv("TXLAKE_DELTA_LIB", str(tmp_path / "no-jars"))
     monkeypatch.setattr("pyspark.__version__", "4.2.1")
     assert delta_unavailable(f"file://{tmp_path}/tables/flights") == (

@@ -192,7 +192,8 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, delta: bool = False, **conf: str):
+def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, delta: bool = False,
+                  s3_options: dict | None = None, **conf: str):
     """A local SparkSession set up for the txlake source (filter pushdown on, workers on this
     interpreter so they import this txlake, the source registered); ``conf`` adds or overrides
     Spark settings (dotted keys: pass them as ``**{"spark.driver.memory": "2g"}``).
@@ -203,6 +204,9 @@ def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, delta
     catalog (:func:`txlake.spark_connector.delta.delta_conf`), and Delta's snapshot state in one
     partition (``spark.databricks.delta.snapshotPartitions``: its default 50 makes every table
     load run 50 tasks, seconds each on a small machine). Only a new JVM takes these settings.
+    With ``s3_options`` (txlake's s3fs storage options of an ``s3://`` root) it also loads
+    Hadoop's S3A for that store (:func:`txlake.spark_connector.delta.s3a_session_conf`), so
+    delta-spark reads ``s3://`` tables.
 
     When no Spark JVM runs in this process yet, this starts it (PySpark's ``launch_gateway``)
     with ``PYTHONSAFEPATH=1`` in its environment, so the Python workers it starts never put
@@ -217,7 +221,7 @@ def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, delta
         pyspark.errors.PySparkRuntimeError: JAVA_GATEWAY_EXITED, the JVM did not start
             (no Java, see :func:`spark_prerequisites`; its output is in ``log``).
         txlake.spark_connector.delta.DeltaUnavailableError: ``delta=True`` and no delta-spark
-            release is built for the installed PySpark.
+            release is built for the installed PySpark, or ``s3_options`` and no S3A jars.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -237,6 +241,10 @@ def spark_session(app: str = "txlake-demo", *, log: IO[str] | None = None, delta
         from txlake.spark_connector.delta import delta_session_conf
 
         settings = delta_session_conf(settings, allow_download=True)
+    if s3_options is not None:
+        from txlake.spark_connector.delta import s3a_session_conf
+
+        settings = s3a_session_conf(settings, s3_options)
     settings.update(conf)
     if SparkContext._gateway is None:  # no JVM in this process yet: start it here, its output where we say
         from pyspark.java_gateway import launch_gateway
@@ -326,7 +334,9 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
         with progress:
             task = progress.add_task(f"starting a local SparkSession{where}")
             t = time.perf_counter()
-            spark = spark_session(log=log, delta=not res.delta_missing)  # one JVM for both readers
+            s3 = not res.delta_missing and url.startswith("s3://")
+            spark = spark_session(log=log, delta=not res.delta_missing,  # one JVM for both readers
+                                  s3_options=(options or {}) if s3 else None)
             res.session_seconds = time.perf_counter() - t
             progress.update(task, description="Spark: counting the flights read_committed and read_uncommitted")
             t = time.perf_counter()
@@ -360,8 +370,13 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
                       f"the log's objects in place): {res.table_uri}", soft_wrap=True)
         if res.delta_missing:
             console.print(f"   Spark over the Delta table skipped: {escape(res.delta_missing)}", soft_wrap=True)
-        console.print(f"   open it with any Delta reader, e.g. deltalake: "
-                      f"pa.table(deltalake.DeltaTable({res.table_uri!r}).scan())", soft_wrap=True)
+        if options:  # the store's options (secrets included) are the reader's to pass, never printed
+            console.print(f"   open it with any Delta reader, e.g. deltalake: pa.table(deltalake.DeltaTable("
+                          f"{res.table_uri!r}, storage_options=txlake.tables.delta_storage_options(OPTIONS)).scan()), "
+                          "OPTIONS being this root's storage options (the -O options printed at the end)", soft_wrap=True)
+        else:
+            console.print(f"   open it with any Delta reader, e.g. deltalake: "
+                          f"pa.table(deltalake.DeltaTable({res.table_uri!r}).scan())", soft_wrap=True)
     finally:
         if pending is not None:
             try:
@@ -377,16 +392,19 @@ def spark_stage(url: str, options: dict, source_rows: int, topic: str, copier_ta
 def delta_unavailable(table_uri: str) -> str:
     """Why this process's Spark cannot read the Delta table at ``table_uri`` ("" when it can):
     no delta-spark release for the installed PySpark, its jars not fetched
-    (``dev/fetch_delta_jars.py``; :func:`txlake.spark_connector.delta.delta_conf`), or a root
-    other than a local directory (delta-spark reads ``s3://`` through Hadoop's S3A, which this
-    session does not load; docs/spark.md, "Delta tables on S3"). Never raises, downloads nothing."""
-    from txlake.spark_connector.delta import DeltaUnavailableError, delta_conf
+    (``dev/fetch_delta_jars.py``; :func:`txlake.spark_connector.delta.delta_conf`), or an
+    ``s3://`` root without Hadoop's S3A jars (``dev/fetch_delta_jars.py --s3a``; docs/spark.md,
+    "Delta tables on S3"), or a root of another scheme. Never raises, downloads nothing."""
+    from txlake.spark_connector.delta import DeltaUnavailableError, delta_conf, s3a_jars
 
-    if not table_uri.startswith("file:"):
-        return (f"delta-spark reads {table_uri.split(':', 1)[0]}:// roots through Hadoop, whose jars for it "
-                "are not on this session; delta-rs (deltalake) reads it")
+    scheme = table_uri.split(":", 1)[0]
+    if scheme not in ("file", "s3"):
+        return f"delta-spark is not set up here for {scheme}:// roots; delta-rs (deltalake) reads the table"
     try:
         delta_conf()
+        if scheme == "s3" and s3a_jars() is None:
+            return ("Hadoop's S3A jars, by which delta-spark reads s3:// tables, are not fetched "
+                    "(python dev/fetch_delta_jars.py --s3a); delta-rs (deltalake) reads the table")
     except DeltaUnavailableError as exc:
         return str(exc)
     return ""
