@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, Iterator
 
 import fsspec
 
+from .faults import FaultSchedule, split_fault_options
 from .redaction import redact_url, url_has_credentials
 
 __all__ = [
@@ -353,8 +354,9 @@ class ObjectStore:
             self.url = "file://" + (self.root or "/")
         else:
             self.url = f"{self.protocol}://{self.root.lstrip('/')}"
+        fs_options, fault_options = split_fault_options(self.storage_options)
         try:
-            self.fs = fsspec.filesystem(self.protocol, **self.storage_options)
+            self.fs = fsspec.filesystem(self.protocol, **fs_options)
         except Exception as e:  # noqa: BLE001 - surface any construction failure
             raise StorageError(self.url, "open", f"{type(e).__name__}: {e}") from e
         if self.protocol == "file":
@@ -364,6 +366,10 @@ class ObjectStore:
                 raise StorageError(self.url, "create root", str(e)) from e
         self._arrow_fs = None
         self._arrow_lock = threading.Lock()
+        #: the fault schedule (tests and ``txlake verify`` only: ``storage.faults.*`` options), or None
+        self.faults: FaultSchedule | None = FaultSchedule(fault_options) if fault_options else None
+        if self.faults is not None:
+            self.faults.install(self)
 
     # ------------------------------------------------------------------ naming
 

@@ -1,0 +1,97 @@
+"""Object-store fault injection (catalog/faults.py, ``storage.faults.*``) and the engine under it."""
+
+import pytest
+
+from txlake.catalog.catalog import Catalog, commit_key
+from txlake.catalog.faults import FAULT_KINDS, FaultSchedule, InvalidFaultConfigError
+from txlake.catalog.state import CREATE_TOPIC
+from txlake.catalog.storage import ObjectStore, StorageError
+from txlake.catalog.writer_lease import WriterLease
+
+
+def _store(tmp_path, **faults):
+    return ObjectStore(f"file://{tmp_path}", {f"storage.faults.{k.replace('_', '.')}": v for k, v in faults.items()})
+
+
+def test_no_fault_options_no_schedule(tmp_path):
+    store = ObjectStore(f"file://{tmp_path}")
+    assert store.faults is None
+    assert "get" not in vars(store)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("storage.faults.put.error.rate", 1.5, "a rate is in [0, 1], got 1.5"),
+    ("storage.faults.get.delay.ms", "-1", "expected ms >= 0, got '-1'"),
+    ("storage.faults.seed", "x", "expected a number, got 'x'"),
+    ("storage.faults.list.lag.rate", 0.1, "unknown storage option 'storage.faults.list.lag.rate'"),
+])
+def test_bad_fault_options_are_refused(tmp_path, key, value, message):
+    with pytest.raises(InvalidFaultConfigError) as info:
+        ObjectStore(f"file://{tmp_path}", {key: value})
+    assert message in str(info.value)
+
+
+def test_schedule_is_seeded():
+    def draws(seed):
+        s = FaultSchedule({"storage.faults.seed": seed, "storage.faults.put.error.rate": "0.5"})
+        return [frozenset(s._draw("put")) for _ in range(50)]
+    assert draws(3) == draws(3)
+    assert draws(3) != draws(4)
+
+
+def test_put_error_writes_nothing_and_put_timeout_writes(tmp_path):
+    store = _store(tmp_path / "a", put_error_rate=1)
+    with pytest.raises(StorageError, match=r"storage put failed for .*/k: .*\(injected fault\)"):
+        store.put("k", b"x")
+    assert ObjectStore(f"file://{tmp_path / 'a'}").get_or_none("k") is None
+    store = _store(tmp_path / "b", put_timeout_rate=1)
+    with pytest.raises(StorageError, match=r"TimeoutError: .*the PUT was applied"):
+        store.put_if_absent("k", b"x")
+    assert ObjectStore(f"file://{tmp_path / 'b'}").get("k") == b"x"
+    assert (store.faults.injected["put.timeout"], store.faults.injected["put.error"]) == (1, 0)
+
+
+def test_get_faults(tmp_path):
+    ObjectStore(f"file://{tmp_path}").put("k", b"x")
+    store = _store(tmp_path, get_error_rate=1, seed=1)
+    errors = set()
+    for _ in range(20):
+        with pytest.raises(StorageError) as info:
+            store.get("k")
+        errors.add(type(info.value.__cause__).__name__)
+    assert errors == {"ConnectionResetError", "OSError"}  # a reset, a 503 SlowDown
+    slow = _store(tmp_path, get_delay_rate=1, get_delay_ms=1)
+    assert slow.get("k") == b"x" and slow.open_input("k").read() == b"x"
+    assert slow.faults.injected["get.delay"] == 2
+
+
+def _timeout_then_clean(seed):
+    schedule = FaultSchedule({"storage.faults.seed": seed, "storage.faults.put.timeout.rate": 0.5})
+    return [("put.timeout" in schedule._draw("put")) for _ in range(2)] == [True, False]
+
+
+def test_catalog_commit_with_unknown_outcome_continues(tmp_path):
+    """A commit PUT the store applied but reported as a timeout: the writer reads its own
+    commit back and goes on (issue 20); it used to raise, and the next commit found the number
+    'written by another process' and the writer stopped."""
+    catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"))
+    epoch = WriterLease(catalog, lease_ms=60_000).acquire()
+    # a seed whose first PUT times out (after writing) and whose second does not
+    seed = next(s for s in range(100) if _timeout_then_clean(s))
+    catalog.store = _store(tmp_path, put_timeout_rate=0.5, seed=seed)
+    version = catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    assert version == 2 and catalog.state.topics["t"].topic_id == "x"
+    assert catalog.store.faults.injected["put.timeout"] == 1
+    catalog.store = ObjectStore(f"file://{tmp_path}")
+    assert catalog.commit([{"action": CREATE_TOPIC, "topic": "u", "topic_id": "y", "num_partitions": 1}], epoch) == 3
+    assert sorted(Catalog.open(ObjectStore(f"file://{tmp_path}")).state.topics) == ["t", "u"]
+
+
+def test_catalog_commit_that_never_lands_raises_and_writes_nothing(tmp_path):
+    catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"))
+    epoch = WriterLease(catalog, lease_ms=60_000).acquire()
+    catalog.store = _store(tmp_path, put_error_rate=1)
+    with pytest.raises(StorageError, match=r"put_if_absent failed for .*commits/00000000000000000002.parquet: .*injected fault"):
+        catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    assert catalog.store.faults.injected["put.error"] == 4
+    assert catalog.version == 1 and ObjectStore(f"file://{tmp_path}").get_or_none(commit_key(2)) is None
