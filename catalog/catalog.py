@@ -89,6 +89,8 @@ MAX_READ_AHEAD = 16
 #: Attempts of one catalog commit's create-if-absent when its outcome is unknown (a StorageError):
 #: :meth:`Catalog._put_commit`.
 COMMIT_PUT_ATTEMPTS = 4
+#: Attempts of a read of a catalog commit that fails with a StorageError: :meth:`Catalog._get_commit`.
+COMMIT_GET_ATTEMPTS = 4
 #: a view that has not confirmed it is current for this long (ms) looks for a newer
 #: checkpoint before probing the next commit number (the module docstring says why)
 TAIL_STALE_MS = 15 * 60_000
@@ -367,17 +369,31 @@ class Catalog:
             if self._is_stale() and any(v > self.state.version for v in checkpoint_versions(self.store)):
                 return True
             probed_at = elapsed_clock()
-            if self.store.get_or_none(commit_key(self.state.version + 1)) is not None:
+            if self._get_commit(commit_key(self.state.version + 1)) is not None:
                 return True
             self._confirmed_at = probed_at
             return False
 
     def _read_commit(self, version: int) -> tuple[list[dict[str, Any]], int] | None:
         """The actions of commit ``version`` and its size (bytes), or None when it does not exist (yet)."""
-        data = self.store.get_or_none(commit_key(version))
+        data = self._get_commit(commit_key(version))
         if data is None:
             return None
         return decode_actions(data, COMMIT_KIND, self.store.uri(commit_key(version))), len(data)
+
+    def _get_commit(self, key: str) -> bytes | None:
+        """``store.get_or_none(key)`` of a commit, retried up to :data:`COMMIT_GET_ATTEMPTS` times in
+        all on a StorageError (a 503, a reset: a read has no effect, so repeating it is always
+        safe). Raises the last StorageError when every attempt failed."""
+        for attempt in range(COMMIT_GET_ATTEMPTS):
+            try:
+                return self.store.get_or_none(key)
+            except StorageError as exc:
+                if attempt == COMMIT_GET_ATTEMPTS - 1:
+                    raise
+                log.warning("reading catalog commit %s failed (%s); retrying", self.store.uri(key), exc)
+                time.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _read_commits(self, versions: range):
         """``(version, (actions, size) or None)`` for ``versions``, in order (fetched side by side)."""

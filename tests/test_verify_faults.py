@@ -12,7 +12,7 @@ from txlake.catalog.storage import ObjectStore, StorageError
 from txlake.catalog.writer_lease import WriterLease
 from txlake.verify.campaign import run_campaign
 from txlake.verify.history import SEND_OK, TXN_ABORT, TXN_COMMIT, Send, Txn
-from txlake.verify.workload import WorkloadSpec, run_trial
+from txlake.verify.workload import WorkloadSpec, default_readers, run_trial
 
 SPEC = WorkloadSpec(partitions=2, idempotent_producers=2, sends_per_producer=15, transactional_producers=2,
                     txns_per_producer=3, sends_per_txn=3, abort_fraction=0.34)
@@ -79,9 +79,24 @@ def test_get_faults(tmp_path):
     assert slow.faults.injected["get.delay"] == 2
 
 
-def _timeout_then_clean(seed):
-    schedule = FaultSchedule({"storage.faults.seed": seed, "storage.faults.put.timeout.rate": 0.5})
-    return [("put.timeout" in schedule._draw("put")) for _ in range(2)] == [True, False]
+def _fault_then_clean(seed, kind):
+    """Whether the schedule of ``seed`` (``kind`` at rate 0.5) fires on its first draw and not its second."""
+    schedule = FaultSchedule({"storage.faults.seed": seed, f"storage.faults.{kind}.rate": 0.5})
+    operation = kind.split(".")[0]
+    return [(kind in schedule._draw(operation)) for _ in range(2)] == [True, False]
+
+
+def test_catalog_reader_retries_a_failed_commit_get(tmp_path):
+    """A reader tailing the catalog whose GET of the next commit fails (503, reset) retries it:
+    it used to raise StorageError (a consumer's offset commit answered UNKNOWN_SERVER_ERROR)."""
+    catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"))
+    epoch = WriterLease(catalog, lease_ms=60_000).acquire()
+    seed = next(s for s in range(100) if _fault_then_clean(s, "get.error"))
+    reader = Catalog.open(ObjectStore(f"file://{tmp_path}"))
+    catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    reader.store = _store(tmp_path, get_error_rate=0.5, seed=seed)
+    assert reader.has_foreign_commit() is True
+    assert reader.store.faults.injected["get.error"] == 1
 
 
 def test_catalog_commit_with_unknown_outcome_continues(tmp_path):
@@ -91,7 +106,7 @@ def test_catalog_commit_with_unknown_outcome_continues(tmp_path):
     catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"))
     epoch = WriterLease(catalog, lease_ms=60_000).acquire()
     # a seed whose first PUT times out (after writing) and whose second does not
-    seed = next(s for s in range(100) if _timeout_then_clean(s))
+    seed = next(s for s in range(100) if _fault_then_clean(s, "put.timeout"))
     catalog.store = _store(tmp_path, put_timeout_rate=0.5, seed=seed)
     version = catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
     assert version == 2 and catalog.state.topics["t"].topic_id == "x"
@@ -141,3 +156,16 @@ def test_short_campaign_under_object_store_faults(storage, close_engines):  # no
     assert (report.trials, report.clean, report.failed_seeds) == (3, True, []), lines
     assert all(injected[k] > 0 for k in ("put.error", "put.timeout", "put.delay", "get.delay")), injected
     assert injected["get.error"] == 0
+
+
+@pytest.mark.parametrize("backend", ["file"])
+def test_trial_under_get_errors(storage, close_engines):  # noqa: F811
+    """GET errors (503, reset) on the engine's reads: clean trial. The final readers read without
+    faults: the DuckDB view does not retry a failed GET of a data object (it reports the topic
+    unreadable, docs/reliability.md)."""
+    before = injected_totals()["get.error"]
+    result = run_trial(_faulty_conf(storage, 1, {"storage.faults.get.error.rate": 0.03}), seed=1, topic="g1",
+                       spec=SPEC, readers=default_readers(client_conf(storage)))
+    assert injected_totals()["get.error"] > before
+    assert result.anomalies == []
+    assert {s.outcome for s in result.history.of(Send)} == {SEND_OK}
