@@ -497,7 +497,7 @@ class Catalog:
                 raise
             except StorageError as exc:
                 failure = exc
-                log.warning("catalog commit %s: outcome unknown (%s); retrying", self.store.uri(key), exc)
+                log.warning("catalog commit %s failed (%s); retrying (it may have been applied)", self.store.uri(key), exc)
                 continue
             if failure is None:
                 return False

@@ -294,13 +294,16 @@ class ObjectStore:
             created if missing.
         storage_options: keyword arguments of the fsspec filesystem; for
             ``s3://`` these are s3fs arguments (``endpoint_url``, ``key``,
-            ``secret``, ``client_kwargs``, ...).
+            ``secret``, ``client_kwargs``, ...). Entries named ``storage.faults.*`` are not
+            passed to fsspec: they enable fault injection (tests and ``txlake verify`` only,
+            :mod:`.faults`, docs/reliability.md).
 
     Attributes:
         url: normalised URL of the root, with protocol, no trailing slash.
         protocol: canonical protocol name (``"file"``, ``"memory"``, ``"s3"``, ...).
         root: the root as the fsspec filesystem spells paths (no trailing slash).
         fs: the fsspec filesystem.
+        faults: the :class:`~.faults.FaultSchedule` of ``storage.faults.*`` options, or None.
         storage_options: the options the filesystem was built with (a copy).
 
     Raises:
@@ -308,6 +311,7 @@ class ObjectStore:
             scheme is not one of :data:`SUPPORTED_SCHEMES` (the message names the scheme and the
             supported ones; no filesystem of that scheme is created), or it carries credentials
             (``s3://KEY:SECRET@bucket``: pass them as storage options).
+        InvalidFaultConfigError (a ValueError): a bad ``storage.faults.*`` option.
         StorageError: the filesystem could not be created (e.g. missing
             package, or a local root that cannot be created).
 
