@@ -88,9 +88,9 @@ MAX_READ_AHEAD = 16
 
 #: Attempts of one catalog commit's create-if-absent when its outcome is unknown (a StorageError):
 #: :meth:`Catalog._put_commit`.
-COMMIT_PUT_ATTEMPTS = 4
+COMMIT_PUT_ATTEMPTS = 6
 #: Attempts of a read of a catalog commit that fails with a StorageError: :meth:`Catalog._get_commit`.
-COMMIT_GET_ATTEMPTS = 4
+COMMIT_GET_ATTEMPTS = 6
 #: a view that has not confirmed it is current for this long (ms) looks for a newer
 #: checkpoint before probing the next commit number (the module docstring says why)
 TAIL_STALE_MS = 15 * 60_000

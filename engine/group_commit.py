@@ -84,7 +84,7 @@ INTERVAL_EXEMPT_BYTES = 1024 * 1024
 MAX_FLUSHES_IN_PIPELINE = 3
 
 #: attempts of each object PUT of a flush before the flush fails (:func:`_put_retrying`)
-OBJECT_PUT_ATTEMPTS = 4
+OBJECT_PUT_ATTEMPTS = 6
 
 
 def now_ms() -> int:

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from helpers import client_conf, close_engines  # noqa: F401 (fixture)
-from txlake.catalog.catalog import Catalog, commit_key
+from txlake.catalog.catalog import COMMIT_PUT_ATTEMPTS, Catalog, commit_key
 from txlake.catalog.faults import FaultSchedule, InvalidFaultConfigError, injected_totals
 from txlake.catalog.state import CREATE_TOPIC
 from txlake.catalog.storage import ObjectStore, StorageError
@@ -17,8 +17,9 @@ from txlake.verify.workload import WorkloadSpec, default_readers, run_trial
 SPEC = WorkloadSpec(partitions=2, idempotent_producers=2, sends_per_producer=15, transactional_producers=2,
                     txns_per_producer=3, sends_per_txn=3, abort_fraction=0.34)
 
-#: the PUT faults and both delays, at rates that hit every trial several times
-FAULTS = {"storage.faults.put.error.rate": 0.05, "storage.faults.put.timeout.rate": 0.05,
+#: the PUT faults and both delays, at rates that hit every trial several times; a PUT fails for
+#: good only if its 6 attempts all do (0.06 ** 6 = 5e-8 per PUT)
+FAULTS = {"storage.faults.put.error.rate": 0.03, "storage.faults.put.timeout.rate": 0.03,
           "storage.faults.put.delay.rate": 0.05, "storage.faults.put.delay.ms": 20,
           "storage.faults.get.delay.rate": 0.05, "storage.faults.get.delay.ms": 20}
 
@@ -122,7 +123,7 @@ def test_catalog_commit_that_never_lands_raises_and_writes_nothing(tmp_path):
     catalog.store = _store(tmp_path, put_error_rate=1)
     with pytest.raises(StorageError, match=r"put_if_absent failed for .*commits/00000000000000000002.parquet: .*injected fault"):
         catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
-    assert catalog.store.faults.injected["put.error"] == 4
+    assert catalog.store.faults.injected["put.error"] == COMMIT_PUT_ATTEMPTS == 6
     assert catalog.version == 1 and ObjectStore(f"file://{tmp_path}").get_or_none(commit_key(2)) is None
 
 
