@@ -146,13 +146,16 @@ def test_flush_put_failures_are_retried_not_fatal(storage, close_engines, kind):
     assert sorted(t.outcome for t in result.history.of(Txn)) == [TXN_ABORT] * 2 + [TXN_COMMIT] * 4
 
 
-@pytest.mark.parametrize("backend", ["file"])
+@pytest.mark.parametrize("backend", ["file", pytest.param("s3", marks=pytest.mark.s3)])
 def test_short_campaign_under_object_store_faults(storage, close_engines):  # noqa: F811
     """A few trials with PUT errors, PUT timeouts (applied, unknown outcome) and slow GETs and
     PUTs: zero anomalies, every trial ran to the end, and every one of those kinds was injected."""
     before = injected_totals()
     lines = []
-    report = run_campaign(_faulty_conf(storage, 11), trials=3, seed=11, spec=SPEC, echo=lines.append)
+    faults = FAULTS
+    if storage.backend == "s3":  # fewer, bigger flushes (about 100 PUTs in all): higher rates, so each kind fires
+        faults = {**FAULTS, "storage.faults.put.error.rate": 0.08, "storage.faults.put.timeout.rate": 0.08}
+    report = run_campaign(_faulty_conf(storage, 11, faults), trials=3, seed=11, spec=SPEC, echo=lines.append)
     injected = {k: n - before[k] for k, n in injected_totals().items()}
     assert (report.trials, report.clean, report.failed_seeds) == (3, True, []), lines
     assert all(injected[k] > 0 for k in ("put.error", "put.timeout", "put.delay", "get.delay")), injected
