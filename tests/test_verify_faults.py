@@ -1,6 +1,5 @@
 """Object-store fault injection (catalog/faults.py, ``storage.faults.*``) and the engine under it."""
 
-import dataclasses
 
 import pytest
 
