@@ -1,6 +1,5 @@
 """Object-store fault injection (catalog/faults.py, ``storage.faults.*``) and the engine under it."""
 
-
 import pytest
 
 from helpers import client_conf, close_engines  # noqa: F401 (fixture)
