@@ -76,7 +76,7 @@ from txlake.formats.errors import CorruptObjectError, FormatError
 
 from .errors import CatalogGapError, CommitConflictError, WriterFencedError
 from .state import CatalogState
-from .storage import ObjectStore
+from .storage import ObjectNotFoundError, ObjectStore, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,12 @@ CHECKPOINTS_PREFIX = "_catalog/checkpoints/"
 DEFAULT_CHECKPOINT_INTERVAL = 100
 #: commit numbers a catching-up reader fetches at once, at most
 MAX_READ_AHEAD = 16
+
+#: Attempts of one catalog commit's create-if-absent when its outcome is unknown (a StorageError):
+#: :meth:`Catalog._put_commit`.
+COMMIT_PUT_ATTEMPTS = 6
+#: Attempts of a read of a catalog commit that fails with a StorageError: :meth:`Catalog._get_commit`.
+COMMIT_GET_ATTEMPTS = 6
 #: a view that has not confirmed it is current for this long (ms) looks for a newer
 #: checkpoint before probing the next commit number (the module docstring says why)
 TAIL_STALE_MS = 15 * 60_000
@@ -363,17 +369,31 @@ class Catalog:
             if self._is_stale() and any(v > self.state.version for v in checkpoint_versions(self.store)):
                 return True
             probed_at = elapsed_clock()
-            if self.store.get_or_none(commit_key(self.state.version + 1)) is not None:
+            if self._get_commit(commit_key(self.state.version + 1)) is not None:
                 return True
             self._confirmed_at = probed_at
             return False
 
     def _read_commit(self, version: int) -> tuple[list[dict[str, Any]], int] | None:
         """The actions of commit ``version`` and its size (bytes), or None when it does not exist (yet)."""
-        data = self.store.get_or_none(commit_key(version))
+        data = self._get_commit(commit_key(version))
         if data is None:
             return None
         return decode_actions(data, COMMIT_KIND, self.store.uri(commit_key(version))), len(data)
+
+    def _get_commit(self, key: str) -> bytes | None:
+        """``store.get_or_none(key)`` of a commit, retried up to :data:`COMMIT_GET_ATTEMPTS` times in
+        all on a StorageError (a 503, a reset: a read has no effect, so repeating it is always
+        safe). Raises the last StorageError when every attempt failed."""
+        for attempt in range(COMMIT_GET_ATTEMPTS):
+            try:
+                return self.store.get_or_none(key)
+            except StorageError as exc:
+                if attempt == COMMIT_GET_ATTEMPTS - 1:
+                    raise
+                log.warning("reading catalog commit %s failed (%s); retrying", self.store.uri(key), exc)
+                time.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _read_commits(self, versions: range):
         """``(version, (actions, size) or None)`` for ``versions``, in order (fetched side by side)."""
@@ -437,7 +457,7 @@ class Catalog:
                 )
             data = encode_actions(list(actions), COMMIT_KIND, version)
             written_at = elapsed_clock()
-            if not self.store.put_if_absent(commit_key(version), data):
+            if not self._put_commit(commit_key(version), data):
                 self.refresh()
                 if lease_epoch is not None:
                     self._check_lease(lease_epoch)
@@ -450,6 +470,45 @@ class Catalog:
             if self.checkpoint_due():
                 self.write_checkpoint()
             return version
+
+    def _put_commit(self, key: str, data: bytes) -> bool:
+        """``put_if_absent(key, data)`` that survives an unknown outcome: True if this call's
+        bytes are at ``key``, False if another writer's are.
+
+        A PUT that failed with a StorageError (a timeout or a reset after the store may have
+        applied it) is retried up to :data:`COMMIT_PUT_ATTEMPTS` times in all: repeating the
+        create-if-absent of the same bytes is safe, and when a retry finds the key taken the
+        object is read back -- the same bytes as this commit mean an earlier attempt of this
+        call created it (the S3 backend's own retries answer that with a PUT token,
+        storage.py). A first attempt that finds the key taken is a plain conflict, as before.
+
+        Raises:
+            StorageError: every attempt failed (the outcome stays unknown: the next commit of
+                this writer at this number finds out).
+        """
+        failure: StorageError | None = None
+        for attempt in range(COMMIT_PUT_ATTEMPTS):
+            if attempt:
+                time.sleep(0.05 * attempt)
+            try:
+                if self.store.put_if_absent(key, data):
+                    return True
+            except ObjectNotFoundError:
+                raise
+            except StorageError as exc:
+                failure = exc
+                log.warning("catalog commit %s failed (%s); retrying (it may have been applied)", self.store.uri(key), exc)
+                continue
+            if failure is None:
+                return False
+            try:
+                return self.store.get(key) == data
+            except StorageError:
+                if attempt == COMMIT_PUT_ATTEMPTS - 1:
+                    raise
+                continue
+        assert failure is not None
+        raise failure
 
     def checkpoint_due(self) -> bool:
         """Whether the current version gets a checkpoint (the rule of the module docstring): at

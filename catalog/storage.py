@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, Iterator
 
 import fsspec
 
+from .faults import FaultSchedule, split_fault_options
 from .redaction import redact_url, url_has_credentials
 
 __all__ = [
@@ -293,13 +294,16 @@ class ObjectStore:
             created if missing.
         storage_options: keyword arguments of the fsspec filesystem; for
             ``s3://`` these are s3fs arguments (``endpoint_url``, ``key``,
-            ``secret``, ``client_kwargs``, ...).
+            ``secret``, ``client_kwargs``, ...). Entries named ``storage.faults.*`` are not
+            passed to fsspec: they enable fault injection (tests and ``txlake verify`` only,
+            :mod:`.faults`, docs/reliability.md).
 
     Attributes:
         url: normalised URL of the root, with protocol, no trailing slash.
         protocol: canonical protocol name (``"file"``, ``"memory"``, ``"s3"``, ...).
         root: the root as the fsspec filesystem spells paths (no trailing slash).
         fs: the fsspec filesystem.
+        faults: the :class:`~.faults.FaultSchedule` of ``storage.faults.*`` options, or None.
         storage_options: the options the filesystem was built with (a copy).
 
     Raises:
@@ -307,6 +311,7 @@ class ObjectStore:
             scheme is not one of :data:`SUPPORTED_SCHEMES` (the message names the scheme and the
             supported ones; no filesystem of that scheme is created), or it carries credentials
             (``s3://KEY:SECRET@bucket``: pass them as storage options).
+        InvalidFaultConfigError (a ValueError): a bad ``storage.faults.*`` option.
         StorageError: the filesystem could not be created (e.g. missing
             package, or a local root that cannot be created).
 
@@ -353,8 +358,9 @@ class ObjectStore:
             self.url = "file://" + (self.root or "/")
         else:
             self.url = f"{self.protocol}://{self.root.lstrip('/')}"
+        fs_options, fault_options = split_fault_options(self.storage_options)
         try:
-            self.fs = fsspec.filesystem(self.protocol, **self.storage_options)
+            self.fs = fsspec.filesystem(self.protocol, **fs_options)
         except Exception as e:  # noqa: BLE001 - surface any construction failure
             raise StorageError(self.url, "open", f"{type(e).__name__}: {e}") from e
         if self.protocol == "file":
@@ -364,6 +370,10 @@ class ObjectStore:
                 raise StorageError(self.url, "create root", str(e)) from e
         self._arrow_fs = None
         self._arrow_lock = threading.Lock()
+        #: the fault schedule (tests and ``txlake verify`` only: ``storage.faults.*`` options), or None
+        self.faults: FaultSchedule | None = FaultSchedule(fault_options) if fault_options else None
+        if self.faults is not None:
+            self.faults.install(self)
 
     # ------------------------------------------------------------------ naming
 

@@ -54,7 +54,7 @@ import pyarrow as pa
 from txlake.catalog.catalog import Catalog
 from txlake.catalog.errors import WriterFencedError
 from txlake.catalog.state import PRODUCER_SNAPSHOT, AbortedTxn, SegmentInfo
-from txlake.catalog.storage import ObjectStore
+from txlake.catalog.storage import ObjectNotFoundError, ObjectStore, StorageError
 from txlake.formats.producer_state import encode_snapshot
 from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, encode_segments
 
@@ -82,6 +82,9 @@ INTERVAL_EXEMPT_BYTES = 1024 * 1024
 #: flushes taken from the queue and not yet committed, at most (bounds the pipeline's memory
 #: to about this many flushes of ``flush_max_bytes``, plus the one being uploaded)
 MAX_FLUSHES_IN_PIPELINE = 3
+
+#: attempts of each object PUT of a flush before the flush fails (:func:`_put_retrying`)
+OBJECT_PUT_ATTEMPTS = 6
 
 
 def now_ms() -> int:
@@ -374,10 +377,10 @@ class GroupCommitter:
         an earlier one failed -- is an orphan, deleted after ``storage.orphan.grace.ms``."""
         try:
             if work.segments:
-                self.store.put(work.path, work.data)
+                _put_retrying(self.store, work.path, work.data)
                 work.data = b""  # its size is in the segments; the bytes are not needed any more
             if work.snapshot_key is not None:
-                self.store.put(work.snapshot_key, work.snapshot_data)
+                _put_retrying(self.store, work.snapshot_key, work.snapshot_data)
                 work.snapshot_data = None
         except Exception as exc:
             work.put_error = exc
@@ -519,6 +522,26 @@ class GroupCommitter:
                 future.set_exception(ApiError(code, str(exc)))
         self._untake(work.taken)
         work.done.set()
+
+
+def _put_retrying(store: ObjectStore, key: str, data) -> None:
+    """``store.put(key, data)``, retried up to :data:`OBJECT_PUT_ATTEMPTS` times in all on a
+    StorageError (a 503, a reset, a timeout whose outcome is unknown): a flush's objects have
+    keys of their own, so PUTting the same bytes again is harmless whether or not the failed
+    attempt was applied. Only when every attempt fails does the flush fail (and the writer stop).
+
+    Raises:
+        StorageError: the last attempt's error.
+    """
+    for attempt in range(OBJECT_PUT_ATTEMPTS):
+        try:
+            store.put(key, data)
+            return
+        except StorageError as exc:
+            if isinstance(exc, ObjectNotFoundError) or attempt == OBJECT_PUT_ATTEMPTS - 1:
+                raise
+            log.warning("PUT of %s failed (%s); retrying", store.uri(key), exc)
+            time.sleep(0.05 * (attempt + 1))
 
 
 def _complete(completions: list[tuple[Future, ProduceResult]]) -> None:

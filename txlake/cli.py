@@ -1410,6 +1410,11 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
             scratch.cleanup()
     kinds = ", ".join(f"{k} {n}" for k, n in report.anomalies.items())
     click.echo(f"{report.trials} trials, {report.operations} operations; anomalies: {kinds}")
+    from txlake.catalog.faults import injected_totals
+
+    faults = injected_totals()
+    if any(faults.values()):  # -O storage.faults.* (docs/reliability.md)
+        click.echo("object-store faults injected: " + ", ".join(f"{k} {n}" for k, n in faults.items()))
     if not report.clean:
         click.echo(f"anomalies in the trials of seeds {report.failed_seeds}", err=True)
         ctx.exit(1)
