@@ -1640,6 +1640,8 @@ def _group_stage_wire(res: GroupCopyResult, held: dict, url: str, options: dict,
     phase = "before the server kill"
     ended: set[int] = set()
     crash_sent_to = -1
+    commits_since_signal = 0                   # commits of other workers since crash_sent_to was signalled
+    crashed: set[int] = set()                  # workers that crashed as asked (then SIGKILLed)
     deadline = time.monotonic() + GROUP_WIRE_TIMEOUT_S
     try:
         for index in (0, 1):
@@ -1655,8 +1657,10 @@ def _group_stage_wire(res: GroupCopyResult, held: dict, url: str, options: dict,
                 continue
             if event is None:                  # a worker's stdout ended: it exited
                 ended.add(w)
-                if w == res.crashed_worker:
-                    res.crashed_worker_exit_status = children[w].proc.wait()
+                if w in crashed:
+                    status = children[w].proc.wait()
+                    if w == res.crashed_worker:
+                        res.crashed_worker_exit_status = status
                 else:
                     children[w].check(phase)
                 continue
@@ -1703,13 +1707,22 @@ def _group_stage_wire(res: GroupCopyResult, held: dict, url: str, options: dict,
                                   f"{res.engine_exit_status}) and restarted on the same root and port (pid {server.pid}, "
                                   f"listening after {server.start_seconds:.1f} s); the workers kept running")
                     phase = "after the server restart"
-                elif (phase == "after the server restart" and crash_sent_to < 0 and res.committed_after_restart
-                      and owned.get(w) and w not in ended):
-                    crash_sent_to = w           # it crashes in its next transaction
-                    os.kill(children[w].pid, signal.SIGUSR1)
+                elif phase == "after the server restart":
+                    if crash_sent_to >= 0 and w != crash_sent_to:
+                        commits_since_signal += 1
+                    # the worker asked to crash may have no next transaction: its partitions moved
+                    # (a rebalance after the restart) or were all copied; then ask the next one
+                    stale = crash_sent_to < 0 or not owned.get(crash_sent_to) or commits_since_signal >= 4
+                    if stale and w != crash_sent_to and res.committed_after_restart and owned.get(w) and w not in ended:
+                        if crash_sent_to >= 0 and crash_sent_to not in ended:
+                            os.kill(children[crash_sent_to].pid, signal.SIGUSR2)   # not that one any more
+                        crash_sent_to, commits_since_signal = w, 0  # it crashes in its next transaction
+                        os.kill(children[w].pid, signal.SIGUSR1)
             elif kind == "crashed":
-                res.crashed_worker, res.crashed_worker_open_records = w, event["records"]
-                res.crashed_partitions = sorted(owned.get(w, ()))
+                crashed.add(w)
+                if res.crashed_worker < 0:     # (one asked before a SIGUSR2 reached it may crash too)
+                    res.crashed_worker, res.crashed_worker_open_records = w, event["records"]
+                    res.crashed_partitions = sorted(owned.get(w, ()))
                 os.kill(children[w].pid, signal.SIGKILL)
                 phase = "after a worker crashed"
     finally:

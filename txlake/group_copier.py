@@ -127,13 +127,20 @@ class Worker:
         the same transactional.id fences it and aborts its open transaction), then rewind the consumer
         to the committed offsets; the producer to go on with. Anything else is raised again."""
         err = exc.args[0]
+        if err.txn_requires_abort() and not err.fatal():
+            try:
+                producer.abort_transaction(60)
+                self._event("aborted", error=err.name())
+            except kafka.KafkaException as abort_exc:
+                # the abort itself can fail fatally: a restarted server whose coordinator lost the
+                # transaction's not-yet-durable AddPartitionsToTxn answers EndTxn INVALID_TXN_STATE
+                err = abort_exc.args[0]
+                if not err.fatal():
+                    raise
         if err.fatal() and err.name() not in FENCED:
             self._event("producer-replaced", error=err.name())
             producer = new_producer()
-        elif err.txn_requires_abort():
-            producer.abort_transaction(60)
-            self._event("aborted", error=err.name())
-        else:
+        elif not err.txn_requires_abort():
             raise exc
         _rewind(kafka, consumer)   # copy those records again from the committed offsets
         return producer
@@ -311,6 +318,7 @@ def run_worker(conf: dict[str, Any], source: str, target: str, group: str, index
     kafka = kafka_clients(conf)
     worker = Worker(conf, source, target, group, index, emit, batch_records)
     signal.signal(signal.SIGUSR1, lambda *_: worker.crash_now.set())
+    signal.signal(signal.SIGUSR2, lambda *_: worker.crash_now.clear())  # the crash is asked of another worker
     ends = end_offsets(conf, source)
     worker.start()
     deadline = time.monotonic() + timeout_s
@@ -344,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("group")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--worker", type=int, default=None,
-                    help="run worker I alone in this process (SIGUSR1: crash at its next transaction)")
+                    help="run worker I alone in this process (SIGUSR1: crash at its next transaction; SIGUSR2: "
+                         "not any more)")
     ap.add_argument("--join-later", type=int, default=0)
     ap.add_argument("--join-after-commits", type=int, default=0)
     ap.add_argument("--crash-worker", type=int, default=None, help="worker number, or -1: the first to get there")
