@@ -70,7 +70,7 @@ class StorageTarget:
 #: first) put every one of them but test_spark_write last: they hold 1 or 2 tests each.
 LONGEST_FILES = (
     "test_demo.py",                 # several whole demos (~400 s on a loaded machine)
-    "test_demo_runs.py",            # the demo on all flights and on 30 000 (197 + 138 s loaded)
+    "test_demo_runs.py",            # the demo on all flights, in a child process (197 s loaded)
     "test_spark_write.py",          # ~120 s, 39 tests; the worker's Spark session starts here
     "test_txn_copy.py",             # 65 + 26 s: 100 000 records, 6 copier processes
     "test_group_copy.py",           # 41 + 33 s
