@@ -51,7 +51,7 @@ from .partition_writer import PartitionWriter
 from .segment_merge import (MergeCancelled, MergeRun, RoundWorkers, RowFilter, SegmentRewrite, commit_rewrite,
                             discard_rewrite, in_batches, plan_merges, release_unused_memory, replace_segments,
                             rewrite_runs)
-from .table_publisher import clean_dv_files, clean_table_logs, tables_name
+from .table_publisher import checkpoint_tables, clean_dv_files, clean_table_logs, drop_deleted_tables, tables_name
 
 
 log = logging.getLogger(__name__)
@@ -406,7 +406,9 @@ def compact(writer: PartitionWriter, topics: Iterable[str] | None = None, *, dry
                 now_ms=now, dry_run=dry_run,
                 table_guard=lambda: tables_name(store, now, writer.config.file_delete_delay_ms))
             summary.deleted_objects = len(cleanup.deleted)
-            if not dry_run:
+            if not dry_run:  # the Delta tables' maintenance (docs/tables.md "Cleaning up")
+                drop_deleted_tables(store, lambda: writer.catalog.state, now, writer.config.file_delete_delay_ms)
+                checkpoint_tables(store, now, writer.config.file_delete_delay_ms)
                 clean_dv_files(store, now, writer.config.file_delete_delay_ms)
                 clean_table_logs(store, now, writer.config.catalog_retention_ms)
             summary.orphans_deleted = len(cleanup.orphans)

@@ -24,11 +24,21 @@ Each version carries a ``txn`` per partition (``appId`` ``txlake:<topic id>:<par
 ``version`` = the published LSO) and a ``commitInfo`` naming the catalog version and the
 per-partition LSOs it reflects.
 
-Every :data:`CHECKPOINT_INTERVAL` versions a classic Parquet checkpoint
-(``_delta_log/<version:020d>.checkpoint.parquet``: protocol, metaData, txns, live adds, tombstones
-younger than the deleted-file retention) and ``_delta_log/_last_checkpoint`` are written as Delta
-specifies, so a reader (and this publisher after a restart) replays at most 10 commits. A
-checkpoint is an optimisation: one that fails to be written or read leaves the commits to replay.
+A publication writes exactly one object per version (plus a deletion-vector file in the rare
+case above): checkpoints are table maintenance, not part of publishing, as in delta-rs
+(``create_checkpoint`` is its own operation). Each compaction round (:func:`checkpoint_tables`)
+writes a classic Parquet checkpoint (``_delta_log/<version:020d>.checkpoint.parquet``: protocol,
+metaData, txns, live adds, tombstones younger than the deleted-file retention) and
+``_delta_log/_last_checkpoint`` for every table at least :data:`CHECKPOINT_INTERVAL` versions past
+its newest checkpoint, so a reader (and this publisher after a restart) replays at most the
+versions of one compaction interval plus 9. A checkpoint is an optimisation: one that fails to be
+written or read leaves the commits to replay.
+
+A deleted topic's table is first emptied (a version removing every file), then removed whole
+(:func:`drop_deleted_tables`, by the compaction round) once that version is older than
+``storage.file.delete.delay.ms``, the grace the object cleaner gives the objects it names. A topic
+re-created under the name of a table that still exists gets a fresh table: its first publication
+removes the old one and commits version 0.
 """
 
 from __future__ import annotations
@@ -77,6 +87,18 @@ _FOOTER_CACHE_SIZE = 100_000
 _EMPTY_CACHE_SIZE = 65_536
 
 
+_TABLE_LOCKS: dict[str, threading.RLock] = {}
+_TABLE_LOCKS_GUARD = threading.Lock()
+
+
+def _table_lock(store: ObjectStore, topic: str) -> threading.RLock:
+    """The process-wide lock of one table: a publication of it and its removal never overlap
+    (the writer's publication thread and its compaction round work on the same tables)."""
+    key = store.uri(table_key(topic))
+    with _TABLE_LOCKS_GUARD:
+        return _TABLE_LOCKS.setdefault(key, threading.RLock())
+
+
 def table_key(topic: str) -> str:
     """Key of ``topic``'s table root under the storage root: ``tables/<topic>``."""
     return TABLES_PREFIX + topic
@@ -102,7 +124,8 @@ class PublishResult:
         version: the table's version after the publication (-1: no table, nothing to publish).
         committed: True when this publication made ``version``.
         added / removed: logical files (objects) added and removed by it.
-        objects_put: objects written (commit, deletion-vector file, checkpoint, _last_checkpoint).
+        objects_put: objects written: the commit, and a deletion-vector file when a vector is too
+            big to be inline (checkpoints are the compaction round's, :func:`checkpoint_tables`).
         catalog_version: the catalog version published from.
         lso: the per-partition LSO the version reflects.
     """
@@ -140,8 +163,6 @@ class TablePublisher:
         configuration: extra Delta table properties of every table (``delta.logRetentionDuration``,
             ``delta.deletedFileRetentionDuration``; see :func:`table_configuration`).
         inline_dv_max_bytes: deletion vectors bigger than this go to a deletion-vector file.
-        tombstone_retention_ms: a checkpoint keeps the ``remove`` of a file this long (ms; the
-            tables' ``delta.deletedFileRetentionDuration``).
 
     Thread-safe: one publication runs at a time per publisher. Caches (per process): each
     object's size, modification time and row-group row counts (objects are immutable), each
@@ -149,9 +170,8 @@ class TablePublisher:
     """
 
     def __init__(self, store: ObjectStore, configuration: dict[str, str] | None = None,
-                 inline_dv_max_bytes: int = INLINE_DV_MAX_BYTES, tombstone_retention_ms: int = 3_600_000):
+                 inline_dv_max_bytes: int = INLINE_DV_MAX_BYTES):
         self.store = store
-        self.tombstone_retention_ms = tombstone_retention_ms
         self.configuration = dict(configuration or {})
         self.inline_dv_max_bytes = inline_dv_max_bytes
         self._lock = threading.Lock()
@@ -159,8 +179,8 @@ class TablePublisher:
         self._footers: OrderedDict[str, tuple[int, int, list[int]]] = OrderedDict()  # LRU
         self._snapshots: dict[str, dl.TableSnapshot] = {}
         self._empty: OrderedDict[str, None] = OrderedDict()
-        #: test hook: called with a step name before that write ("dv_file", "commit", "checkpoint") and
-        #: after the commit ("committed")
+        #: test hook: called with a step name before that write ("dv_file", "commit") and after the
+        #: commit ("committed")
         self.before_write: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ reading the table
@@ -183,14 +203,7 @@ class TablePublisher:
         root = table_key(topic)
         snap = self._snapshots.get(topic)
         if snap is None:
-            snap = self._load_checkpoint(root)
-            if snap is None:
-                snap = dl.TableSnapshot()
-                if self.store.get_or_none(f"{root}/{dl.LAST_CHECKPOINT}") is not None \
-                        and not self.store.exists(f"{root}/{dl.commit_key(0)}"):
-                    # never start the table over at version 0: its history is only in the checkpoint
-                    raise dl.DeltaLogError(f"{self.store.uri(root)}: its newest checkpoint is unreadable and the "
-                                           "commits it covers were cleaned up; restore the checkpoint")
+            snap = self._open(root)
         while True:
             key = f"{root}/{dl.commit_key(snap.version + 1)}"
             data = self.store.get_or_none(key)
@@ -200,23 +213,46 @@ class TablePublisher:
         self._snapshots[topic] = snap
         return snap
 
-    def _load_checkpoint(self, root: str) -> dl.TableSnapshot | None:
-        data = self.store.get_or_none(f"{root}/{dl.LAST_CHECKPOINT}")
-        if data is None:
-            return None
-        try:
-            version = int(json.loads(data)["version"])
-            key = f"{root}/{dl.checkpoint_key(version)}"
-            with self.store.open_input(key) as f:
-                snap = dl.read_checkpoint(pq.read_table(f), version)
-            commit = self.store.get_or_none(f"{root}/{dl.commit_key(version)}")  # its commitInfo: the freshness
-            for action in dl.decode_commit(commit, key) if commit is not None else ():
-                if "commitInfo" in action:
-                    snap.commit_info = action["commitInfo"]
-            return snap
-        except Exception as exc:  # an unreadable checkpoint: the commits are still there
-            log.warning("table %s: checkpoint unreadable (%s); replaying its commits", self.store.uri(root), exc)
-            return None
+    def _open(self, root: str) -> dl.TableSnapshot:
+        """The snapshot to replay the newest commits onto: the checkpoint ``_last_checkpoint``
+        names; without a readable one and without commit 0, the newest readable checkpoint a
+        listing of the log finds (``_last_checkpoint`` is optional in Delta); an empty table
+        when the log is empty.
+
+        Raises:
+            DeltaLogError: the log has entries but neither commit 0 nor a readable checkpoint
+                (its history was cleaned up and its checkpoint lost): never start it over.
+        """
+        last = self.store.get_or_none(f"{root}/{dl.LAST_CHECKPOINT}")
+        if last is not None:
+            try:
+                snap = self._load_checkpoint(root, int(json.loads(last)["version"]))
+            except Exception as exc:  # an unreadable checkpoint: the commits may still be there
+                log.warning("table %s: checkpoint unreadable (%s); replaying its commits", self.store.uri(root), exc)
+            else:
+                return snap
+        if self.store.exists(f"{root}/{dl.commit_key(0)}"):
+            return dl.TableSnapshot()
+        versions = _log_versions([i.key for i in self.store.list(f"{root}/{dl.LOG_DIR}/")], root)
+        if not versions["json"] and not versions["checkpoint.parquet"]:
+            return dl.TableSnapshot()
+        for version in sorted(versions["checkpoint.parquet"], reverse=True):
+            try:
+                return self._load_checkpoint(root, version)
+            except Exception as exc:  # noqa: BLE001 - an older checkpoint may do
+                log.warning("table %s: checkpoint %d unreadable: %s", self.store.uri(root), version, exc)
+        raise dl.DeltaLogError(f"{self.store.uri(root)}: its newest checkpoint is unreadable and the commits it "
+                               "covers were cleaned up; restore the checkpoint")
+
+    def _load_checkpoint(self, root: str, version: int) -> dl.TableSnapshot:
+        key = f"{root}/{dl.checkpoint_key(version)}"
+        with self.store.open_input(key) as f:
+            snap = dl.read_checkpoint(pq.read_table(f), version)
+        commit = self.store.get_or_none(f"{root}/{dl.commit_key(version)}")  # its commitInfo: the freshness
+        for action in dl.decode_commit(commit, key) if commit is not None else ():
+            if "commitInfo" in action:
+                snap.commit_info = action["commitInfo"]
+        return snap
 
     # ------------------------------------------------------------------ what the catalog wants
     def _footer(self, key: str) -> tuple[int, int, list[int]]:
@@ -321,7 +357,7 @@ class TablePublisher:
             CorruptObjectError: an object the catalog names is not what it says.
             DeltaLogError: the table's log is unreadable (names the entry).
         """
-        with self._lock:
+        with self._lock, _table_lock(self.store, topic):
             for _ in range(_COMMIT_ATTEMPTS):
                 result = self._publish_once(state, topic, int(time.time() * 1000) if now_ms is None else now_ms)
                 if result is not None:
@@ -334,6 +370,16 @@ class TablePublisher:
         snap = self._refresh(topic)
         uri = self.table_uri(topic)
         t = state.topics.get(topic)
+        if t is not None and snap.metadata is not None and snap.metadata["configuration"].get("txlake.topicId") \
+                != t.topic_id:
+            self._snapshots.pop(topic, None)  # this process's view may be older than the table
+            snap = self._refresh(topic)
+            if snap.metadata is not None and snap.metadata["configuration"].get("txlake.topicId") != t.topic_id:
+                # the table of a deleted topic of the same name: the new topic gets a fresh table
+                log.info("table %s belongs to an earlier topic %s (id %s): removing it for topic id %s", uri, topic,
+                         snap.metadata["configuration"].get("txlake.topicId"), t.topic_id)
+                drop_table(self.store, topic)
+                snap = self._snapshots[topic] = dl.TableSnapshot()
         actions: list[dict[str, Any]] = []
         lso: dict[int, int] = {}
         if t is None:
@@ -377,12 +423,6 @@ class TablePublisher:
         puts += 1
         self._hook("committed")
         snap.apply(version, actions)
-        if version and version % CHECKPOINT_INTERVAL == 0:
-            self._hook("checkpoint")
-            try:
-                puts += self._write_checkpoint(topic, snap)
-            except Exception as exc:  # a checkpoint is an optimisation: the commits are the truth
-                log.warning("table %s: checkpoint %d not written: %s", uri, version, exc)
         return PublishResult(topic, uri, version, True, len(added), len(removes), puts, state.version, lso)
 
     def _hook(self, step: str) -> None:
@@ -448,14 +488,6 @@ class TablePublisher:
                                           {_FINGERPRINT_TAG: want.fingerprint}))
         return adds, removes, dv_files
 
-    def _write_checkpoint(self, topic: str, snap: dl.TableSnapshot) -> int:
-        """Write the Parquet checkpoint of ``snap`` and ``_last_checkpoint``; returns the PUTs made."""
-        root = table_key(topic)
-        data, size = dl.encode_checkpoint(snap, int(time.time() * 1000) - self.tombstone_retention_ms)
-        self.store.put(f"{root}/{dl.checkpoint_key(snap.version)}", data)
-        self.store.put(f"{root}/{dl.LAST_CHECKPOINT}", json.dumps({"version": snap.version, "size": size}).encode())
-        return 2
-
     # ------------------------------------------------------------------ which objects tables name
     def named_objects(self, topics: list[str], now_ms: int, retention_ms: int) -> set[str]:
         """Object keys any of ``topics``' tables still names: in its newest version, or removed
@@ -504,6 +536,30 @@ def clean_dv_files(store: ObjectStore, now_ms: int, retention_ms: int) -> list[s
     return deleted
 
 
+def _log_versions(keys: list[str], root: str) -> dict[str, dict[int, str]]:
+    """The commits (``"json"``) and checkpoints (``"checkpoint.parquet"``) among ``keys`` of the
+    table at ``root``: version -> key."""
+    out: dict[str, dict[int, str]] = {"json": {}, "checkpoint.parquet": {}}
+    prefix = f"{root}/{dl.LOG_DIR}/"
+    for key in keys:
+        name = key[len(prefix):] if key.startswith(prefix) else ""
+        number, _, kind = name.partition(".")
+        if number.isdigit() and kind in out:
+            out[kind][int(number)] = key
+    return out
+
+
+def _tables(store: ObjectStore) -> dict[str, list]:
+    """Every object under ``tables/`` by the topic of its table (one listing): ``ObjectInfo`` s."""
+    out: dict[str, list] = {}
+    for info in store.list(TABLES_PREFIX):
+        rest = info.key[len(TABLES_PREFIX):]
+        topic = rest.split(f"/{dl.LOG_DIR}/")[0] if f"/{dl.LOG_DIR}/" in rest else rest.rpartition("/")[0]
+        if topic:
+            out.setdefault(topic, []).append(info)
+    return out
+
+
 def clean_table_logs(store: ObjectStore, now_ms: int, retention_ms: int) -> list[str]:
     """Delta's log cleanup (``delta.logRetentionDuration``): per table, the commits and checkpoints
     below the newest readable checkpoint that every version younger than ``retention_ms`` (by
@@ -514,36 +570,135 @@ def clean_table_logs(store: ObjectStore, now_ms: int, retention_ms: int) -> list
     Raises:
         StorageError: the backend failed.
     """
-    logs: dict[str, dict[str, dict[int, int]]] = {}
-    for info in store.list(TABLES_PREFIX):
-        topic, sep, name = info.key[len(TABLES_PREFIX):].partition(f"/{dl.LOG_DIR}/")
-        if not sep or "/" in name:
-            continue
-        number, _, kind = name.partition(".")
-        if number.isdigit() and kind in ("json", "checkpoint.parquet"):
-            logs.setdefault(topic, {"json": {}, "checkpoint.parquet": {}})[kind][int(number)] = info.mtime_ms
     deleted = []
-    for topic, files in sorted(logs.items()):
-        commits, checkpoints = files["json"], files["checkpoint.parquet"]
+    for topic, infos in sorted(_tables(store).items()):
+        root = table_key(topic)
+        mtimes = {i.key: i.mtime_ms for i in infos}
+        versions = _log_versions(list(mtimes), root)
+        commits, checkpoints = versions["json"], versions["checkpoint.parquet"]
         if not commits:
             continue
-        young = [v for v, mtime in commits.items() if mtime + retention_ms > now_ms]
+        young = [v for v, key in commits.items() if mtimes[key] + retention_ms > now_ms]
         boundary = min(young) if young else max(commits)
-        root = table_key(topic)
         for cp in sorted((c for c in checkpoints if c <= boundary), reverse=True):
             try:  # only a checkpoint that reads may replace the commits before it
-                with store.open_input(f"{root}/{dl.checkpoint_key(cp)}") as f:
+                with store.open_input(checkpoints[cp]) as f:
                     pq.ParquetFile(f).metadata
             except Exception as exc:  # noqa: BLE001 - an older checkpoint may do
                 log.warning("table %s: checkpoint %d unreadable: %s", store.uri(root), cp, exc)
                 continue
-            keys = [f"{root}/{dl.commit_key(v)}" for v in sorted(commits) if v < cp]
-            keys += [f"{root}/{dl.checkpoint_key(c)}" for c in sorted(checkpoints) if c < cp]
+            keys = [commits[v] for v in sorted(commits) if v < cp]
+            keys += [checkpoints[c] for c in sorted(checkpoints) if c < cp]
             for key in keys:
                 store.delete(key)
             deleted += keys
             break
     return deleted
+
+
+def write_checkpoint(store: ObjectStore, topic: str, snap: dl.TableSnapshot, tombstones_after_ms: int) -> list[str]:
+    """Write the classic Parquet checkpoint of ``snap`` (version ``snap.version``), then
+    ``_delta_log/_last_checkpoint`` naming it (PROTOCOL.md "Checkpoints", "Last Checkpoint
+    File"); the checkpoint keeps the ``remove`` s made after ``tombstones_after_ms`` (ms since the
+    epoch). Returns the two keys written.
+
+    Raises:
+        StorageError: the backend failed (a checkpoint without ``_last_checkpoint`` is still
+            found by a listing reader; the commits stay the truth).
+    """
+    root = table_key(topic)
+    data, size = dl.encode_checkpoint(snap, tombstones_after_ms)
+    keys = [f"{root}/{dl.checkpoint_key(snap.version)}", f"{root}/{dl.LAST_CHECKPOINT}"]
+    store.put(keys[0], data)
+    store.put(keys[1], json.dumps({"version": snap.version, "size": size}).encode())
+    return keys
+
+
+def checkpoint_tables(store: ObjectStore, now_ms: int, tombstone_retention_ms: int,
+                      interval: int = CHECKPOINT_INTERVAL) -> list[str]:
+    """Table maintenance of the compaction round: a checkpoint (:func:`write_checkpoint`) of the
+    newest version of every table at least ``interval`` versions past its newest checkpoint (or,
+    without one, at version ``interval - 1`` or later) -- the tables' ``delta.checkpointInterval``,
+    kept off the publication path so a publication is one object (delta-rs' ``create_checkpoint``
+    is likewise its own operation). Tombstones younger than ``tombstone_retention_ms`` (the
+    tables' ``delta.deletedFileRetentionDuration``) stay in it. One listing of ``tables/``, then a
+    read of each due table's log; returns the keys written.
+
+    Raises:
+        StorageError / DeltaLogError: the backend failed or a table's log is unreadable.
+    """
+    publisher = TablePublisher(store)
+    written = []
+    for topic, infos in sorted(_tables(store).items()):
+        versions = _log_versions([i.key for i in infos], table_key(topic))
+        if not versions["json"]:
+            continue
+        if max(versions["json"]) - max(versions["checkpoint.parquet"], default=-1) < interval:
+            continue
+        snap = publisher.snapshot(topic)
+        written += write_checkpoint(store, topic, snap, now_ms - tombstone_retention_ms)
+    return written
+
+
+def drop_table(store: ObjectStore, topic: str) -> list[str]:
+    """Delete ``topic``'s table whole: ``_last_checkpoint`` first, then its commits and
+    checkpoints from the newest version down (a reader listing the log meanwhile, or a drop cut
+    short, leaves an older version of it, never a mix), then everything else under its root
+    (deletion-vector files). Returns the deleted keys.
+
+    Raises:
+        StorageError: the backend failed.
+    """
+    root = table_key(topic)
+    keys = [i.key for i in store.list(f"{root}/")]
+    versions = _log_versions(keys, root)
+    ordered = [k for k in keys if k == f"{root}/{dl.LAST_CHECKPOINT}"]
+    for v in sorted(set(versions["json"]) | set(versions["checkpoint.parquet"]), reverse=True):
+        ordered += [kind[v] for kind in (versions["json"], versions["checkpoint.parquet"]) if v in kind]
+    ordered += [k for k in keys if k not in set(ordered)]
+    for key in ordered:
+        store.delete(key)
+    return ordered
+
+
+def drop_deleted_tables(store: ObjectStore, catalog_state: Callable[[], CatalogState], now_ms: int,
+                        delay_ms: int) -> list[str]:
+    """Remove the tables of deleted topics (the compaction round's; docs/tables.md "Deleted topics").
+
+    A table whose topic ``catalog_state()`` (the catalog's current state) no longer holds is
+    first emptied -- a version removing every file, unless the writer's publication did it
+    already -- and removed whole (:func:`drop_table`) once its newest version is empty and older
+    than ``delay_ms`` (``storage.file.delete.delay.ms``: the grace the object cleaner gives the
+    objects a version removed, so no reader that opened an older version is still reading). A
+    table whose topic was re-created is left to the new topic's publication (it starts a fresh
+    table). Each table is decided under its lock against ``catalog_state()`` read then, so a topic
+    re-created meanwhile keeps its new table. Returns the topics whose tables were removed.
+
+    Raises:
+        StorageError / DeltaLogError: the backend failed or a table's log is unreadable.
+    """
+    publisher = TablePublisher(store)
+    dropped = []
+    for topic, infos in sorted(_tables(store).items()):
+        if topic in catalog_state().topics:
+            continue
+        with _table_lock(store, topic):
+            state = catalog_state()
+            if topic in state.topics:
+                continue
+            snap = publisher.snapshot(topic)
+            if snap.files:  # not emptied yet: readers get the empty version first, the grace from it
+                publisher.publish(state, topic, now_ms)
+                continue
+            versions = _log_versions([i.key for i in infos], table_key(topic))
+            newest = versions["json"].get(max(versions["json"], default=-1))
+            stamp = max((i.mtime_ms for i in infos if newest is None or i.key == newest), default=now_ms)
+            if stamp + delay_ms > now_ms:
+                continue
+            drop_table(store, topic)
+            publisher._snapshots.pop(topic, None)
+            dropped.append(topic)
+    return dropped
 
 
 def tables_name(store: ObjectStore, now_ms: int, retention_ms: int) -> set[str]:
@@ -597,8 +752,7 @@ class TablePublishThread:
         self.writer = writer
         self.interval_ms = interval_ms
         self.include_internal = include_internal
-        self.publisher = TablePublisher(writer.store, configuration,
-                                        tombstone_retention_ms=writer.config.file_delete_delay_ms)
+        self.publisher = TablePublisher(writer.store, configuration)
         self.stopped = threading.Event()
         self.rounds = 0
         self._pending: list[tuple[int, list[dict[str, Any]]]] = []

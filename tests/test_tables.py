@@ -369,13 +369,13 @@ def test_a_publication_round_publishes_only_the_topics_committed_to(file_root):
         log.close()
 
 
-def test_checkpoints_every_ten_versions(file_root):
-    """Version 10 comes with a Parquet checkpoint and ``_last_checkpoint``; the log cleanup deletes
-    the commits it covers once older than the retention, and delta-rs and a fresh publisher read
-    the table from the checkpoint."""
+def test_checkpoints_are_the_compaction_rounds_not_the_publications(file_root):
+    """Every publication writes one object, its commit, also at version 10 (issue 19's "at most
+    one object per publish interval"); the compaction round's ``checkpoint_tables`` writes the
+    Parquet checkpoint and ``_last_checkpoint`` of a table 10 or more versions past its last one.
+    The log cleanup then deletes the commits it covers once older than the retention, and
+    delta-rs and a fresh publisher read the table from the checkpoint."""
     import os
-
-    from txlake.engine.table_publisher import clean_table_logs
 
     log = Log(file_root)
     try:
@@ -387,33 +387,99 @@ def test_checkpoints_every_ten_versions(file_root):
                 log.produce(log.txn, 1)
                 log.txn.abort_transaction(30)
             result, expected = check(log, publisher, v)
+            assert result.objects_put == 1, (v, result)
+        from txlake.engine.table_publisher import checkpoint_tables, clean_table_logs
+
         root = f"{file_root.url[len('file://'):]}/{table_key(TOPIC)}/_delta_log"
-        assert json.loads(open(f"{root}/_last_checkpoint").read())["version"] == 10
-        assert os.path.exists(f"{root}/{10:020d}.checkpoint.parquet")
-        before = TablePublisher(file_root.object_store()).snapshot(TOPIC)
+        assert sorted(os.listdir(root)) == [f"{v:020d}.json" for v in range(12)]
         store = file_root.object_store()
         newest = max(o.mtime_ms for o in store.list(f"{table_key(TOPIC)}/"))
+        # the maintenance: a checkpoint of version 11, then _last_checkpoint naming it
+        assert checkpoint_tables(store, newest, 60_000) == [
+            f"{table_key(TOPIC)}/_delta_log/{n}" for n in (f"{11:020d}.checkpoint.parquet", "_last_checkpoint")]
+        assert json.loads(open(f"{root}/_last_checkpoint").read())["version"] == 11
+        assert checkpoint_tables(store, newest, 60_000) == []              # not due again
+        before = TablePublisher(file_root.object_store()).snapshot(TOPIC)
         assert clean_table_logs(store, newest, 60_000) == []                 # every version is young
-        # all expired: the commits checkpoint 10 covers go, 10 (its commitInfo) and 11 stay
+        # all expired: the commits checkpoint 11 covers go, 11 (its commitInfo) stays
         assert clean_table_logs(store, newest + 60_000, 60_000) == [
-            f"{table_key(TOPIC)}/_delta_log/{v:020d}.json" for v in range(10)]
-        assert sorted(os.listdir(root)) == [f"{10:020d}.checkpoint.parquet", f"{10:020d}.json", f"{11:020d}.json",
-                                            "_last_checkpoint"]
+            f"{table_key(TOPIC)}/_delta_log/{v:020d}.json" for v in range(11)]
+        assert sorted(os.listdir(root)) == [f"{11:020d}.checkpoint.parquet", f"{11:020d}.json", "_last_checkpoint"]
         assert delta_rs_rows(result.uri) == expected
         after = TablePublisher(file_root.object_store()).snapshot(TOPIC)
         assert after.version == before.version == 11
-        assert (after.txns, after.metadata, after.protocol) == (before.txns, before.metadata, before.protocol)
+        assert (after.txns, after.metadata, after.protocol, after.commit_info) == \
+            (before.txns, before.metadata, before.protocol, before.commit_info)
         assert {p: (a["size"], a.get("tags"), a.get("deletionVector")) for p, a in after.files.items()} == \
             {p: (a["size"], a.get("tags"), a.get("deletionVector")) for p, a in before.files.items()}
         log.produce(log.producer, 1)
         check(log, TablePublisher(file_root.object_store()), 12)  # a restarted publisher continues
+        # _last_checkpoint is optional (Delta readers list the log): a fresh publisher finds the checkpoint
+        os.remove(f"{root}/_last_checkpoint")
+        assert TablePublisher(file_root.object_store()).snapshot(TOPIC).version == 12
         # a checkpoint gone bad after the cleanup: refuse, never start the table over at version 0
-        with open(f"{root}/{10:020d}.checkpoint.parquet", "wb") as f:
+        with open(f"{root}/{11:020d}.checkpoint.parquet", "wb") as f:
             f.write(b"not parquet")
         with pytest.raises(dl.DeltaLogError, match="its newest checkpoint is unreadable and the commits it covers "
                                                    "were cleaned up"):
             TablePublisher(file_root.object_store()).publish(fresh_catalog(file_root).state, TOPIC)
         assert not os.path.exists(f"{root}/{0:020d}.json")
+    finally:
+        log.close()
+
+
+def test_a_deleted_topics_table_is_removed_and_a_recreated_topic_gets_a_fresh_one(file_root):
+    """DeleteTopics: the compaction round empties the topic's table (readers see no rows) and
+    removes it whole once that version is ``storage.file.delete.delay.ms`` old; a topic
+    re-created under the name -- after the removal, or before it -- gets a fresh table at
+    version 0 holding only its own records."""
+    from txlake.tables import list_tables
+
+    delay = 1_000
+    log = Log(file_root, {"storage.file.delete.delay.ms": delay})
+    store = file_root.object_store()
+    try:
+        log.produce(log.producer, 2)
+        publisher = TablePublisher(store)
+        check(log, publisher, 0)
+        assert publisher.publish(fresh_catalog(file_root).state, OTHER).version == 0
+        writer = writer_broker(file_root, {"storage.file.delete.delay.ms": delay})
+        log.admin.delete_topics([OTHER])[OTHER].result()
+        t0 = int(time.time() * 1000)
+        compact(writer, now_ms=t0)                                   # emptied: version 1, no files
+        emptied = TablePublisher(store).snapshot(OTHER)
+        assert (emptied.version, emptied.files) == (1, {})
+        assert delta_rs_rows(publisher.table_uri(OTHER)) == []
+        (stamp,) = [o.mtime_ms for o in store.list(f"{table_key(OTHER)}/{dl.commit_key(1)}")]
+        compact(writer, now_ms=stamp + delay - 1)                    # a reader may still read version 0
+        assert store.exists(f"{table_key(OTHER)}/{dl.commit_key(1)}")
+        compact(writer, now_ms=stamp + delay)
+        assert store.list(f"{table_key(OTHER)}/") == []
+        assert [t.topic for t in list_tables(file_root.url)] == [TOPIC]
+
+        def recreate(name: str, values: list[bytes]) -> str:
+            log.admin.create_topics([NewTopic(name, 1)])[name].result()
+            p = Producer(log.conf)
+            for v in values:
+                p.produce(name, value=v, partition=0)
+            assert p.flush(30) == 0
+            p.close()
+            state = fresh_catalog(file_root).state
+            result = publisher.publish(state, name)                  # the publisher that knew the old table
+            assert (result.version, result.committed) == (0, True)
+            snap = TablePublisher(store).snapshot(name)
+            assert snap.version == 0 and snap.metadata["configuration"]["txlake.topicId"] == state.topics[name].topic_id
+            assert [o.key for o in store.list(f"{table_key(name)}/")] == [f"{table_key(name)}/{dl.commit_key(0)}"]
+            assert delta_rs_rows(result.uri) == consumer_rows(log.conf, name, 1)
+            return result.uri
+
+        uri = recreate(OTHER, [b"new audit"])                       # after the old table was removed
+        assert [r[3] for r in delta_rs_rows(uri)] == [b"new audit"]
+        log.admin.delete_topics([TOPIC])[TOPIC].result()            # re-created within the grace: the
+        uri = recreate(TOPIC, [b"a", b"b"])                         # old table (3 versions) is replaced
+        assert [r[3] for r in delta_rs_rows(uri)] == [b"a", b"b"]
+        compact(writer, now_ms=stamp + 10 * delay)                   # the round leaves live tables alone
+        assert TablePublisher(store).snapshot(TOPIC).version == 0
     finally:
         log.close()
 
