@@ -5,7 +5,9 @@ Run:  .venv/bin/python benchmarks/bench_publish.py [--transactions 60] [--freshn
 One process, an embedded engine (the writer) on a fresh local root per run; every PUT of the
 process is counted by kind as benchmarks/bench_trickle.py counts them (``ObjectStore.put`` and
 ``put_if_absent`` wrapped; ``tables/`` keys are the tables' commits, checkpoints and
-deletion-vector files).
+deletion-vector files). Publications write no checkpoints: the compaction round does
+(``storage.compaction.interval.ms``, 5 minutes, so none runs within a run here; docs/tables.md
+"Checkpoints"), so a "table checkpoints" column appears only if one did.
 
 (a) Publication cost. A transactional producer commits ``--transactions`` transactions, one
 every ``--pace-ms`` ms, each of ``--records`` records spread round-robin over every partition
@@ -13,7 +15,7 @@ every ``--pace-ms`` ms, each of ``--records`` records spread round-robin over ev
 1 and of 64 partitions, with the writer publishing every ``--interval-ms`` ms
 (``lake.publish.interval.ms``) and with publication off (0); after the last commit it waits one
 more interval. Printed per run: flushes (data-object PUTs), PUTs by kind (the tables' split into commits,
-checkpoints and deletion-vector files), PUTs per flush, the
+checkpoints and deletion-vector files; "checkpoints" alone are the catalog's), PUTs per flush, the
 tables' PUTs per publish interval (goal: at most one, whatever the partition count), and the
 latency of each publication of a table (``TablePublisher.publish``, timed around the call)
 p50 / p99.

@@ -297,9 +297,16 @@ def test_the_writer_publishes_on_its_schedule(tmp_path):
         p.close()
 
 
-@pytest.mark.xfail(strict=True, reason="delta-rs 1.6 DeltaTable.file_uris() joins an absolute add path onto the "
-                                       "table root ('<root>/file:/...'), and polars.read_delta scans those paths")
+@pytest.mark.xfail(strict=True, reason="delta-rs (1.6.6, the newest release) DeltaTable.file_uris() joins an "
+                                       "absolute add path onto the table root ('<root>/file:/...', delta-rs #865), "
+                                       "and polars.read_delta (2.1.0, the newest) scans the paths file_uris() gives")
 def test_polars_reads_the_table(file_root):
+    """Polars' ``read_delta`` returns the committed records. Checked 2026-11-25 against the newest
+    releases pip offers here (polars 2.1.0, deltalake 1.6.6): Polars applies deletion vectors (from
+    ``DeltaTable.deletion_vectors()``, whose paths are right) but scans ``file_uris()``, which
+    prefixes every absolute path with the table root. Relative ``../../data/...`` paths do not
+    help: delta-rs' own scan resolves them, ``file_uris()`` percent-encodes the ``..``. When this
+    starts passing (xfail strict), raise the test extra's polars/deltalake pins to that release."""
     import polars
 
     log = Log(file_root)

@@ -16,6 +16,8 @@ shared session from the root's storage options by ``txlake.spark_connector.delta
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from spark_support import close_engines, delta_spark  # noqa: F401
@@ -24,7 +26,7 @@ from test_tables import Log, check
 pytest.importorskip("deltalake")
 
 from txlake.engine.compaction import compact  # noqa: E402
-from txlake.engine.table_publisher import TablePublisher  # noqa: E402
+from txlake.engine.table_publisher import TablePublisher, checkpoint_tables, clean_table_logs  # noqa: E402
 
 from compaction_support import writer_broker  # noqa: E402
 
@@ -81,5 +83,13 @@ def test_spark_reads_exactly_the_committed_records_through_a_logs_life(storage):
         values = spark.read.format("delta").load(result.uri).where("partition = 1").select("value").collect()
         assert sorted((bytes(r.value) for r in values if r.value is not None)) == \
             sorted(r[3] for r in rows if r[0] == 1 and r[3] is not None)
+        # the compaction round's checkpoint (forced here at 5 versions), the commits it covers deleted:
+        # delta-spark reads the table from txlake's Parquet checkpoint
+        store = storage.object_store()
+        now = int(time.time() * 1000)
+        assert checkpoint_tables(store, now, 3_600_000, interval=1)[0].endswith(f"{4:020d}.checkpoint.parquet")
+        assert clean_table_logs(store, now + 3_600_000, 60_000)[-1].endswith(f"{3:020d}.json")
+        spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # open the log anew, not the cached snapshot
+        assert spark_rows(spark, result.uri) == rows
     finally:
         log.close()
