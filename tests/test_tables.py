@@ -435,7 +435,8 @@ def test_checkpoints_are_the_compaction_rounds_not_the_publications(file_root):
         log.close()
 
 
-def test_a_deleted_topics_table_is_removed_and_a_recreated_topic_gets_a_fresh_one(file_root):
+@pytest.mark.parametrize("backend", ["file", pytest.param("s3", marks=pytest.mark.s3)])
+def test_a_deleted_topics_table_is_removed_and_a_recreated_topic_gets_a_fresh_one(storage):
     """DeleteTopics: the compaction round empties the topic's table (readers see no rows) and
     removes it whole once that version is ``storage.file.delete.delay.ms`` old; a topic
     re-created under the name -- after the removal, or before it -- gets a fresh table at
@@ -443,26 +444,26 @@ def test_a_deleted_topics_table_is_removed_and_a_recreated_topic_gets_a_fresh_on
     from txlake.tables import list_tables
 
     delay = 1_000
-    log = Log(file_root, {"storage.file.delete.delay.ms": delay})
-    store = file_root.object_store()
+    log = Log(storage, {"storage.file.delete.delay.ms": delay})
+    store = storage.object_store()
     try:
         log.produce(log.producer, 2)
         publisher = TablePublisher(store)
         check(log, publisher, 0)
-        assert publisher.publish(fresh_catalog(file_root).state, OTHER).version == 0
-        writer = writer_broker(file_root, {"storage.file.delete.delay.ms": delay})
+        assert publisher.publish(fresh_catalog(storage).state, OTHER).version == 0
+        writer = writer_broker(storage, {"storage.file.delete.delay.ms": delay})
         log.admin.delete_topics([OTHER])[OTHER].result()
         t0 = int(time.time() * 1000)
         compact(writer, now_ms=t0)                                   # emptied: version 1, no files
         emptied = TablePublisher(store).snapshot(OTHER)
         assert (emptied.version, emptied.files) == (1, {})
-        assert delta_rs_rows(publisher.table_uri(OTHER)) == []
+        assert delta_rs_rows(publisher.table_uri(OTHER), storage.options) == []
         (stamp,) = [o.mtime_ms for o in store.list(f"{table_key(OTHER)}/{dl.commit_key(1)}")]
         compact(writer, now_ms=stamp + delay - 1)                    # a reader may still read version 0
         assert store.exists(f"{table_key(OTHER)}/{dl.commit_key(1)}")
         compact(writer, now_ms=stamp + delay)
         assert store.list(f"{table_key(OTHER)}/") == []
-        assert [t.topic for t in list_tables(file_root.url)] == [TOPIC]
+        assert [t.topic for t in list_tables(storage.url, storage.options)] == [TOPIC]
 
         def recreate(name: str, values: list[bytes]) -> str:
             log.admin.create_topics([NewTopic(name, 1)])[name].result()
@@ -471,20 +472,20 @@ def test_a_deleted_topics_table_is_removed_and_a_recreated_topic_gets_a_fresh_on
                 p.produce(name, value=v, partition=0)
             assert p.flush(30) == 0
             p.close()
-            state = fresh_catalog(file_root).state
+            state = fresh_catalog(storage).state
             result = publisher.publish(state, name)                  # the publisher that knew the old table
             assert (result.version, result.committed) == (0, True)
             snap = TablePublisher(store).snapshot(name)
             assert snap.version == 0 and snap.metadata["configuration"]["txlake.topicId"] == state.topics[name].topic_id
             assert [o.key for o in store.list(f"{table_key(name)}/")] == [f"{table_key(name)}/{dl.commit_key(0)}"]
-            assert delta_rs_rows(result.uri) == consumer_rows(log.conf, name, 1)
+            assert delta_rs_rows(result.uri, storage.options) == consumer_rows(log.conf, name, 1)
             return result.uri
 
         uri = recreate(OTHER, [b"new audit"])                       # after the old table was removed
-        assert [r[3] for r in delta_rs_rows(uri)] == [b"new audit"]
+        assert [r[3] for r in delta_rs_rows(uri, storage.options)] == [b"new audit"]
         log.admin.delete_topics([TOPIC])[TOPIC].result()            # re-created within the grace: the
         uri = recreate(TOPIC, [b"a", b"b"])                         # old table (3 versions) is replaced
-        assert [r[3] for r in delta_rs_rows(uri)] == [b"a", b"b"]
+        assert [r[3] for r in delta_rs_rows(uri, storage.options)] == [b"a", b"b"]
         compact(writer, now_ms=stamp + 10 * delay)                   # the round leaves live tables alone
         assert TablePublisher(store).snapshot(TOPIC).version == 0
     finally:
