@@ -492,6 +492,46 @@ def test_a_deleted_topics_table_is_removed_and_a_recreated_topic_gets_a_fresh_on
         log.close()
 
 
+def test_a_table_removal_cut_short_leaves_an_older_version(file_root):
+    """``drop_table`` deletes ``_last_checkpoint``, then the log from the newest version down: a
+    removal that dies part-way leaves a readable older version (here version 2, from its
+    checkpoint), never a mix, and the next removal finishes it."""
+    from txlake.engine.table_publisher import checkpoint_tables, drop_table
+
+    log = Log(file_root)
+    store = file_root.object_store()
+    try:
+        publisher = TablePublisher(store)
+        for v in range(4):
+            log.produce(log.producer, 1)
+            _, rows = check(log, publisher, v)
+            if v == 2:
+                at_two = rows
+                assert checkpoint_tables(store, int(time.time() * 1000), 60_000, interval=1)[0] == \
+                    f"{table_key(TOPIC)}/{dl.checkpoint_key(2)}"
+        deleted = []
+
+        def delete(key):
+            if len(deleted) == 2:
+                raise OSError("killed")
+            deleted.append(key)
+            type(store).delete(store, key)
+
+        store.delete = delete
+        with pytest.raises(OSError):
+            drop_table(store, TOPIC)
+        root = table_key(TOPIC)
+        assert deleted == [f"{root}/{dl.LAST_CHECKPOINT}", f"{root}/{dl.commit_key(3)}"]
+        assert delta_rs_rows(publisher.table_uri(TOPIC)) == at_two
+        assert TablePublisher(file_root.object_store()).snapshot(TOPIC).version == 2
+        del store.delete
+        assert drop_table(store, TOPIC) == [f"{root}/{dl.commit_key(2)}", f"{root}/{dl.checkpoint_key(2)}",
+                                            f"{root}/{dl.commit_key(1)}", f"{root}/{dl.commit_key(0)}"]
+        assert store.list(f"{root}/") == []
+    finally:
+        log.close()
+
+
 def test_two_publishers_racing_for_a_version(file_root):
     """Create-if-absent decides: the loser reads the winner's version and commits only what is
     still missing (here nothing)."""
