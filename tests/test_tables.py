@@ -318,6 +318,33 @@ def test_polars_reads_the_table(file_root):
         log.close()
 
 
+@pytest.mark.parametrize("backend", ["file", pytest.param("s3", marks=pytest.mark.s3)])
+def test_polars_deltalake_reads_the_table(storage):
+    """Polars reads the table through the polars-deltalake plugin (delta-kernel-rs: absolute add
+    paths and deletion vectors): exactly the committed records, after an aborted transaction and
+    with objects shared with another topic, and again after a compaction (removes and adds)."""
+    import polars_deltalake
+
+    log = Log(storage)
+    publisher = TablePublisher(storage.object_store())
+    options = delta_storage_options(storage.options)
+    try:
+        log.produce(log.producer, 2)
+        log.txn.begin_transaction()
+        log.produce(log.txn, 2)
+        log.txn.abort_transaction(30)
+        result, expected = check(log, publisher, 0)
+        assert len(expected) == 6
+        df = polars_deltalake.read_delta(result.uri, storage_options=options)
+        assert table_rows(df.to_arrow()) == expected
+        assert compact(writer_broker(storage)).merges > 0
+        result, expected = check(log, publisher, 1)
+        df = polars_deltalake.read_delta(result.uri, storage_options=options)
+        assert table_rows(df.to_arrow()) == expected
+    finally:
+        log.close()
+
+
 def test_compaction_keeps_objects_a_table_version_names(file_root):
     """A retired object is deleted only when no table version within the tables' retention
     (``delta.deletedFileRetentionDuration`` = ``storage.file.delete.delay.ms``) names it."""
