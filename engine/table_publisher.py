@@ -622,10 +622,11 @@ def checkpoint_tables(store: ObjectStore, now_ms: int, tombstone_retention_ms: i
     kept off the publication path so a publication is one object (delta-rs' ``create_checkpoint``
     is likewise its own operation). Tombstones younger than ``tombstone_retention_ms`` (the
     tables' ``delta.deletedFileRetentionDuration``) stay in it. One listing of ``tables/``, then a
-    read of each due table's log; returns the keys written.
+    read of each due table's log; returns the keys written. A table whose log cannot be read or
+    whose checkpoint cannot be written is logged and skipped (its commits stay the truth).
 
     Raises:
-        StorageError / DeltaLogError: the backend failed or a table's log is unreadable.
+        StorageError: the listing failed.
     """
     publisher = TablePublisher(store)
     written = []
@@ -635,8 +636,11 @@ def checkpoint_tables(store: ObjectStore, now_ms: int, tombstone_retention_ms: i
             continue
         if max(versions["json"]) - max(versions["checkpoint.parquet"], default=-1) < interval:
             continue
-        snap = publisher.snapshot(topic)
-        written += write_checkpoint(store, topic, snap, now_ms - tombstone_retention_ms)
+        try:
+            snap = publisher.snapshot(topic)
+            written += write_checkpoint(store, topic, snap, now_ms - tombstone_retention_ms)
+        except Exception as exc:  # noqa: BLE001 - an optimisation: the commits stay the truth
+            log.warning("table %s: no checkpoint written: %s", store.uri(table_key(topic)), exc)
     return written
 
 
@@ -672,10 +676,12 @@ def drop_deleted_tables(store: ObjectStore, catalog_state: Callable[[], CatalogS
     objects a version removed, so no reader that opened an older version is still reading). A
     table whose topic was re-created is left to the new topic's publication (it starts a fresh
     table). Each table is decided under its lock against ``catalog_state()`` read then, so a topic
-    re-created meanwhile keeps its new table. Returns the topics whose tables were removed.
+    re-created meanwhile keeps its new table. A table whose log is unreadable (no reader can open
+    it) is removed once its newest commit is ``delay_ms`` old. Returns the topics whose tables
+    were removed.
 
     Raises:
-        StorageError / DeltaLogError: the backend failed or a table's log is unreadable.
+        StorageError / ObjectNotFoundError / CorruptObjectError: the backend failed.
     """
     publisher = TablePublisher(store)
     dropped = []
@@ -686,7 +692,11 @@ def drop_deleted_tables(store: ObjectStore, catalog_state: Callable[[], CatalogS
             state = catalog_state()
             if topic in state.topics:
                 continue
-            snap = publisher.snapshot(topic)
+            try:
+                snap = publisher.snapshot(topic)
+            except dl.DeltaLogError as exc:  # unreadable: nothing to empty, removed after the grace
+                log.warning("table %s of deleted topic %s: %s", store.uri(table_key(topic)), topic, exc)
+                snap = dl.TableSnapshot()
             if snap.files:  # not emptied yet: readers get the empty version first, the grace from it
                 publisher.publish(state, topic, now_ms)
                 continue
