@@ -10,8 +10,10 @@
 
 Any Delta reader with deletion-vector support opens ``uri``: delta-spark
 (``spark.read.format("delta").load(uri)``), delta-rs (``deltalake.DeltaTable(uri).scan()``;
-its pyarrow-dataset reader refuses deletion vectors), and gets exactly the records a
-read_committed Consumer returns as of the published LSO.
+its pyarrow-dataset reader refuses deletion vectors), Polars through the polars-deltalake plugin
+(``polars_deltalake.read_delta(uri)``; ``polars.read_delta`` cannot yet, docs/tables.md), and gets
+exactly the records a read_committed Consumer returns as of the published LSO. A deleted topic's
+table is emptied, then removed by the compaction round after ``storage.file.delete.delay.ms``.
 """
 
 from __future__ import annotations
