@@ -338,24 +338,14 @@ class TransactionCoordinator:
             if metadata.state is TransactionState.ONGOING and partitions <= metadata.topic_partitions:
                 return Errors.NO_ERROR
             transit = metadata.prepare_add_partitions(partitions, _now_ms())
-        # not urgent: the Ongoing record commits with the first records of the transaction
-        append = self.state.queue_transaction_to_log(transactional_id, found.coordinator_epoch, transit, urgent=False)
-        if _refused_at_once(append):
-            error = self.state.complete_transaction_append(append)
-            self._remember(metadata)
-            return error
-        # Answer now, before the Ongoing record is durable: the writer commits in queue order
-        # and stops at its first failed commit, so no record the producer sends after this
-        # answer (to the partitions verified from now on) is ever durable without it. The
-        # transition completes when the record is committed; requests for this id wait for
-        # that first (see settle).
-        with self._verified_lock:
-            self._verified[transit.producer_id] = (transit.producer_epoch, transit.topic_partitions)
-        settled: Future = Future()
-        with self._in_flight_lock:
-            self._in_flight[transactional_id] = settled
-        append.written.add_done_callback(lambda _: self._run_completion(self._complete_add, append, metadata, settled))
-        return Errors.NO_ERROR
+        # Answer only once the Ongoing record is durable, as Kafka's appendTransactionToLog answers
+        # from its callback after replication: the client may send EndTxn right after this answer,
+        # and a coordinator restarted in between must know the partitions (issue 18). The record
+        # is urgent (the answer waits for it, not for the writer's linger and flush interval);
+        # records queued meanwhile, other transactional ids' included, share its group commit
+        error = self.state.append_transaction_to_log(transactional_id, found.coordinator_epoch, transit)
+        self._remember(metadata)  # the verification index follows the durable state
+        return error
 
     def _complete_add(self, append: TxnLogAppend, metadata: TransactionMetadata, settled: Future) -> None:
         """Complete an AddPartitionsToTxn transition once its record is written (the
