@@ -74,7 +74,6 @@ def log(broker: Broker, partition: int, topic: str = "out") -> list[tuple]:
 
 
 def metadata(coordinator, transactional_id: str):
-    coordinator.settle(transactional_id)
     return coordinator.state.get_transaction_state(transactional_id).transaction_metadata
 
 

@@ -173,7 +173,6 @@ def test_coordinator_answers_in_each_state(broker):
     err, pid, epoch = c.handle_init_producer_id("x", 60_000)
     assert (err, epoch) == (Errors.NO_ERROR, 0)
     def state():
-        c.settle("x")  # AddPartitionsToTxn answers before its Ongoing record is durable
         return c.state.get_transaction_state("x").transaction_metadata.state
     assert state() is TransactionState.EMPTY
     assert c.handle_end_txn("x", pid, epoch, True) == Errors.INVALID_TXN_STATE          # nothing to end
