@@ -368,7 +368,8 @@ def test_sigkill_right_after_add_partitions_is_answered_keeps_the_partitions(tmp
     answer itself made the record durable (before the fix the restarted coordinator had the id
     Empty, and EndTxn answered INVALID_TXN_STATE)."""
     root = ServedRoot(StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file"), tmp_path,
-                      {**SETTINGS, "storage.flush.linger.ms": 2000}).start()
+                      {**SETTINGS, "storage.flush.linger.ms": 2000,
+                       "storage.lease.ms": 3000}).start()  # the restart waits out the dead server's lease
     try:
         admin = KafkaAdmin({"bootstrap.servers": root.bootstrap})
         admin.create_topics([KafkaNewTopic("crash", 1, 1)])["crash"].result(30)
