@@ -176,6 +176,7 @@ def test_coordinator_answers_in_each_state(broker):
         return c.state.get_transaction_state("x").transaction_metadata.state
     assert state() is TransactionState.EMPTY
     assert c.handle_end_txn("x", pid, epoch, True) == Errors.INVALID_TXN_STATE          # nothing to end
+    assert c.handle_end_txn("x", pid, epoch, False) == Errors.INVALID_TXN_STATE         # nor to abort (TV1)
     assert c.handle_add_partitions_to_txn("x", pid + 1, epoch, [("out", 0)])[("out", 0)] == Errors.INVALID_PRODUCER_ID_MAPPING
     assert c.handle_add_partitions_to_txn("x", pid, epoch + 1, [("out", 0)])[("out", 0)] == Errors.PRODUCER_FENCED
     assert c.handle_add_partitions_to_txn("x", pid, epoch, [("out", 0)])[("out", 0)] == Errors.NO_ERROR
