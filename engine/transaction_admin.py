@@ -226,10 +226,10 @@ class TransactionAdmin:
         TRANSACTIONAL_ID_NOT_FOUND; an empty id INVALID_REQUEST."""
         ids = list(transactional_ids)
         try:
-            state, coordinator = self._coordinator_state()
+            state, _ = self._coordinator_state()
         except ApiError as exc:
             return [DescribedTransaction(tid, exc.error, exc.message) for tid in ids]
-        return [_describe(state, coordinator, tid) for tid in ids]
+        return [_describe(state, tid) for tid in ids]
 
     # ------------------------------------------------------------------ DescribeProducers
     def handle_describe_producers(self, partitions: Iterable[tuple[str, int]]) -> list[PartitionProducers]:
@@ -342,7 +342,7 @@ class TransactionAdmin:
         if not candidates:
             return []
         producer_ids = {c.producer.producer_id for c in candidates}
-        state, coordinator = self._coordinator_state()  # one view for the listing and the descriptions
+        state, _ = self._coordinator_state()  # one view for the listing and the descriptions
         listed = state.list_transaction_states(producer_ids)
         if listed.error != Errors.NO_ERROR:
             raise ApiError(listed.error, f"Failed to list transactions for {len(producer_ids)} producers")
@@ -350,7 +350,7 @@ class TransactionAdmin:
                              if t.producer_id in producer_ids}
         descriptions: dict[str, DescribedTransaction | None] = {}
         for tid in transactional_ids.values():
-            described = _describe(state, coordinator, tid)
+            described = _describe(state, tid)
             if described.error == Errors.TRANSACTIONAL_ID_NOT_FOUND:
                 descriptions[tid] = None
             elif described.error != Errors.NO_ERROR:
@@ -360,14 +360,11 @@ class TransactionAdmin:
         return hanging_transactions(candidates, transactional_ids, descriptions)
 
 
-def _describe(state: TransactionStateManager, coordinator: TransactionCoordinator | None,
-              transactional_id: str) -> DescribedTransaction:
-    """One DescribeTransactions answer from ``state`` (the live coordinator's first settles an
-    answered AddPartitionsToTxn of the id, so the answer holds every partition added so far)."""
+def _describe(state: TransactionStateManager, transactional_id: str) -> DescribedTransaction:
+    """One DescribeTransactions answer from ``state`` (every partition whose AddPartitionsToTxn was
+    answered is in it: the coordinator answers once the Ongoing record is durable)."""
     if not transactional_id:
         return DescribedTransaction(transactional_id, Errors.INVALID_REQUEST, "an empty transactional id")
-    if coordinator is not None:
-        coordinator.settle(transactional_id)
     try:
         found = state.get_transaction_state(transactional_id)
     except ApiError as exc:

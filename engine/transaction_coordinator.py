@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Callable, Iterable
 
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC, is_internal
@@ -42,8 +41,6 @@ log = logging.getLogger(__name__)
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 MARKER_RETRIES = 5
-#: seconds a request waits for an answered AddPartitionsToTxn of its id to be durable
-SETTLE_TIMEOUT_S = 30.0
 #: transactions a restarted coordinator finishes at once (their writes share group commits)
 RECOVERY_THREADS = 32
 
@@ -101,11 +98,6 @@ class TransactionCoordinator:
         # Guarded by a leaf lock: the broker consults it while holding its append lock.
         self._verified: dict[int, tuple[int, frozenset[tuple[str, int]]]] = {}
         self._verified_lock = threading.Lock()
-        # AddPartitionsToTxn answered before its record is durable: transactional id -> a future
-        # set once the transition is complete; completions run on one thread, off the uploader
-        self._in_flight: dict[str, Future] = {}
-        self._in_flight_lock = threading.Lock()
-        self._completions = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txlake-txn-completions")
 
     # ------------------------------------------------------------------ lifecycle
     def startup(self, schedule: bool = True) -> None:
@@ -168,14 +160,6 @@ class TransactionCoordinator:
         self._stop.set()
         if self._scheduler is not None:
             self._scheduler.join(timeout=10)
-        with self._in_flight_lock:
-            in_flight = list(self._in_flight.values())
-        for settled in in_flight:  # answered AddPartitionsToTxn whose records are still being written
-            try:
-                settled.result(timeout=SETTLE_TIMEOUT_S)
-            except FutureTimeoutError:
-                log.warning("an AddPartitionsToTxn record was not written before shutdown")
-        self._completions.shutdown(wait=True)
         self.state.shutdown()
 
     def _schedule(self) -> None:
@@ -206,7 +190,6 @@ class TransactionCoordinator:
             return Errors.INVALID_REQUEST, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
         if not self.state.validate_transaction_timeout_ms(transaction_timeout_ms):
             return Errors.INVALID_TRANSACTION_TIMEOUT, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
-        self.settle(transactional_id)
         try:
             self.txn_log.ensure_topic()  # the first transactional producer creates __transaction_state
             found = self.state.get_transaction_state(transactional_id)
@@ -259,8 +242,12 @@ class TransactionCoordinator:
                                      partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Errors]:
         """AddPartitionsToTxn from a client: one error for all the partitions (Kafka answers them alike).
 
-        INVALID_PRODUCER_ID_MAPPING (unknown id or another producer id), PRODUCER_FENCED
-        (another epoch), CONCURRENT_TRANSACTIONS (a transition or an EndTxn in progress).
+        Returns once the Ongoing record naming the partitions is durable in
+        ``__transaction_state`` (Kafka's ``handleAddPartitionsToTransaction`` answers from
+        ``appendTransactionToLog``'s callback), so a coordinator restarted after the answer
+        has them. INVALID_PRODUCER_ID_MAPPING (unknown id or another producer id), PRODUCER_FENCED
+        (another epoch), CONCURRENT_TRANSACTIONS (a transition or an EndTxn in progress); a
+        failed write: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, ... (nothing added).
 
         A client never writes an internal topic: when any partition is of ``__consumer_offsets``
         or ``__transaction_state``, nothing is added and those partitions answer
@@ -277,7 +264,8 @@ class TransactionCoordinator:
 
     def handle_add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                   group_id: str) -> Errors:
-        """AddOffsetsToTxn: add the group's ``__consumer_offsets`` partition to the transaction."""
+        """AddOffsetsToTxn: add the group's ``__consumer_offsets`` partition to the transaction,
+        answered as :meth:`handle_add_partitions_to_txn` (once the Ongoing record is durable)."""
         if not group_id:
             return Errors.INVALID_GROUP_ID
         return self._add_partitions(transactional_id, producer_id, producer_epoch,
@@ -316,7 +304,6 @@ class TransactionCoordinator:
         empty id, the manager's loading errors, INVALID_PRODUCER_ID_MAPPING for an unknown id."""
         if not transactional_id:
             return Errors.INVALID_REQUEST, None
-        self.settle(transactional_id)
         try:
             found = self.state.get_transaction_state(transactional_id)
         except ApiError as exc:
@@ -338,61 +325,14 @@ class TransactionCoordinator:
             if metadata.state is TransactionState.ONGOING and partitions <= metadata.topic_partitions:
                 return Errors.NO_ERROR
             transit = metadata.prepare_add_partitions(partitions, _now_ms())
-        # not urgent: the Ongoing record commits with the first records of the transaction
-        append = self.state.queue_transaction_to_log(transactional_id, found.coordinator_epoch, transit, urgent=False)
-        if _refused_at_once(append):
-            error = self.state.complete_transaction_append(append)
-            self._remember(metadata)
-            return error
-        # Answer now, before the Ongoing record is durable: the writer commits in queue order
-        # and stops at its first failed commit, so no record the producer sends after this
-        # answer (to the partitions verified from now on) is ever durable without it. The
-        # transition completes when the record is committed; requests for this id wait for
-        # that first (see settle).
-        with self._verified_lock:
-            self._verified[transit.producer_id] = (transit.producer_epoch, transit.topic_partitions)
-        settled: Future = Future()
-        with self._in_flight_lock:
-            self._in_flight[transactional_id] = settled
-        append.written.add_done_callback(lambda _: self._run_completion(self._complete_add, append, metadata, settled))
-        return Errors.NO_ERROR
-
-    def _complete_add(self, append: TxnLogAppend, metadata: TransactionMetadata, settled: Future) -> None:
-        """Complete an AddPartitionsToTxn transition once its record is written (the
-        completion thread); a failed write leaves the verified partitions as the log has them."""
-        try:
-            error = self.state.complete_transaction_append(append)
-            if error != Errors.NO_ERROR:
-                log.info("AddPartitionsToTxn of %s was not written: %s", append.transactional_id, error.name)
-            self._remember(metadata)
-        except Exception as exc:  # noqa: BLE001 - logged; the waiters must still be released
-            log.error("completing AddPartitionsToTxn of %s failed: %s", append.transactional_id, exc)
-        finally:
-            with self._in_flight_lock:
-                if self._in_flight.get(append.transactional_id) is settled:
-                    del self._in_flight[append.transactional_id]
-            settled.set_result(None)
-
-    def _run_completion(self, completion: Callable, *args) -> None:
-        """Run a completion on the completion thread (never on the uploader that committed the
-        record: it must not wait for the state lock); inline once the coordinator is shut down."""
-        try:
-            self._completions.submit(completion, *args)
-        except RuntimeError:  # shut down: nothing else runs completions any more
-            completion(*args)
-
-    def settle(self, transactional_id: str) -> None:
-        """Wait until an answered-but-not-yet-durable AddPartitionsToTxn of ``transactional_id``
-        is complete, so the request that follows sees its outcome instead of a pending transition."""
-        with self._in_flight_lock:
-            settled = self._in_flight.get(transactional_id)
-        if settled is not None:
-            if not settled.done():  # its record waits for the writer's linger: nobody else is waiting for it
-                self.writer.request_flush()
-            try:
-                settled.result(timeout=SETTLE_TIMEOUT_S)
-            except FutureTimeoutError:
-                pass  # the request then answers CONCURRENT_TRANSACTIONS and the client retries
+        # Answer only once the Ongoing record is durable, as Kafka's appendTransactionToLog answers
+        # from its callback after replication: the client may send EndTxn right after this answer,
+        # and a coordinator restarted in between must know the partitions (issue 18). The record
+        # is urgent (the answer waits for it, not for the writer's linger and flush interval);
+        # records queued meanwhile, other transactional ids' included, share its group commit
+        error = self.state.append_transaction_to_log(transactional_id, found.coordinator_epoch, transit)
+        self._remember(metadata)  # the verification index follows the durable state
+        return error
 
     def _remember(self, metadata: TransactionMetadata) -> None:
         """Set the verification entry of ``metadata``'s producer from its (durable) state."""

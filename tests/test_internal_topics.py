@@ -175,7 +175,6 @@ def test_add_partitions_to_txn_with_an_internal_partition_adds_none(conf):
         assert answers == {("out", 1): Errors.OPERATION_NOT_ATTEMPTED,
                            ("__transaction_state", 0): Errors.TOPIC_AUTHORIZATION_FAILED}
         assert coordinator.handle_add_partitions_to_txn(TID, pid, epoch, [("out", 0)]) == {("out", 0): Errors.NO_ERROR}
-        coordinator.settle(TID)   # the Ongoing record is answered before it is durable
         metadata = coordinator.state.get_transaction_state(TID).transaction_metadata
         assert (metadata.state.state_name, set(metadata.topic_partitions)) == ("Ongoing", {("out", 0)})
     finally:

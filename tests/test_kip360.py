@@ -16,6 +16,7 @@ one batch with it -- exactly what a Kafka broker's answer would look like to the
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 
@@ -73,7 +74,6 @@ def log(broker: Broker, partition: int, topic: str = "out") -> list[tuple]:
 
 
 def metadata(coordinator, transactional_id: str):
-    coordinator.settle(transactional_id)
     return coordinator.state.get_transaction_state(transactional_id).transaction_metadata
 
 
@@ -248,11 +248,12 @@ def test_failed_batch_makes_the_transaction_abortable_and_the_abort_bumps_the_ep
 
 
 def test_delivery_timeout_in_a_transaction(conf, monkeypatch):
-    """The engine's uploads hang (every PUT of a data object waits for ``gate``, as a stuck
-    object store would): a batch the engine accepted is not committed within
-    ``delivery.timeout.ms`` and is reported ``_MSG_TIMED_OUT`` -- its outcome unknown. The
-    transaction must be aborted; the abort writes the ABORT marker after it and bumps the
-    epoch; a new transaction commits the same records again, exactly once."""
+    """The engine's uploads hang once the transaction's partition is added (every PUT of a data
+    object waits for ``gate``, as a stuck object store would; AddPartitionsToTxn is answered once
+    its Ongoing record is durable, so the hang starts after that answer): a batch the engine
+    accepted is not committed within ``delivery.timeout.ms`` and is reported ``_MSG_TIMED_OUT``
+    -- its outcome unknown. The transaction must be aborted; the abort writes the ABORT marker
+    after it and bumps the epoch; a new transaction commits the same records again, exactly once."""
     p = Producer({**conf, "transactional.id": "slow", "delivery.timeout.ms": 2500, "request.timeout.ms": 2000,
                   "linger.ms": 0})
     p.init_transactions(10)
@@ -260,7 +261,17 @@ def test_delivery_timeout_in_a_transaction(conf, monkeypatch):
     p.begin_transaction()
     p.produce("out", value="a0", partition=0)
     p.commit_transaction(10)
-    gate = hang_data_puts(monkeypatch, p._broker.store)
+    added = threading.Event()
+    gate = hang_data_puts(monkeypatch, p._broker.store, armed=added)
+    coordinator = p._broker.transaction_coordinator()
+    real_add = coordinator.handle_add_partitions_to_txn
+
+    def add_then_hang(*args):
+        answer = real_add(*args)
+        added.set()
+        return answer
+
+    monkeypatch.setattr(coordinator, "handle_add_partitions_to_txn", add_then_hang)
     reports = []
     p.begin_transaction()
     started = time.monotonic()

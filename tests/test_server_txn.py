@@ -9,6 +9,7 @@ part 1 verification of a transactional Produce, KIP-664 ListTransactions/Describ
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -30,6 +31,7 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 from conftest import StorageTarget
 from server_support import ServedRoot, decode_response, roundtrip
 from test_server_groups import GROUP_SETTINGS
+from txlake.engine.errors import Errors
 
 TS = 1_700_000_000_000
 SETTINGS = {**GROUP_SETTINGS, "transaction.state.log.num.partitions": 3, "storage.flush.interval.ms": 50}
@@ -349,3 +351,68 @@ def test_list_and_describe_transactions_and_write_txn_markers(server):
             for m in answer.markers] == [(pid, [("adm", 0, 0), ("adm", 5, 3)])]
     committed, (_, high) = read_all(server, "adm", "read_committed", 0)
     assert committed == [] and high == 2
+
+
+# ---------------------------------------------------------------------------- a crash after AddPartitionsToTxn
+#: librdkafka's debug line (``debug=eos``) once AddPartitionsToTxn answered NO_ERROR for a partition
+REGISTERED = "registered with transaction"
+
+
+def test_sigkill_right_after_add_partitions_is_answered_keeps_the_partitions(tmp_path):
+    """AddPartitionsToTxn is answered only once its Ongoing record is durable (Kafka answers from
+    ``appendTransactionToLog``'s callback): a server SIGKILLed right after librdkafka logged the
+    answer, restarted on the same root and port, still has the partition in the transaction
+    (DescribeTransactions), and the producer's commit_transaction succeeds -- or fails with an
+    abortable error and its abort succeeds -- never fatally. With a 2 s storage linger the
+    transaction's first record is still lingering at the kill, so nothing but the AddPartitionsToTxn
+    answer itself made the record durable (before the fix the restarted coordinator had the id
+    Empty, and EndTxn answered INVALID_TXN_STATE)."""
+    root = ServedRoot(StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file"), tmp_path,
+                      {**SETTINGS, "storage.flush.linger.ms": 2000,
+                       "storage.lease.ms": 3000}).start()  # the restart waits out the dead server's lease
+    try:
+        admin = KafkaAdmin({"bootstrap.servers": root.bootstrap})
+        admin.create_topics([KafkaNewTopic("crash", 1, 1)])["crash"].result(30)
+        lines: list[str] = []
+
+        class Lines(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                lines.append(record.getMessage())
+
+        rdkafka_log = logging.getLogger("test_server_txn.rdkafka")
+        rdkafka_log.addHandler(Lines())
+        rdkafka_log.setLevel(logging.DEBUG)
+        p = txn_producer(root, "t-crash", debug="eos", logger=rdkafka_log)
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce("crash", value=b"v0", partition=0)
+        deadline = time.monotonic() + 20
+        while not any(REGISTERED in line for line in lines):  # the log lines are served by poll()
+            assert time.monotonic() < deadline, lines
+            p.poll(0.01)
+        root.kill()
+        root.start()
+        described = None
+        deadline = time.monotonic() + 30
+        while described is None or described.error_code == Errors.COORDINATOR_LOAD_IN_PROGRESS:
+            assert time.monotonic() < deadline, described
+            (described,) = raw(root, DescribeTransactionsRequest[0](transactional_ids=["t-crash"]), 0,
+                               DescribeTransactionsResponse).transaction_states
+        try:
+            p.commit_transaction(30)
+            outcome = "committed"
+        except KafkaException as exc:
+            err = exc.args[0]
+            outcome = f"commit: {err.name()} fatal={err.fatal()} abortable={err.txn_requires_abort()}"
+            if err.txn_requires_abort() and not err.fatal():
+                p.abort_transaction(30)   # raises (the test fails) on a fatal error
+                outcome = "aborted"
+        state = (described.error_code, described.transaction_state, [(t.topic, t.partitions) for t in described.topics])
+        assert state == (0, "Ongoing", [("crash", [0])]), (state, outcome)
+        assert outcome in ("committed", "aborted"), outcome
+        committed, (_, high) = read_all(root, "crash", "read_committed", 1 if outcome == "committed" else 0)
+        assert (committed, high) == (([(0, b"v0")], 2) if outcome == "committed" else ([], 2))  # + COMMIT/ABORT marker
+        p.flush(10)
+    finally:
+        code = root.stop()
+    assert code == 0, f"txlake serve exited {code}; log {root.log_path}:\n{root.log_text()[-3000:]}"

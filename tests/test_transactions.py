@@ -3,6 +3,7 @@ transaction coordinator's answers in each state, fencing, timeouts, and recovery
 
 import threading
 import time
+from concurrent.futures import Future
 
 import pyarrow as pa
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from helpers import TXN_CONF, read_values, simulate_crash, transactional_conf  # noqa: F401 (fixture conf)
 from txlake import AdminClient, Consumer, KafkaError, KafkaException, NewTopic, Producer, TopicPartition
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
-from txlake.engine.errors import Errors
+from txlake.engine.errors import ApiError, Errors
 from txlake.engine.transaction_metadata import TransactionState
 from txlake.formats.records import PAYLOAD_SCHEMA
 
@@ -52,8 +53,9 @@ def test_commit_makes_the_tail_and_the_end_txn_records_durable_in_one_catalog_co
     """commit_transaction hands its last records over without urgency, and EndTxn queues
     PrepareCommit and the markers without urgency and CompleteCommit urgently: once the
     transaction's partitions are durably added, its tail and the three control writes commit
-    in ONE catalog commit. A transaction whose AddPartitionsToTxn record is still lingering
-    takes two (EndTxn waits for that record, and asks for it at once). With a 60 s engine
+    in ONE catalog commit. A transaction whose partitions are added only by commit_transaction
+    (the client's 60 s linger held its batches) takes two: AddPartitionsToTxn is answered once
+    its Ongoing record is committed, then the tail and the control writes. With a 60 s engine
     linger, anything left behind non-urgent would make the commit time out instead."""
     conf = {**storage.conf(), **TXN_CONF, "storage.flush.linger.ms": 60_000}
     with AdminClient(conf) as admin:
@@ -171,10 +173,10 @@ def test_coordinator_answers_in_each_state(broker):
     err, pid, epoch = c.handle_init_producer_id("x", 60_000)
     assert (err, epoch) == (Errors.NO_ERROR, 0)
     def state():
-        c.settle("x")  # AddPartitionsToTxn answers before its Ongoing record is durable
         return c.state.get_transaction_state("x").transaction_metadata.state
     assert state() is TransactionState.EMPTY
     assert c.handle_end_txn("x", pid, epoch, True) == Errors.INVALID_TXN_STATE          # nothing to end
+    assert c.handle_end_txn("x", pid, epoch, False) == Errors.INVALID_TXN_STATE         # nor to abort (TV1)
     assert c.handle_add_partitions_to_txn("x", pid + 1, epoch, [("out", 0)])[("out", 0)] == Errors.INVALID_PRODUCER_ID_MAPPING
     assert c.handle_add_partitions_to_txn("x", pid, epoch + 1, [("out", 0)])[("out", 0)] == Errors.PRODUCER_FENCED
     assert c.handle_add_partitions_to_txn("x", pid, epoch, [("out", 0)])[("out", 0)] == Errors.NO_ERROR
@@ -212,6 +214,64 @@ def test_kip890_late_write_to_an_unadded_partition_is_refused(broker):
     (after,) = broker.produce([ProduceBatch("out", 0, rows("after end"), pid, epoch, 0, is_transactional=True)])
     assert after.error == Errors.INVALID_TXN_STATE
     assert broker.catalog.state.partition("out", 1).high_watermark == 0
+
+
+class HeldTxnLog:
+    """Holds every ``__transaction_state`` write of a coordinator until the test releases it:
+    ``append_async`` queues the record for real, but the future it returns completes only on
+    :meth:`release` (with the real outcome, or ``error``)."""
+
+    def __init__(self, monkeypatch, coordinator):
+        self.real = coordinator.txn_log.append_async
+        self.queued = threading.Event()
+        self.held: list[tuple[Future, Future]] = []
+        monkeypatch.setattr(coordinator.txn_log, "append_async", self.append_async)
+
+    def append_async(self, partition, key, value, urgent=True):
+        held: Future = Future()
+        self.held.append((self.real(partition, key, value, urgent=urgent), held))
+        self.queued.set()
+        return held
+
+    def release(self, error: BaseException | None = None) -> None:
+        for real, held in self.held:
+            if error is None:
+                held.set_result(real.result(10))
+            else:
+                held.set_exception(error)
+
+
+@pytest.mark.parametrize("request_name", ["AddPartitionsToTxn", "AddOffsetsToTxn"])
+@pytest.mark.parametrize("written", [True, False], ids=["written", "write-failed"])
+def test_add_partitions_is_answered_only_once_its_ongoing_record_is_written(broker, monkeypatch, request_name, written):
+    """Kafka's ``handleAddPartitionsToTransaction`` answers from ``appendTransactionToLog``'s
+    callback, once the Ongoing record is replicated: while the record's write is held the request
+    does not return, the transition stays pending and the KIP-890 verification refuses the
+    partition; once it is written the answer is NO_ERROR, the state Ongoing with the partition.
+    A failed write (the writer lost its lease) is answered NOT_COORDINATOR with nothing added,
+    never NO_ERROR (issue 18: before, both answered NO_ERROR at once)."""
+    c = broker.transaction_coordinator()
+    _, pid, epoch = c.handle_init_producer_id("x", 60_000)
+    md = c.state.get_transaction_state("x").transaction_metadata
+    tp = ("out", 1) if request_name == "AddPartitionsToTxn" else ("__consumer_offsets", c._group_partition_for("g"))
+    held = HeldTxnLog(monkeypatch, c)
+    answers: list = []
+    call = ((lambda: c.handle_add_partitions_to_txn("x", pid, epoch, [tp])[tp]) if request_name == "AddPartitionsToTxn"
+            else (lambda: c.handle_add_offsets_to_txn("x", pid, epoch, "g")))
+    request = threading.Thread(target=lambda: answers.append(call()))
+    request.start()
+    assert held.queued.wait(10)
+    request.join(0.5)   # the write is held: the request must still be waiting for it
+    assert (request.is_alive(), answers, md.state, md.pending_state, c.verify_partition(pid, epoch, *tp)) == (
+        True, [], TransactionState.EMPTY, TransactionState.ONGOING, Errors.INVALID_TXN_STATE)
+    held.release(None if written else ApiError(Errors.NOT_LEADER_OR_FOLLOWER, "the writer lease was lost"))
+    request.join(10)
+    if written:
+        assert (answers, md.state, md.pending_state, md.topic_partitions, c.verify_partition(pid, epoch, *tp)) == (
+            [Errors.NO_ERROR], TransactionState.ONGOING, None, {tp}, Errors.NO_ERROR)
+    else:
+        assert (answers, md.state, md.pending_state, md.topic_partitions, c.verify_partition(pid, epoch, *tp)) == (
+            [Errors.NOT_COORDINATOR], TransactionState.EMPTY, None, set(), Errors.INVALID_TXN_STATE)
 
 
 def test_timed_out_transaction_is_aborted_and_its_producer_fenced(conf):

@@ -132,8 +132,8 @@ class Worker:
                 producer.abort_transaction(60)
                 self._event("aborted", error=err.name())
             except kafka.KafkaException as abort_exc:
-                # the abort itself can fail fatally: a restarted server whose coordinator lost the
-                # transaction's not-yet-durable AddPartitionsToTxn answers EndTxn INVALID_TXN_STATE
+                # the abort itself can fail fatally (the client and the restarted coordinator
+                # disagree on the transaction: EndTxn INVALID_TXN_STATE); the producer is replaced
                 err = abort_exc.args[0]
                 if not err.fatal():
                     raise

@@ -335,16 +335,17 @@ def transactional_conf(storage):
     close_all()
 
 
-def hang_data_puts(monkeypatch, store, limit_s: float = 30) -> threading.Event:
+def hang_data_puts(monkeypatch, store, limit_s: float = 30, armed: threading.Event | None = None) -> threading.Event:
     """Make every PUT of a data object to ``store`` wait (up to ``limit_s``) for the returned
-    event, as a stuck object store would: batches are accepted but not committed until it is set."""
+    event, as a stuck object store would: batches are accepted but not committed until it is set.
+    With ``armed``, only the PUTs that start once ``armed`` is set wait."""
     from txlake.engine.group_commit import DATA_PREFIX
 
     real_put = store.put
     gate = threading.Event()
 
     def hanging_put(key, data):
-        if key.startswith(DATA_PREFIX):
+        if key.startswith(DATA_PREFIX) and (armed is None or armed.is_set()):
             gate.wait(limit_s)
         return real_put(key, data)
 
