@@ -494,11 +494,17 @@ class TransactionMetadata:
         time is ``update_timestamp``.
 
         Raises:
-            IllegalStateError: ``new_state`` is neither, or the transition is not legal.
+            IllegalStateError: ``new_state`` is neither, or the transition is not legal (from
+                another state than Ongoing only a version 2 abort is).
         """
         if new_state not in (TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT):
             raise IllegalStateError(f"EndTxn prepares PrepareCommit or PrepareAbort, not {new_state}")
         version = self.client_transaction_version if client_transaction_version is None else client_transaction_version
+        if self.state not in (TransactionState.ONGOING, TransactionState.PREPARE_EPOCH_FENCE) and not (
+                new_state is TransactionState.PREPARE_ABORT and supports_epoch_bump(version)):
+            raise IllegalStateError(
+                f"Preparing transaction state transition to {new_state} failed: only a transaction version 2 abort "
+                f"may end a transaction in state {self.state} (transactional id {self.transactional_id})")
         if supports_epoch_bump(version):
             if self.producer_epoch >= SHORT_MAX_VALUE:
                 raise IllegalStateError(f"Cannot bump the epoch {self.producer_epoch} of producer id {self.producer_id} "
