@@ -241,9 +241,14 @@ def handle_end_txn(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     INVALID_PRODUCER_ID_MAPPING. v5+ is transaction version 2 (KIP-890 part 2): the epoch is
     bumped and the response carries the producer id and epoch the client uses next."""
     version = context.api_version
-    error, producer_id, producer_epoch = transaction_coordinator(apis).handle_end_transaction(
-        request.transactional_id, request.producer_id, request.producer_epoch, bool(request.committed),
-        transaction_version=2 if version >= END_TXN_V2_SINCE else 0)
+    coordinator = transaction_coordinator(apis)
+    if version >= END_TXN_V2_SINCE:
+        error, producer_id, producer_epoch = coordinator.handle_end_transaction(
+            request.transactional_id, request.producer_id, request.producer_epoch, bool(request.committed),
+            transaction_version=2)
+    else:
+        error, producer_id, producer_epoch = coordinator.handle_end_txn(
+            request.transactional_id, request.producer_id, request.producer_epoch, bool(request.committed)), -1, -1
     return _end_txn_error(request, version, for_version(error, ApiKey.EndTxn, version), producer_id, producer_epoch)
 
 
