@@ -95,3 +95,29 @@ def test_java_producer_uses_transaction_version_2_when_the_server_finalizes_it(s
         assert sent["ADD_PARTITIONS_TO_TXN"]
         assert answer.producer_epoch == 0
     assert committed_values(server.bootstrap) == RECORDS
+
+
+def test_librdkafka_keeps_part_1_against_a_server_finalizing_version_2(tmp_path):
+    """librdkafka 2.16 does not implement KIP-890 part 2 (confluentinc/librdkafka#5423): against
+    the default level it still adds partitions itself and sends EndTxn below v5, so its epoch
+    stays 0 over three committed transactions, as against Apache Kafka 4.3.1."""
+    from confluent_kafka import Producer
+
+    root = ServedRoot(StorageTarget(url=f"file://{tmp_path}/root", options={}, backend="file"), tmp_path,
+                      {"storage.flush.interval.ms": 20}).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": root.bootstrap})
+        for future in admin.create_topics([NewTopic("perf", 1, 1)]).values():
+            future.result(30)
+        producer = Producer({"bootstrap.servers": root.bootstrap, "transactional.id": "rd", "linger.ms": 5})
+        producer.init_transactions(30)
+        for i in range(3):
+            producer.begin_transaction()
+            producer.produce("perf", value=b"%d" % i, partition=0)
+            producer.commit_transaction(30)
+        answer = decode_response(DescribeTransactionsResponse, roundtrip(
+            root.port, DescribeTransactionsRequest[0](transactional_ids=["rd"]), 0), 0).transaction_states[0]
+        assert (answer.error_code, answer.transaction_state, answer.producer_epoch) == (0, "CompleteCommit", 0)
+    finally:
+        code = root.stop()
+    assert code == 0, root.log_text()[-3000:]

@@ -28,7 +28,8 @@ from txlake import AdminClient, NewTopic
 from txlake.config import parse_config
 from txlake.engine.apis import KafkaApis, RequestContext
 from txlake.engine.registry import acquire_broker, close_all, release_broker
-from txlake.engine.transaction_metadata import SHORT_MAX_VALUE
+from txlake.engine.transaction_metadata import (SHORT_MAX_VALUE, IllegalStateError, TransactionMetadata,
+                                                TransactionState)
 from txlake.formats import transaction_log
 
 TS = 1_700_000_000_000
@@ -282,3 +283,19 @@ def test_transaction_log_values_of_version_2_and_older_values():
     assert encoded.endswith(b',"client_transaction_version":2}')
     assert transaction_log.CANONICAL_VALUE.fullmatch(encoded) is None   # read by the full decoder
     assert transaction_log.decode_value(encoded, "x") == bumped
+
+
+def test_metadata_aborts_a_transaction_of_no_partition_only_for_version_2():
+    md = TransactionMetadata("x", 5, producer_epoch=3, state=TransactionState.COMPLETE_COMMIT,
+                             txn_start_timestamp=1, txn_last_update_timestamp=1)
+    with pytest.raises(IllegalStateError, match="only a transaction version 2 abort"):
+        md.prepare_abort_or_commit(TransactionState.PREPARE_ABORT, 10)
+    assert md.pending_state is None
+    transit = md.prepare_abort_or_commit(TransactionState.PREPARE_ABORT, 10, client_transaction_version=2,
+                                         no_partition_added=True)
+    assert (transit.producer_epoch, transit.last_producer_epoch, transit.txn_start_timestamp) == (4, 3, 10)
+    md.complete_transition_to(transit)
+    md.complete_transition_to(md.prepare_complete(11))
+    assert (md.state, md.producer_id, md.producer_epoch, md.client_transaction_version) == \
+        (TransactionState.COMPLETE_ABORT, 5, 4, 2)
+    assert TransactionMetadata.from_log_value("x", md.to_log_value()) == md
