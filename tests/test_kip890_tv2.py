@@ -210,6 +210,24 @@ def test_part_1_clients_keep_the_epoch_and_the_verify_only_add(engine):
     assert engine.describe("tx").producer_epoch == epoch
 
 
+def test_part_1_cannot_tell_a_delayed_end_txn_from_the_next_ones(engine):
+    """Why version 2 exists: under part 1 the epoch does not move at EndTxn, so a delayed duplicate
+    of the first transaction's EndTxn commits the second transaction early (the torn transaction);
+    the same sequence under version 2 is fenced (the test above)."""
+    pid, epoch = engine.init("tx")
+    A = AddPartitionsToTxnRequest
+    add = A[3](v3_and_below_transactional_id="tx", v3_and_below_producer_id=pid, v3_and_below_producer_epoch=epoch,
+               v3_and_below_topics=[A.AddPartitionsToTxnTopic(name="t", partitions=[0])])
+    assert engine.ask(add, 3).results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == NONE
+    assert engine.produce("tx", pid, epoch, 0, b"first", version=11) == NONE
+    assert engine.end_txn("tx", pid, epoch, commit=True, version=4) == (NONE, -1, -1)
+    assert engine.ask(add, 3).results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == NONE
+    assert engine.produce("tx", pid, epoch, 1, b"second", version=11) == NONE
+    # the delayed duplicate of the first EndTxn: accepted, it ends the second transaction
+    assert engine.end_txn("tx", pid, epoch, commit=True, version=4) == (NONE, -1, -1)
+    assert engine.describe("tx").transaction_state == "CompleteCommit"
+
+
 def test_txn_offset_commit_v5_adds_the_group_partition_itself(engine):
     pid, epoch = engine.init("tx")
     assert engine.produce("tx", pid, epoch, 0, b"x") == NONE
