@@ -317,3 +317,40 @@ def test_metadata_aborts_a_transaction_of_no_partition_only_for_version_2():
     assert (md.state, md.producer_id, md.producer_epoch, md.client_transaction_version) == \
         (TransactionState.COMPLETE_ABORT, 5, 4, 2)
     assert TransactionMetadata.from_log_value("x", md.to_log_value()) == md
+
+
+@pytest.mark.parametrize("overflow", [False, True], ids=["bump", "overflow"])
+def test_a_restarted_coordinator_finishes_a_version_2_prepare_commit_with_the_bumped_epoch(tmp_path, overflow):
+    """The coordinator stops after PrepareCommit is logged, before any marker: the restarted one
+    writes the markers with the bumped epoch (Short.MAX_VALUE on overflow) and completes to the
+    bumped epoch -- or to the next producer id at epoch 0, which the PrepareCommit record named."""
+    url = f"file://{tmp_path}/root"
+    e = Engine(url)
+    pid, epoch = e.init("tx")
+    assert e.produce("tx", pid, epoch, 0, b"x") == NONE
+    coordinator = e.broker.transaction_coordinator()
+    found = coordinator.state.get_transaction_state("tx")
+    metadata = found.transaction_metadata
+    with metadata.lock:
+        if overflow:
+            metadata.producer_epoch = epoch = SHORT_MAX_VALUE - 1
+        next_pid = e.broker.init_producer_id()[1] if overflow else -1
+        transit = metadata.prepare_abort_or_commit(TransactionState.PREPARE_COMMIT, TS, client_transaction_version=2,
+                                                   next_producer_id=next_pid)
+    assert coordinator.state.append_transaction_to_log("tx", found.coordinator_epoch, transit) == NONE
+    e.close()
+    close_all()
+    e = Engine(url, create=False)
+    try:
+        e.broker.transaction_coordinator()   # its start finishes the transaction
+        described = e.describe("tx")
+        expected = (next_pid, 0) if overflow else (pid, epoch + 1)
+        assert (described.transaction_state, described.producer_id, described.producer_epoch) == \
+            ("CompleteCommit", *expected)
+        assert e.producer_epochs() == {pid: epoch + 1}
+        assert e.end_offset(0) == 2
+        # the client's retry of the EndTxn whose answer it never got
+        assert e.end_txn("tx", pid, epoch, commit=True) == (NONE, *expected)
+    finally:
+        e.close()
+        close_all()
