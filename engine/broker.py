@@ -685,6 +685,12 @@ class Broker:
                 self._txn_coordinator = coordinator
             return self._txn_coordinator
 
+    def transaction_version(self) -> int:
+        """The finalized level of Kafka's ``transaction.version`` feature (KIP-890) that ApiVersions
+        advertises: the broker config ``transaction.version`` (0..2), default 2 (Kafka 4.x's
+        default for a new cluster). Clients use transaction version 2 only at level 2."""
+        return int(self.config.transaction.get("transaction.version", 2))
+
     def _transaction_config(self) -> TransactionConfig:
         """The coordinator's configs; the partition count of an existing ``__transaction_state``
         wins over ``transaction.state.log.num.partitions`` (Kafka's coordinator takes the count from

@@ -31,8 +31,8 @@ from .errors import ApiError, Errors
 from .group_offsets import partition_for as offsets_partition_for
 from .partition_writer import PartitionWriter
 from .requests import TxnMarker
-from .transaction_metadata import (IllegalStateError, ProducerIdAndEpoch, TransactionMetadata, TransactionResult,
-                                   TransactionState, TxnTransitMetadata)
+from .transaction_metadata import (SHORT_MAX_VALUE, IllegalStateError, ProducerIdAndEpoch, TransactionMetadata,
+                                   TransactionResult, TransactionState, TxnTransitMetadata, supports_epoch_bump)
 from .transaction_state_manager import TransactionConfig, TransactionStateManager, TxnLogAppend
 from .transaction_topic import TransactionTopicLog
 
@@ -239,8 +239,11 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ AddPartitionsToTxn
     def handle_add_partitions_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                                     partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Errors]:
+                                     partitions: Iterable[tuple[str, int]],
+                                     transaction_version: int = 0) -> dict[tuple[str, int], Errors]:
         """AddPartitionsToTxn from a client: one error for all the partitions (Kafka answers them alike).
+        ``transaction_version`` 2: the implicit add of KIP-890 part 2 (a broker adding the
+        partitions of a Produce v12+), recorded in the transaction (Kafka's ``clientTransactionVersion``).
 
         Returns once the Ongoing record naming the partitions is durable in
         ``__transaction_state`` (Kafka's ``handleAddPartitionsToTransaction`` answers from
@@ -259,17 +262,19 @@ class TransactionCoordinator:
         if any(is_internal(topic) for topic, _ in partitions):
             return {tp: Errors.TOPIC_AUTHORIZATION_FAILED if is_internal(tp[0]) else Errors.OPERATION_NOT_ATTEMPTED
                     for tp in partitions}
-        error = self._add_partitions(transactional_id, producer_id, producer_epoch, partitions)
+        error = self._add_partitions(transactional_id, producer_id, producer_epoch, partitions, transaction_version)
         return {tp: error for tp in partitions}
 
     def handle_add_offsets_to_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                                  group_id: str) -> Errors:
+                                  group_id: str, transaction_version: int = 0) -> Errors:
         """AddOffsetsToTxn: add the group's ``__consumer_offsets`` partition to the transaction,
-        answered as :meth:`handle_add_partitions_to_txn` (once the Ongoing record is durable)."""
+        answered as :meth:`handle_add_partitions_to_txn` (once the Ongoing record is durable);
+        ``transaction_version`` 2: the implicit add of a TxnOffsetCommit v5+ (KIP-890 part 2)."""
         if not group_id:
             return Errors.INVALID_GROUP_ID
         return self._add_partitions(transactional_id, producer_id, producer_epoch,
-                                    frozenset({(CONSUMER_OFFSETS_TOPIC, self._group_partition_for(group_id))}))
+                                    frozenset({(CONSUMER_OFFSETS_TOPIC, self._group_partition_for(group_id))}),
+                                    transaction_version)
 
     def handle_verify_partitions_in_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                                 partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Errors]:
@@ -311,7 +316,7 @@ class TransactionCoordinator:
         return (Errors.NO_ERROR, found) if found is not None else (Errors.INVALID_PRODUCER_ID_MAPPING, None)
 
     def _add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                        partitions: frozenset[tuple[str, int]]) -> Errors:
+                        partitions: frozenset[tuple[str, int]], transaction_version: int = 0) -> Errors:
         error, found = self._find(transactional_id)
         if found is None:
             return error
@@ -324,7 +329,7 @@ class TransactionCoordinator:
                 return Errors.CONCURRENT_TRANSACTIONS
             if metadata.state is TransactionState.ONGOING and partitions <= metadata.topic_partitions:
                 return Errors.NO_ERROR
-            transit = metadata.prepare_add_partitions(partitions, _now_ms())
+            transit = metadata.prepare_add_partitions(partitions, _now_ms(), transaction_version)
         # Answer only once the Ongoing record is durable, as Kafka's appendTransactionToLog answers
         # from its callback after replication: the client may send EndTxn right after this answer,
         # and a coordinator restarted in between must know the partitions (issue 18). The record
@@ -375,6 +380,89 @@ class TransactionCoordinator:
         return self._end_transaction(transactional_id, producer_id, producer_epoch,
                                      TransactionResult.COMMIT if committed else TransactionResult.ABORT, from_client=True)
 
+    def handle_end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int, committed: bool,
+                               transaction_version: int = 0) -> tuple[Errors, int, int]:
+        """EndTxn of a client of ``transaction_version`` (EndTxn v5+ is version 2, older ones 0):
+        ``(error, producer_id, producer_epoch)``, the identity the client uses next (Kafka's
+        ``EndTxnResponse`` v5 fields; -1, -1 below version 2 and with an error).
+
+        Version 0/1: :meth:`handle_end_txn`. Version 2 (KIP-890 part 2, Kafka's
+        ``TransactionCoordinator.endTransaction`` for ``supportsEpochBump``): PrepareCommit/
+        PrepareAbort bump the epoch, the markers carry the bumped epoch, and the answer is the
+        bumped epoch -- or, when it reached ``Short.MAX_VALUE``, a new producer id at epoch 0 --
+        so no request of the ended transaction (a late Produce, a delayed EndTxn) can land in
+        the next one. A retry of an EndTxn that completed (epoch + 1 is current, or the
+        producer id was rotated from epoch ``Short.MAX_VALUE - 1``) answers NO_ERROR with the
+        current identity; an abort with nothing to abort (Empty, CompleteCommit,
+        CompleteAbort at the current epoch) bumps the epoch too. Otherwise PRODUCER_FENCED
+        (any other epoch), INVALID_PRODUCER_ID_MAPPING, INVALID_TXN_STATE, CONCURRENT_TRANSACTIONS
+        as for version 0/1.
+        """
+        result = TransactionResult.COMMIT if committed else TransactionResult.ABORT
+        if not supports_epoch_bump(transaction_version):
+            return self._end_transaction(transactional_id, producer_id, producer_epoch, result, from_client=True), -1, -1
+        error, found = self._find(transactional_id)
+        if found is None:
+            return error, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        metadata = found.transaction_metadata
+        with metadata.lock:
+            decided = self._decide_end_transaction_v2(metadata, producer_id, producer_epoch, committed)
+        if not isinstance(decided, TxnTransitMetadata):
+            return decided
+        error = self._write_end_transaction(transactional_id, found.coordinator_epoch, metadata, decided, committed)
+        if error != Errors.NO_ERROR:
+            return error, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        if decided.next_producer_id != NO_PRODUCER_ID:
+            return Errors.NO_ERROR, decided.next_producer_id, 0
+        return Errors.NO_ERROR, decided.producer_id, decided.producer_epoch
+
+    def _decide_end_transaction_v2(self, metadata: TransactionMetadata, producer_id: int, producer_epoch: int,
+                                   commit: bool) -> TxnTransitMetadata | tuple[Errors, int, int]:
+        """The PrepareCommit/PrepareAbort transit of a version 2 EndTxn, or its answer when
+        nothing is written (caller holds the metadata lock)."""
+        S = TransactionState
+        state = metadata.state
+        retry_on_overflow = (metadata.previous_producer_id == producer_id and producer_epoch == SHORT_MAX_VALUE - 1
+                             and metadata.producer_epoch == 0)
+        retry_on_bump = metadata.producer_epoch == producer_epoch + 1
+        if state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            valid_epoch = retry_on_bump
+        elif state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT):
+            valid_epoch = retry_on_bump or retry_on_overflow or producer_epoch == metadata.producer_epoch
+        else:
+            valid_epoch = producer_epoch == metadata.producer_epoch
+        if metadata.producer_id != producer_id and not retry_on_overflow:
+            return Errors.INVALID_PRODUCER_ID_MAPPING, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        if not valid_epoch:
+            return Errors.PRODUCER_FENCED, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        if metadata.pending_transition_in_progress:
+            return Errors.CONCURRENT_TRANSACTIONS, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        retry = retry_on_bump or retry_on_overflow
+        refused = (Errors.INVALID_TXN_STATE, NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
+        if state is S.ONGOING:
+            no_partition_added = False
+        elif state is S.COMPLETE_COMMIT or state is S.COMPLETE_ABORT:
+            if retry:
+                done = commit == (state is S.COMPLETE_COMMIT)
+                return (Errors.NO_ERROR, metadata.producer_id, metadata.producer_epoch) if done else refused
+            if commit:
+                return refused
+            no_partition_added = True
+        elif state is S.EMPTY:
+            if commit:
+                return refused
+            no_partition_added = True
+        elif state is S.PREPARE_COMMIT or state is S.PREPARE_ABORT:
+            same = commit == (state is S.PREPARE_COMMIT)
+            return (Errors.CONCURRENT_TRANSACTIONS, NO_PRODUCER_ID, NO_PRODUCER_EPOCH) if same else refused
+        else:
+            raise IllegalStateError(f"Found transactionalId {metadata.transactional_id} with state {state}")
+        # the bumped epoch would be Short.MAX_VALUE: the Complete state moves to a new producer id
+        next_producer_id = self._allocate() if metadata.is_producer_epoch_exhausted else NO_PRODUCER_ID
+        return metadata.prepare_abort_or_commit(S.PREPARE_COMMIT if commit else S.PREPARE_ABORT, _now_ms(),
+                                                client_transaction_version=2, next_producer_id=next_producer_id,
+                                                no_partition_added=no_partition_added)
+
     def _end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int,
                          result: TransactionResult, from_client: bool, fence: TxnTransitMetadata | None = None) -> Errors:
         error, found = self._find(transactional_id)
@@ -397,7 +485,8 @@ class TransactionCoordinator:
                     transit = metadata.prepare_abort_after_epoch_fence(fence, _now_ms())
                 else:
                     transit = metadata.prepare_abort_or_commit(
-                        TransactionState.PREPARE_COMMIT if commit else TransactionState.PREPARE_ABORT, _now_ms())
+                        TransactionState.PREPARE_COMMIT if commit else TransactionState.PREPARE_ABORT, _now_ms(),
+                        client_transaction_version=0)
             elif state is TransactionState.COMPLETE_COMMIT:
                 return Errors.NO_ERROR if commit else Errors.INVALID_TXN_STATE
             elif state is TransactionState.COMPLETE_ABORT:
@@ -410,7 +499,14 @@ class TransactionCoordinator:
                 return Errors.INVALID_TXN_STATE
             else:
                 raise IllegalStateError(f"Found transactionalId {transactional_id} with state {state}")
-        committed = result is TransactionResult.COMMIT
+        return self._write_end_transaction(transactional_id, coordinator_epoch, metadata, transit,
+                                           result is TransactionResult.COMMIT, epoch_fence)
+
+    def _write_end_transaction(self, transactional_id: str, coordinator_epoch: int, metadata: TransactionMetadata,
+                               transit: TxnTransitMetadata, committed: bool, epoch_fence: bool = False) -> Errors:
+        """Write a prepared PrepareCommit/PrepareAbort ``transit``, the markers (with the
+        transit's producer id and epoch) and CompleteCommit/CompleteAbort."""
+        producer_id = transit.producer_id
         # PrepareCommit/PrepareAbort, the markers and CompleteCommit/CompleteAbort are queued back to
         # back and commit together: the writer commits in queue order and stops at its first failed
         # commit, so a marker is never durable without the Prepare record, nor the Complete record
@@ -431,7 +527,7 @@ class TransactionCoordinator:
                     metadata.has_failed_epoch_fence = True
             return error
         with metadata.lock:
-            mismatch = _identity_error(metadata, producer_id, producer_epoch)
+            mismatch = _identity_error(metadata, producer_id, transit.producer_epoch)
             if mismatch is not None:
                 return mismatch
             expected = TransactionState.PREPARE_COMMIT if committed else TransactionState.PREPARE_ABORT

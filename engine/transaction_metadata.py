@@ -2,9 +2,11 @@
 
 Follows ``org.apache.kafka.coordinator.transaction.TransactionMetadata`` /
 ``TransactionState`` / ``TxnTransitMetadata`` (formerly
-``kafka.coordinator.transaction.TransactionMetadata.scala``) for clients of transaction
-version 0/1 -- KIP-98 transactions, KIP-360 safe epoch bumps and KIP-890 part 1. The
-per-transaction epoch bump of KIP-890 part 2 (transaction version 2) is not implemented.
+``kafka.coordinator.transaction.TransactionMetadata.scala``): KIP-98 transactions, KIP-360
+safe epoch bumps, KIP-890 part 1 and -- for clients of transaction version 2 (KIP-890 part 2,
+:attr:`TransactionMetadata.client_transaction_version`) -- the epoch bump at every EndTxn:
+PrepareCommit/PrepareAbort carry epoch + 1 (the markers are written with it), and when that
+epoch is ``Short.MAX_VALUE`` the Complete state moves to the next producer id at epoch 0.
 
 Every change is two-phase, exactly as in Kafka:
 
@@ -26,6 +28,7 @@ State machine (Kafka's ``validPreviousStates``)::
     Ongoing        <- Ongoing, Empty, CompleteCommit, CompleteAbort (AddPartitions/AddOffsets)
     PrepareCommit  <- Ongoing                                      (EndTxn commit)
     PrepareAbort   <- Ongoing, PrepareEpochFence                   (EndTxn abort, fencing)
+                      Empty, CompleteCommit, CompleteAbort         (version 2: abort of no partition)
     CompleteCommit <- PrepareCommit                                (markers written)
     CompleteAbort  <- PrepareAbort                                 (markers written)
     Dead           <- Empty, CompleteCommit, CompleteAbort         (transactional id expired)
@@ -146,12 +149,14 @@ _STATE_NAMES = {
 _BY_NAME = {name: state for state, name in _STATE_NAMES.items()}
 
 _S = TransactionState
-#: Kafka's ``TransactionState.validPreviousStates`` for transaction versions 0 and 1.
+#: Kafka's ``TransactionState.validPreviousStates`` (PrepareAbort from Empty, CompleteCommit and
+#: CompleteAbort is a transaction version 2 abort of a transaction that added no partition; the
+#: coordinator allows it only for version 2).
 VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
     _S.EMPTY: frozenset({_S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT}),
     _S.ONGOING: frozenset({_S.ONGOING, _S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT}),
     _S.PREPARE_COMMIT: frozenset({_S.ONGOING}),
-    _S.PREPARE_ABORT: frozenset({_S.ONGOING, _S.PREPARE_EPOCH_FENCE}),
+    _S.PREPARE_ABORT: frozenset({_S.ONGOING, _S.PREPARE_EPOCH_FENCE, _S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT}),
     _S.COMPLETE_COMMIT: frozenset({_S.PREPARE_COMMIT}),
     _S.COMPLETE_ABORT: frozenset({_S.PREPARE_ABORT}),
     _S.DEAD: frozenset({_S.EMPTY, _S.COMPLETE_ABORT, _S.COMPLETE_COMMIT}),
@@ -192,6 +197,7 @@ class TxnTransitMetadata:
     topic_partitions: frozenset[TopicPartition]
     txn_start_timestamp: int
     txn_last_update_timestamp: int
+    client_transaction_version: int = 0
 
     def to_log_value(self) -> TxnLogValue:
         """The ``__transaction_state`` value of this snapshot (Kafka's ``TransactionLog.valueToBytes``).
@@ -207,7 +213,17 @@ class TxnTransitMetadata:
             next_producer_id=self.next_producer_id, producer_epoch=self.producer_epoch,
             last_producer_epoch=self.last_producer_epoch, txn_timeout_ms=self.txn_timeout_ms,
             state=self.txn_state.state_name, topic_partitions=tuple(self.topic_partitions),
-            txn_start_timestamp=self.txn_start_timestamp, txn_last_update_timestamp=self.txn_last_update_timestamp)
+            txn_start_timestamp=self.txn_start_timestamp, txn_last_update_timestamp=self.txn_last_update_timestamp,
+            client_transaction_version=self.client_transaction_version)
+
+
+#: Kafka's ``TransactionVersion`` levels (feature ``transaction.version``): 2 bumps the epoch at every EndTxn
+TRANSACTION_VERSION_2 = 2
+
+
+def supports_epoch_bump(transaction_version: int) -> bool:
+    """Kafka's ``TransactionVersion.supportsEpochBump``: version 2 and above (KIP-890 part 2)."""
+    return transaction_version >= TRANSACTION_VERSION_2
 
 
 _UNSET = object()
@@ -229,6 +245,9 @@ class TransactionMetadata:
         txn_start_timestamp: ms when the first partition was added (-1 if no transaction).
         txn_last_update_timestamp: ms of the last completed transition (used for expiration).
         pending_state: the state of a prepared, not yet completed transition, else None.
+        client_transaction_version: the transaction version of the client's last AddPartitions
+            or EndTxn (Kafka's ``clientTransactionVersion``: 2 for Produce v12+, AddPartitionsToTxn
+            v4+ not verify-only, TxnOffsetCommit v5+, EndTxn v5+; else 0).
         has_failed_epoch_fence: an epoch fence was prepared but its log write failed, so the
             next fence must not bump the epoch again (Kafka's ``hasFailedEpochFence``).
         lock: guards the object (Kafka's ``inLock``); reentrant.
@@ -241,7 +260,7 @@ class TransactionMetadata:
                  producer_epoch: int = NO_PRODUCER_EPOCH, last_producer_epoch: int = NO_PRODUCER_EPOCH,
                  txn_timeout_ms: int = 60_000, state: TransactionState = TransactionState.EMPTY,
                  topic_partitions: Iterable[TopicPartition] = (), txn_start_timestamp: int = -1,
-                 txn_last_update_timestamp: int = -1):
+                 txn_last_update_timestamp: int = -1, client_transaction_version: int = 0):
         self.transactional_id = transactional_id
         self.producer_id = producer_id
         self.previous_producer_id = previous_producer_id
@@ -253,6 +272,7 @@ class TransactionMetadata:
         self.topic_partitions: set[TopicPartition] = set(topic_partitions)
         self.txn_start_timestamp = txn_start_timestamp
         self.txn_last_update_timestamp = txn_last_update_timestamp
+        self.client_transaction_version = client_transaction_version
         self.pending_state: TransactionState | None = None
         self.has_failed_epoch_fence = False
         self.lock = threading.RLock()
@@ -314,7 +334,7 @@ class TransactionMetadata:
         return TxnTransitMetadata(
             self.producer_id, self.previous_producer_id, self.next_producer_id, self.producer_epoch,
             self.last_producer_epoch, self.txn_timeout_ms, self.state, frozenset(self.topic_partitions),
-            self.txn_start_timestamp, self.txn_last_update_timestamp)
+            self.txn_start_timestamp, self.txn_last_update_timestamp, self.client_transaction_version)
 
     def prepare_fence_producer_epoch(self) -> TxnTransitMetadata:
         """Prepare PrepareEpochFence with a bumped epoch (Kafka's ``prepareFenceProducerEpoch``).
@@ -365,7 +385,9 @@ class TransactionMetadata:
         self.pending_state = None
         self.producer_epoch = fence.producer_epoch
         self.last_producer_epoch = NO_PRODUCER_EPOCH
-        return self.prepare_abort_or_commit(TransactionState.PREPARE_ABORT, update_timestamp)
+        # the fence bumped the epoch already: no second bump, whatever the client's transaction
+        # version (Kafka's KAFKA-19367)
+        return self.prepare_abort_or_commit(TransactionState.PREPARE_ABORT, update_timestamp, client_transaction_version=0)
 
     def prepare_increment_producer_epoch(self, new_txn_timeout_ms: int,
                                          expected_producer_id_and_epoch: ProducerIdAndEpoch | int | None,
@@ -436,11 +458,13 @@ class TransactionMetadata:
             txn_last_update_timestamp=update_timestamp)
 
     def prepare_add_partitions(self, added_topic_partitions: Iterable[TopicPartition],
-                               update_timestamp: int) -> TxnTransitMetadata:
+                               update_timestamp: int, client_transaction_version: int = 0) -> TxnTransitMetadata:
         """Prepare Ongoing with more partitions (Kafka's ``prepareAddPartitions``).
 
-        AddPartitionsToTxn and AddOffsetsToTxn. A transaction that starts here (from Empty,
-        CompleteCommit or CompleteAbort) gets ``update_timestamp`` as its start time.
+        AddPartitionsToTxn and AddOffsetsToTxn, or their implicit form under transaction
+        version 2 (a Produce v12+ or TxnOffsetCommit v5+ adds its partition). A transaction
+        that starts here (from Empty, CompleteCommit or CompleteAbort) gets ``update_timestamp``
+        as its start time; the snapshot records ``client_transaction_version``.
 
         Raises:
             IllegalStateError: the transition is not legal or one is pending.
@@ -451,31 +475,65 @@ class TransactionMetadata:
             start = self.txn_start_timestamp
         return self.prepare_transition_to(
             TransactionState.ONGOING, topic_partitions=frozenset(self.topic_partitions) | frozenset(added_topic_partitions),
-            txn_start_timestamp=start, txn_last_update_timestamp=update_timestamp)
+            txn_start_timestamp=start, txn_last_update_timestamp=update_timestamp,
+            client_transaction_version=client_transaction_version)
 
-    def prepare_abort_or_commit(self, new_state: TransactionState, update_timestamp: int) -> TxnTransitMetadata:
+    def prepare_abort_or_commit(self, new_state: TransactionState, update_timestamp: int,
+                                client_transaction_version: int | None = None, next_producer_id: int = NO_PRODUCER_ID,
+                                no_partition_added: bool = False) -> TxnTransitMetadata:
         """Prepare PrepareCommit or PrepareAbort: EndTxn (Kafka's ``prepareAbortOrCommit``).
 
-        Transaction version 0/1: producer id and epochs stay as they are.
+        Transaction version 0/1 (``client_transaction_version`` below 2; None keeps the
+        metadata's): producer id and epochs stay as they are. Version 2 (KIP-890 part 2):
+        the epoch is bumped (the markers carry epoch + 1, fencing every request of the
+        ending transaction) and the current epoch becomes the last epoch;
+        ``next_producer_id`` is the producer id the Complete state moves to when the bumped
+        epoch is ``Short.MAX_VALUE`` (the coordinator allocates it when the current epoch
+        is exhausted), else -1. ``no_partition_added``: a version 2 abort of a transaction
+        that added no partition (from Empty, CompleteCommit, CompleteAbort), whose start
+        time is ``update_timestamp``.
 
         Raises:
-            IllegalStateError: ``new_state`` is neither, or the transition is not legal.
+            IllegalStateError: ``new_state`` is neither, or the transition is not legal (from
+                another state than Ongoing only a version 2 abort is).
         """
         if new_state not in (TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT):
             raise IllegalStateError(f"EndTxn prepares PrepareCommit or PrepareAbort, not {new_state}")
-        return self.prepare_transition_to(new_state, txn_last_update_timestamp=update_timestamp)
+        version = self.client_transaction_version if client_transaction_version is None else client_transaction_version
+        if self.state not in (TransactionState.ONGOING, TransactionState.PREPARE_EPOCH_FENCE) and not (
+                new_state is TransactionState.PREPARE_ABORT and supports_epoch_bump(version)):
+            raise IllegalStateError(
+                f"Preparing transaction state transition to {new_state} failed: only a transaction version 2 abort "
+                f"may end a transaction in state {self.state} (transactional id {self.transactional_id})")
+        if supports_epoch_bump(version):
+            if self.producer_epoch >= SHORT_MAX_VALUE:
+                raise IllegalStateError(f"Cannot bump the epoch {self.producer_epoch} of producer id {self.producer_id} "
+                                        f"of transactional id {self.transactional_id} at EndTxn")
+            epoch, last_epoch = self.producer_epoch + 1, self.producer_epoch
+        else:
+            epoch, last_epoch = self.producer_epoch, self.last_producer_epoch
+        return self.prepare_transition_to(
+            new_state, producer_epoch=epoch, last_producer_epoch=last_epoch, next_producer_id=next_producer_id,
+            txn_start_timestamp=update_timestamp if no_partition_added else self.txn_start_timestamp,
+            txn_last_update_timestamp=update_timestamp, client_transaction_version=version)
 
     def prepare_complete(self, update_timestamp: int) -> TxnTransitMetadata:
         """Prepare CompleteCommit/CompleteAbort once every marker is written (Kafka's ``prepareComplete``).
 
-        The partitions are cleared; producer id, epochs and start time stay.
+        The partitions are cleared; producer id, epochs and start time stay -- except after a
+        transaction version 2 EndTxn that reached ``Short.MAX_VALUE`` (a next producer id is
+        set): the producer id becomes the next one, at epoch 0 (the last epoch stays
+        ``Short.MAX_VALUE - 1``, the last one the client saw).
 
         Raises:
             IllegalStateError: not in PrepareCommit/PrepareAbort, or a transition is pending.
         """
         new_state = (TransactionState.COMPLETE_COMMIT if self.state is TransactionState.PREPARE_COMMIT
                      else TransactionState.COMPLETE_ABORT)
+        rotate = supports_epoch_bump(self.client_transaction_version) and self.next_producer_id != NO_PRODUCER_ID
         transit = self.prepare_transition_to(new_state, next_producer_id=NO_PRODUCER_ID, topic_partitions=frozenset(),
+                                             producer_id=self.next_producer_id if rotate else self.producer_id,
+                                             producer_epoch=0 if rotate else self.producer_epoch,
                                              txn_last_update_timestamp=update_timestamp)
         # the fence's abort is durable: a later fence may bump the epoch again
         self.has_failed_epoch_fence = False
@@ -495,7 +553,10 @@ class TransactionMetadata:
             raise IllegalStateError(f"only PrepareCommit/PrepareAbort is followed by a Complete state, not {prepared}")
         new_state = (TransactionState.COMPLETE_COMMIT if prepared.txn_state is TransactionState.PREPARE_COMMIT
                      else TransactionState.COMPLETE_ABORT)
+        rotate = supports_epoch_bump(prepared.client_transaction_version) and prepared.next_producer_id != NO_PRODUCER_ID
         return dataclasses.replace(prepared, previous_producer_id=prepared.producer_id, next_producer_id=NO_PRODUCER_ID,
+                                   producer_id=prepared.next_producer_id if rotate else prepared.producer_id,
+                                   producer_epoch=0 if rotate else prepared.producer_epoch,
                                    txn_state=new_state, topic_partitions=frozenset(),
                                    txn_last_update_timestamp=update_timestamp)
 
@@ -512,7 +573,7 @@ class TransactionMetadata:
     def prepare_transition_to(self, state: TransactionState, *, producer_id=_UNSET, next_producer_id=_UNSET,
                               producer_epoch=_UNSET, last_producer_epoch=_UNSET, txn_timeout_ms=_UNSET,
                               topic_partitions=_UNSET, txn_start_timestamp=_UNSET,
-                              txn_last_update_timestamp=_UNSET) -> TxnTransitMetadata:
+                              txn_last_update_timestamp=_UNSET, client_transaction_version=_UNSET) -> TxnTransitMetadata:
         """Check a transition and mark it pending (Kafka's private ``prepareTransitionTo``).
 
         Fields not given keep their current value. The snapshot's previous producer id is
@@ -550,7 +611,9 @@ class TransactionMetadata:
             topic_partitions=frozenset(self.topic_partitions if topic_partitions is _UNSET else topic_partitions),
             txn_start_timestamp=self.txn_start_timestamp if txn_start_timestamp is _UNSET else txn_start_timestamp,
             txn_last_update_timestamp=(self.txn_last_update_timestamp if txn_last_update_timestamp is _UNSET
-                                       else txn_last_update_timestamp))
+                                       else txn_last_update_timestamp),
+            client_transaction_version=(self.client_transaction_version if client_transaction_version is _UNSET
+                                        else client_transaction_version))
         self.pending_state = state
         return transit
 
@@ -586,6 +649,12 @@ class TransactionMetadata:
             self._transition_failure(transit)
         S = TransactionState
         same_identity = transit.producer_epoch == self.producer_epoch and transit.producer_id == self.producer_id
+        if supports_epoch_bump(transit.client_transaction_version):  # Kafka's validProducerEpoch for version 2
+            if to_state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+                same_identity = transit.last_producer_epoch == self.producer_epoch and transit.producer_id == self.producer_id
+            elif to_state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT) and transit.producer_epoch == 0:
+                same_identity = (transit.last_producer_epoch == self.last_producer_epoch
+                                 and transit.previous_producer_id == self.producer_id)
         if to_state is S.EMPTY:
             bump_ok = (transit.producer_epoch == _short(self.producer_epoch + 1)
                        or (transit.producer_epoch == 0 and transit.producer_id != self.producer_id))
@@ -597,9 +666,12 @@ class TransactionMetadata:
                     or self.txn_timeout_ms != transit.txn_timeout_ms):
                 self._transition_failure(transit)
         elif to_state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            # version 2 may abort a transaction that added no partition: its start time is new
+            empty_abort = (to_state is S.PREPARE_ABORT and supports_epoch_bump(transit.client_transaction_version)
+                           and self.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT))
             if (not same_identity or self.topic_partitions != transit.topic_partitions
                     or self.txn_timeout_ms != transit.txn_timeout_ms
-                    or self.txn_start_timestamp != transit.txn_start_timestamp):
+                    or (self.txn_start_timestamp != transit.txn_start_timestamp and not empty_abort)):
                 self._transition_failure(transit)
         elif to_state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT):
             if not same_identity or self.txn_timeout_ms != transit.txn_timeout_ms or transit.txn_start_timestamp == -1:
@@ -621,6 +693,7 @@ class TransactionMetadata:
         self.topic_partitions = set(transit.topic_partitions)
         self.txn_start_timestamp = transit.txn_start_timestamp
         self.txn_last_update_timestamp = transit.txn_last_update_timestamp
+        self.client_transaction_version = transit.client_transaction_version
         self.pending_state = None
         self.state = to_state
 
@@ -650,13 +723,15 @@ class TransactionMetadata:
                    last_producer_epoch=value.last_producer_epoch, txn_timeout_ms=value.txn_timeout_ms, state=state,
                    topic_partitions=() if state is TransactionState.EMPTY else value.topic_partitions,
                    txn_start_timestamp=value.txn_start_timestamp,
-                   txn_last_update_timestamp=value.txn_last_update_timestamp)
+                   txn_last_update_timestamp=value.txn_last_update_timestamp,
+                   client_transaction_version=value.client_transaction_version)
 
     # ------------------------------------------------------------------ dunder
     def _key(self) -> tuple:
         return (self.transactional_id, self.producer_id, self.previous_producer_id, self.next_producer_id,
                 self.producer_epoch, self.last_producer_epoch, self.txn_timeout_ms, self.state,
-                frozenset(self.topic_partitions), self.txn_start_timestamp, self.txn_last_update_timestamp)
+                frozenset(self.topic_partitions), self.txn_start_timestamp, self.txn_last_update_timestamp,
+                self.client_transaction_version)
 
     def __eq__(self, other: object) -> bool:
         """Equal persisted fields (Kafka's ``equals``); pending state and locks are not compared."""
@@ -670,4 +745,5 @@ class TransactionMetadata:
                 f"producerEpoch={self.producer_epoch}, lastProducerEpoch={self.last_producer_epoch}, "
                 f"txnTimeoutMs={self.txn_timeout_ms}, state={self.state}, pendingState={self.pending_state}, "
                 f"topicPartitions={sorted(self.topic_partitions)}, txnStartTimestamp={self.txn_start_timestamp}, "
-                f"txnLastUpdateTimestamp={self.txn_last_update_timestamp})")
+                f"txnLastUpdateTimestamp={self.txn_last_update_timestamp}, "
+                f"clientTransactionVersion={self.client_transaction_version})")

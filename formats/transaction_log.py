@@ -41,13 +41,18 @@ state                      string   Kafka's state name (``Empty``, ``Ongoing``, 
 topic_partitions           list     ``[topic, partition]`` pairs in the transaction, sorted
 txn_start_timestamp        int64    ms when the first partition was added, -1 if none
 txn_last_update_timestamp  int64    ms of the last state change
+client_transaction_version int16    the transaction version the client used (Kafka's
+                                    ``ClientTransactionVersion``, KIP-890): 2 bumps the
+                                    epoch at every EndTxn; written only when not 0
 =========================  =======  =====================================================
 
 Kafka before 2026 did not write the previous/next producer id (KAFKA-20310) nor the last
 epoch (KAFKA-20357), so a KIP-360 retry spanning a coordinator failover was fenced;
 txlake writes all three, and a replay reproduces the coordinator's memory exactly.
-(Kafka's ``ClientTransactionVersion`` field is not kept: txlake implements transaction
-versions 0/1 only.)
+``client_transaction_version`` (Kafka's tagged ``ClientTransactionVersion``) is optional:
+a value without it -- every value written before transaction version 2 was served, and
+every value of a version 0/1 client still -- reads as 0, and is written byte for byte as
+before (so it stays in the canonical form below).
 
 Fields a reader does not know are ignored (like Kafka's tagged fields); a change that an
 older reader must not ignore bumps ``"v"``, and such records are refused with
@@ -88,6 +93,8 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _VALUE_FIELDS = ("producer_id", "previous_producer_id", "next_producer_id", "producer_epoch",
                  "last_producer_epoch", "txn_timeout_ms", "state", "topic_partitions",
                  "txn_start_timestamp", "txn_last_update_timestamp")
+#: a value field that may be absent (0 then): KIP-890's client transaction version
+_OPTIONAL_VALUE_FIELD = "client_transaction_version"
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> int:
@@ -133,8 +140,10 @@ class TxnLogValue:
     topic_partitions: tuple[tuple[str, int], ...] = field(default=())
     txn_start_timestamp: int = -1
     txn_last_update_timestamp: int = -1
+    client_transaction_version: int = 0
 
     def __post_init__(self) -> None:
+        _check_int("client_transaction_version", self.client_transaction_version, 0, INT16_MAX)
         for name in ("producer_id", "previous_producer_id", "next_producer_id"):
             _check_int(name, getattr(self, name), -1, INT64_MAX)
         for name in ("producer_epoch", "last_producer_epoch"):
@@ -152,6 +161,8 @@ class TxnLogValue:
         for name in _VALUE_FIELDS:
             value = getattr(self, name)
             out[name] = [list(tp) for tp in value] if name == "topic_partitions" else value
+        if self.client_transaction_version:  # optional (Kafka's tagged field): absent means 0
+            out[_OPTIONAL_VALUE_FIELD] = self.client_transaction_version
         return out
 
 
@@ -244,7 +255,8 @@ def decode_value(data: bytes | None, location: str) -> TxnLogValue | None:
     if not isinstance(partitions, list):
         raise CorruptObjectError(location, f"topic_partitions of a {KIND} record is not a list: {partitions!r}")
     try:
-        return TxnLogValue(**{name: obj[name] for name in _VALUE_FIELDS})
+        return TxnLogValue(**{name: obj[name] for name in _VALUE_FIELDS},
+                           client_transaction_version=obj.get(_OPTIONAL_VALUE_FIELD, 0))
     except (ValueError, TypeError) as exc:
         raise CorruptObjectError(location, f"invalid {KIND} value: {exc}") from None
 

@@ -12,7 +12,9 @@ starts it again on the same root :data:`KILLS` times, each time once the copiers
 a further share of the input (:data:`KILL_AT`). A read_committed consumer (confluent-kafka)
 reads the output during the copy, as the system test's concurrent consumer, and another
 reads it after: each holds every input value exactly once, and output partition ``p`` is
-input partition ``p`` in order (the system test's ``check_order``).
+input partition ``p`` in order (the system test's ``check_order``). The copiers (Kafka 4.3's Java
+client) run transaction version 2 (KIP-890 part 2), which the server finalizes by default: the
+epoch DescribeTransactions reports afterwards proves the per-transaction epoch bump.
 
 Needs ``java`` and the jars of dev/kafka_reference.sh (fetched on first use, as the
 ``apache_kafka`` fixture does).
@@ -29,10 +31,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.admin import DescribeTransactionsRequest, DescribeTransactionsResponse
 
 from conftest import StorageTarget
 from kafka_reference import ensure_kafka_jars, tool_command
-from server_support import ServedRoot
+from server_support import ServedRoot, decode_response, roundtrip
 
 #: records VerifiableProducer writes (the system test's 100 000, scaled to the suite's budget)
 SEED = 20_000
@@ -221,3 +224,10 @@ def test_transactional_message_copier_with_the_server_sigkilled_copies_each_reco
     final = CommittedReader(served.bootstrap)
     final.start()
     assert final.finish(want) == expected
+    # the copiers ran transaction version 2 (KIP-890 part 2; the server finalizes it by default): every
+    # EndTxn bumped the epoch, so it is at least the number of transactions; version 1 bumps it only
+    # at InitProducerId
+    described = decode_response(DescribeTransactionsResponse, roundtrip(served.port, DescribeTransactionsRequest[0](
+        transactional_ids=[f"copier-{p}" for p in range(INPUT_PARTITIONS)]), 0), 0).transaction_states
+    assert [(d.error_code, d.transaction_state) for d in described] == [(0, "CompleteCommit")] * INPUT_PARTITIONS
+    assert all(d.producer_epoch >= len(inputs[p]) // TRANSACTION_SIZE for p, d in enumerate(described)), described

@@ -266,8 +266,8 @@ def test_delivery_timeout_in_a_transaction(conf, monkeypatch):
     coordinator = p._broker.transaction_coordinator()
     real_add = coordinator.handle_add_partitions_to_txn
 
-    def add_then_hang(*args):
-        answer = real_add(*args)
+    def add_then_hang(*args, **kwargs):
+        answer = real_add(*args, **kwargs)
         added.set()
         return answer
 

@@ -61,7 +61,8 @@ def test_valid_previous_states_are_kafkas():
         S.EMPTY: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
         S.ONGOING: {S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
         S.PREPARE_COMMIT: {S.ONGOING},
-        S.PREPARE_ABORT: {S.ONGOING, S.PREPARE_EPOCH_FENCE},
+        # Kafka 4.x: a transaction version 2 abort of a transaction that added no partition
+        S.PREPARE_ABORT: {S.ONGOING, S.PREPARE_EPOCH_FENCE, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
         S.COMPLETE_COMMIT: {S.PREPARE_COMMIT},
         S.COMPLETE_ABORT: {S.PREPARE_ABORT},
         S.DEAD: {S.EMPTY, S.COMPLETE_ABORT, S.COMPLETE_COMMIT},

@@ -133,6 +133,9 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "transactional.id.expiration.ms": (_int(1), 604_800_000),
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": (_int(1), 10_000),
     "transaction.remove.expired.transaction.cleanup.interval.ms": (_int(1), 3_600_000),
+    # the finalized level of Kafka's transaction.version feature (KIP-890): 2 serves transaction
+    # version 2 to the clients that implement it, 0 or 1 keeps every client on part 1 (docs/server.md)
+    "transaction.version": (_int(0, 2), 2),
     # the embedded group coordinator's broker configs (Kafka's names and defaults)
     "group.initial.rebalance.delay.ms": (_int(0), 3_000),
     "group.min.session.timeout.ms": (_int(0), 6_000),
@@ -249,7 +252,7 @@ def _unknown(key: str, table: Mapping[str, Any]) -> Exception:
 TRANSACTION_BROKER_KEYS = ("transaction.max.timeout.ms", "transaction.state.log.num.partitions",
                            "transactional.id.expiration.ms",
                            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
-                           "transaction.remove.expired.transaction.cleanup.interval.ms")
+                           "transaction.remove.expired.transaction.cleanup.interval.ms", "transaction.version")
 
 GROUP_BROKER_KEYS = ("group.initial.rebalance.delay.ms", "group.min.session.timeout.ms",
                      "group.max.session.timeout.ms", "group.max.size", "offsets.topic.num.partitions",

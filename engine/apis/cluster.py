@@ -20,7 +20,11 @@ from txlake.catalog.topic_names import is_internal
 
 from ..errors import Errors
 from .api_spec import ApiNode, ApiSpec, RequestContext
+from .txn_apis import TRANSACTION_VERSION_FEATURE, TRANSACTION_VERSION_LEVELS, finalized_transaction_version
 
+#: the epoch of the finalized features (Kafka's metadata offset of the last feature change): the
+#: level is fixed for the server's lifetime, so one epoch
+FINALIZED_FEATURES_EPOCH = 1
 #: Kafka's "authorized operations not requested" (``Integer.MIN_VALUE``)
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
 _ZERO_UUID = uuid.UUID(int=0)
@@ -29,12 +33,26 @@ _ZERO_UUID = uuid.UUID(int=0)
 def handle_api_versions(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     """ApiVersions: the versions of every API implemented. A request version this broker does
     not know is answered at version 0 with UNSUPPORTED_VERSION and the same list, so the client
-    can retry with one it finds there (KIP-511); the server encodes that answer at v0."""
+    can retry with one it finds there (KIP-511); the server encodes that answer at v0.
+
+    v3+ also lists the features (KIP-584): ``transaction.version`` supported 0..2 and finalized
+    at the broker config ``transaction.version`` (default 2; KIP-890 part 2)."""
     keys = [ApiVersionsResponse.ApiVersion(api_key=key, min_version=low, max_version=high)
             for key, (low, high) in apis.supported_versions().items()]
     spec = apis.specs[int(ApiKey.ApiVersions)]
     error = Errors.NO_ERROR if spec.min_version <= context.api_version <= spec.max_version else Errors.UNSUPPORTED_VERSION
-    return ApiVersionsResponse(error_code=int(error), api_keys=keys, throttle_time_ms=0)
+    if context.api_version < 3 or error != Errors.NO_ERROR:
+        return ApiVersionsResponse(error_code=int(error), api_keys=keys, throttle_time_ms=0)
+    # the transaction.version feature (KIP-890; Kafka 4.x clients use transaction version 2 only
+    # when it is finalized at 2); a level-0 feature is not listed as finalized, as in Kafka
+    level = finalized_transaction_version(apis)
+    low, high = TRANSACTION_VERSION_LEVELS
+    R = ApiVersionsResponse
+    return R(error_code=int(error), api_keys=keys, throttle_time_ms=0,
+             supported_features=[R.SupportedFeatureKey(name=TRANSACTION_VERSION_FEATURE, min_version=low, max_version=high)],
+             finalized_features_epoch=FINALIZED_FEATURES_EPOCH,
+             finalized_features=[R.FinalizedFeatureKey(name=TRANSACTION_VERSION_FEATURE, max_version_level=level,
+                                                       min_version_level=level)] if level else [])
 
 
 def _topic_uuid(topic_id: str) -> uuid.UUID:

@@ -50,7 +50,7 @@ from ..requests import FetchedRecords, ProduceBatch, ProduceResult
 from ..transaction_metadata import ProducerIdAndEpoch
 from .api_spec import ApiNode, ApiSpec, RequestContext
 from .group_apis import _CoordinatorError
-from .txn_apis import for_version, transaction_coordinator
+from .txn_apis import PRODUCE_V2_SINCE, for_version, implicit_add_error, transaction_coordinator
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,10 @@ def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     partition answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's check). A transactional
     batch that opens the producer's transaction on a partition is verified against the
     transaction coordinator (KIP-890 part 1): a partition not added by AddPartitionsToTxn
-    answers INVALID_TXN_STATE and nothing is appended.
+    answers INVALID_TXN_STATE and nothing is appended. From v12 (transaction version 2, KIP-890
+    part 2) the broker adds the partition to the transaction itself first
+    (:func:`_add_partitions_implicitly`): a late batch of an ended transaction, whose epoch the
+    EndTxn bumped, answers INVALID_PRODUCER_EPOCH and is never appended.
     """
     broker = apis.broker
     answers: list[tuple[str | None, Any, int, ProduceResult | Future]] = []
@@ -148,6 +151,13 @@ def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
                 request, context.api_version, Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         if broker.txn_verifier is None:
             _start_transaction_coordinator(apis)
+        if context.api_version >= PRODUCE_V2_SINCE:
+            refused = _add_partitions_implicitly(apis, request.transactional_id, batches)
+            for i, error in refused.items():
+                answers[slots[i]] = (*answers[slots[i]][:3], ProduceResult(error))
+            if refused:
+                kept = [i for i in range(len(batches)) if i not in refused]
+                batches, slots = [batches[i] for i in kept], [slots[i] for i in kept]
     futures = broker.produce_async(batches, internal_topics_allowed=context.client_id == ADMIN_CLIENT_ID) if batches else []
     for slot, fut in zip(slots, futures):
         answers[slot] = (*answers[slot][:3], fut)
@@ -159,6 +169,33 @@ def handle_produce(apis: ApiNode, context: RequestContext, request: Any) -> Any:
     abortable = transactional if wire_v11 else set()
     return _when_all(answers, request.timeout_ms,
                      lambda done: _produce_response(apis, _verification_abortable(done, abortable)))
+
+
+def _add_partitions_implicitly(apis: ApiNode, transactional_id: str, batches: list[ProduceBatch]) -> dict[int, Errors]:
+    """Transaction version 2 (Produce v12+, KIP-890 part 2; Kafka's ``ReplicaManager`` with
+    ``AddPartitionsToTxnManager`` in its "add" form): add the partitions of the transactional
+    batches that are not yet in their producer's transaction, through the coordinator
+    (:meth:`TransactionCoordinator.handle_add_partitions_to_txn` at transaction version 2).
+    Returns the refused batches by index, with the error their partition answers
+    (:func:`implicit_add_error`: PRODUCER_FENCED is INVALID_PRODUCER_EPOCH); the others are
+    then appended and verified as in part 1. Batches of more than one producer in one request
+    answer INVALID_PRODUCER_ID_MAPPING (Kafka's ``InvalidPidMappingException``)."""
+    txn = [(i, b) for i, b in enumerate(batches) if b.is_transactional]
+    if len({(b.producer_id, b.producer_epoch) for _, b in txn}) > 1:
+        return {i: Errors.INVALID_PRODUCER_ID_MAPPING for i, _ in txn}
+    try:
+        coordinator = transaction_coordinator(apis)
+    except _CoordinatorError as exc:
+        return {i: implicit_add_error(exc.error) for i, _ in txn}
+    missing = {(b.topic, b.partition) for _, b in txn
+               if coordinator.verify_partition(b.producer_id, b.producer_epoch, b.topic, b.partition) != Errors.NO_ERROR}
+    if not missing:
+        return {}
+    producer_id, producer_epoch = txn[0][1].producer_id, txn[0][1].producer_epoch
+    added = coordinator.handle_add_partitions_to_txn(transactional_id, producer_id, producer_epoch, missing,
+                                                     transaction_version=2)
+    return {i: implicit_add_error(added[(b.topic, b.partition)]) for i, b in txn
+            if added.get((b.topic, b.partition), Errors.NO_ERROR) != Errors.NO_ERROR}
 
 
 def _verification_abortable(answers: list[tuple], slots: set[int]) -> list[tuple]:
@@ -662,7 +699,7 @@ def _init_producer_id_error(request: Any, version: int, error: Errors) -> Any:
 
 
 APIS = [
-    ApiSpec(ApiKey.Produce, 3, 11, handle_produce, _produce_error),
+    ApiSpec(ApiKey.Produce, 3, 12, handle_produce, _produce_error),
     ApiSpec(ApiKey.Fetch, 4, 12, handle_fetch, _fetch_error),
     ApiSpec(ApiKey.ListOffsets, 1, 8, handle_list_offsets, _list_offsets_error),
     ApiSpec(ApiKey.OffsetForLeaderEpoch, 2, 4, handle_offset_for_leader_epoch, _offset_for_leader_epoch_error),

@@ -15,12 +15,18 @@ InitProducerId below v4; COORDINATOR_LOAD_IN_PROGRESS is answered COORDINATOR_NO
 to TxnOffsetCommit below v2. A coordinator that is not here (this server lost the writer
 lease) answers NOT_COORDINATOR, so a client looks it up again.
 
-**Versions** (each the highest of Kafka's schema this engine honours; KIP-890 part 2 --
-transaction version 2, EndTxn v5, TxnOffsetCommit v5, Produce v12 -- is not served, so
-clients use part 1): AddPartitionsToTxn 0-5 (v0-3 the client form; v4+ the brokers' batched
-form, with ``verify_only``), AddOffsetsToTxn 0-4, EndTxn 0-4, TxnOffsetCommit 0-4,
+**Versions** (each the highest of Kafka's schema this engine honours): AddPartitionsToTxn 0-5
+(v0-3 the client form; v4+ the brokers' batched form, with ``verify_only``; without it the
+transaction version 2 add), AddOffsetsToTxn 0-4, EndTxn 0-5, TxnOffsetCommit 0-5,
 DescribeTransactions 0, ListTransactions 0-2 (duration filter v1+, KIP-994; transactional id
 pattern v2+, KIP-1152), WriteTxnMarkers 1-2.
+
+**Transaction version 2** (KIP-890 part 2; a client uses it when ApiVersions finalizes the
+``transaction.version`` feature at 2, :func:`finalized_transaction_version`): EndTxn v5 bumps
+the producer epoch at every commit and abort and answers the new producer id and epoch;
+TxnOffsetCommit v5 adds the group's ``__consumer_offsets`` partition to the transaction itself
+(no AddOffsetsToTxn), as Produce v12 does with its partitions (:mod:`.log_apis`). Older
+versions keep part 1: the client adds, the broker only verifies.
 """
 
 from __future__ import annotations
@@ -55,6 +61,36 @@ PRODUCER_FENCED_SINCE = {ApiKey.AddPartitionsToTxn: 2, ApiKey.AddOffsetsToTxn: 2
 TXN_OFFSET_COMMIT_ABORTABLE_SINCE = 4
 #: AddPartitionsToTxn: versions 4+ are the brokers' batched form (Kafka's ``EARLIEST_BROKER_VERSION``)
 ADD_PARTITIONS_BROKER_VERSION = 4
+#: the first EndTxn / TxnOffsetCommit / Produce version of a transaction version 2 client (KIP-890
+#: part 2; Kafka's ``EndTxnRequest.isTransactionV2Requested`` and its siblings)
+END_TXN_V2_SINCE = 5
+TXN_OFFSET_COMMIT_V2_SINCE = 5
+PRODUCE_V2_SINCE = 12
+#: Kafka's feature name of the transaction version (``TransactionVersion.FEATURE_NAME``) and the levels served
+TRANSACTION_VERSION_FEATURE = "transaction.version"
+TRANSACTION_VERSION_LEVELS = (0, 2)
+
+
+def finalized_transaction_version(apis: ApiNode) -> int:
+    """The ``transaction.version`` feature level this server finalizes in ApiVersions (the
+    broker config ``transaction.version``, default 2; Kafka's level set with
+    ``kafka-storage format --feature transaction.version=N`` or ``kafka-features.sh upgrade``).
+    A Kafka 4.x client uses transaction version 2 only when it is 2."""
+    return apis.broker.transaction_version()
+
+
+def implicit_add_error(error: Errors) -> Errors:
+    """A transaction version 2 implicit add's refusal as a Produce or TxnOffsetCommit answers it
+    (Kafka's ``AddPartitionsToTxnManager`` and ``ReplicaManager.handleProduceAppend``):
+    PRODUCER_FENCED is INVALID_PRODUCER_EPOCH; a refusal the client should simply retry
+    (CONCURRENT_TRANSACTIONS, the coordinator loading, moving or unavailable) is
+    NOT_ENOUGH_REPLICAS, which every client retries without a metadata refresh."""
+    if error == Errors.PRODUCER_FENCED:
+        return Errors.INVALID_PRODUCER_EPOCH
+    if error in (Errors.CONCURRENT_TRANSACTIONS, Errors.COORDINATOR_LOAD_IN_PROGRESS,
+                 Errors.COORDINATOR_NOT_AVAILABLE, Errors.NOT_COORDINATOR):
+        return Errors.NOT_ENOUGH_REPLICAS
+    return error
 
 
 def transaction_coordinator(apis: ApiNode) -> TransactionCoordinator:
@@ -169,8 +205,9 @@ def handle_add_partitions_to_txn(apis: ApiNode, context: RequestContext, request
             coordinator = transaction_coordinator(apis)
             if verify_only:
                 answers = coordinator.handle_verify_partitions_in_transaction(tid, producer_id, epoch, partitions)
-            else:
-                answers = coordinator.handle_add_partitions_to_txn(tid, producer_id, epoch, partitions)
+            else:  # from a broker (v4+) it is the implicit add of a transaction version 2 Produce
+                answers = coordinator.handle_add_partitions_to_txn(tid, producer_id, epoch, partitions,
+                                                                   transaction_version=0 if client else 2)
             answers = {tp: for_version(e, ApiKey.AddPartitionsToTxn, version) for tp, e in answers.items()}
         results.append((tid, {tp: answers[tp] for tp in partitions}))
     return _add_partitions_response(results, version)
@@ -191,18 +228,28 @@ def handle_add_offsets_to_txn(apis: ApiNode, context: RequestContext, request: A
                                                                          context.api_version))
 
 
-def _end_txn_error(request: Any, version: int, error: Errors) -> Any:
-    return EndTxnResponse(throttle_time_ms=0, error_code=int(error))
+def _end_txn_error(request: Any, version: int, error: Errors, producer_id: int = -1, producer_epoch: int = -1) -> Any:
+    return EndTxnResponse(throttle_time_ms=0, error_code=int(error), producer_id=producer_id,
+                          producer_epoch=producer_epoch)
 
 
 def handle_end_txn(apis: ApiNode, context: RequestContext, request: Any) -> Any:
-    """EndTxn: commit or abort (:meth:`TransactionCoordinator.handle_end_txn`), answered once the
-    markers and CompleteCommit/CompleteAbort are written. NO_ERROR for a retry after completion;
-    INVALID_TXN_STATE (the opposite outcome, or no transaction), CONCURRENT_TRANSACTIONS,
-    PRODUCER_FENCED (INVALID_PRODUCER_EPOCH below v2), INVALID_PRODUCER_ID_MAPPING."""
-    error = transaction_coordinator(apis).handle_end_txn(
-        request.transactional_id, request.producer_id, request.producer_epoch, bool(request.committed))
-    return _end_txn_error(request, context.api_version, for_version(error, ApiKey.EndTxn, context.api_version))
+    """EndTxn: commit or abort (:meth:`TransactionCoordinator.handle_end_transaction`), answered
+    once the markers and CompleteCommit/CompleteAbort are written. NO_ERROR for a retry after
+    completion; INVALID_TXN_STATE (the opposite outcome, or no transaction),
+    CONCURRENT_TRANSACTIONS, PRODUCER_FENCED (INVALID_PRODUCER_EPOCH below v2),
+    INVALID_PRODUCER_ID_MAPPING. v5+ is transaction version 2 (KIP-890 part 2): the epoch is
+    bumped and the response carries the producer id and epoch the client uses next."""
+    version = context.api_version
+    coordinator = transaction_coordinator(apis)
+    if version >= END_TXN_V2_SINCE:
+        error, producer_id, producer_epoch = coordinator.handle_end_transaction(
+            request.transactional_id, request.producer_id, request.producer_epoch, bool(request.committed),
+            transaction_version=2)
+    else:
+        error, producer_id, producer_epoch = coordinator.handle_end_txn(
+            request.transactional_id, request.producer_id, request.producer_epoch, bool(request.committed)), -1, -1
+    return _end_txn_error(request, version, for_version(error, ApiKey.EndTxn, version), producer_id, producer_epoch)
 
 
 # ---------------------------------------------------------------------------- TxnOffsetCommit
@@ -234,7 +281,11 @@ def handle_txn_offset_commit(apis: ApiNode, context: RequestContext, request: An
     verification: AddOffsetsToTxn did not add it, or -- after a crash -- its answer was not yet
     durable), TRANSACTION_ABORTABLE for that from v4 (:data:`TXN_OFFSET_COMMIT_ABORTABLE_SINCE`),
     so the client aborts and retries the transaction; INVALID_PRODUCER_EPOCH for a fenced
-    epoch; NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE."""
+    epoch; NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE.
+
+    v5+ (transaction version 2, KIP-890 part 2): the group's partition is first added to the
+    transaction by the coordinator itself (no AddOffsetsToTxn); its refusal answers every
+    partition (:func:`implicit_add_error`)."""
     version = context.api_version
     topics = apis.broker.topics()
     offsets: dict[TopicPartitionKey, OffsetAndMetadata] = {}
@@ -250,8 +301,15 @@ def handle_txn_offset_commit(apis: ApiNode, context: RequestContext, request: An
             offsets[tp] = OffsetAndMetadata(p.committed_offset, p.committed_metadata or "",
                                             leader_epoch=epoch if epoch >= 0 else None)
     if offsets:
+        added = Errors.NO_ERROR
+        if request.group_id and version >= TXN_OFFSET_COMMIT_V2_SINCE:
+            added = implicit_add_error(transaction_coordinator(apis).handle_add_offsets_to_txn(
+                request.transactional_id, request.producer_id, request.producer_epoch, request.group_id,
+                transaction_version=2))
         if not request.group_id:
             answers.update(dict.fromkeys(offsets, Errors.INVALID_GROUP_ID))
+        elif added != Errors.NO_ERROR:
+            answers.update(dict.fromkeys(offsets, added))
         else:
             group_offsets = apis.broker.group_offsets()
             committed = group_offsets.commit_transactional(
@@ -358,8 +416,8 @@ def handle_write_txn_markers(apis: ApiNode, context: RequestContext, request: An
 APIS = [
     _spec(ApiKey.AddPartitionsToTxn, 0, 5, handle_add_partitions_to_txn, _add_partitions_error),
     _spec(ApiKey.AddOffsetsToTxn, 0, 4, handle_add_offsets_to_txn, _add_offsets_error),
-    _spec(ApiKey.EndTxn, 0, 4, handle_end_txn, _end_txn_error),
-    _spec(ApiKey.TxnOffsetCommit, 0, 4, handle_txn_offset_commit, _txn_offset_commit_error),
+    _spec(ApiKey.EndTxn, 0, 5, handle_end_txn, _end_txn_error),
+    _spec(ApiKey.TxnOffsetCommit, 0, 5, handle_txn_offset_commit, _txn_offset_commit_error),
     _spec(ApiKey.DescribeTransactions, 0, 0, handle_describe_transactions, _describe_transactions_error),
     _spec(ApiKey.ListTransactions, 0, 2, handle_list_transactions, _list_transactions_error),
     _spec(ApiKey.WriteTxnMarkers, 1, 2, handle_write_txn_markers, _write_txn_markers_error),
