@@ -1193,7 +1193,10 @@ class Producer(HandleCalls):
             lo, hi = offsets.get(p, (res.base_offset, res.base_offset + count - 1))
             offsets[p] = (min(lo, res.base_offset), max(hi, res.base_offset + count - 1))
 
-        for rb in _slices(batches, 65_536):  # small slices let splitting overlap with the flusher's writes
+        # slices let splitting overlap with the flushers' encoding; 256 Ki rows rather than 64 Ki:
+        # each partition's share then fills whole max.message.bytes batches (1 M records of 100
+        # bytes, 8 partitions: 152 batches instead of 248, each a trip through the broker's Python)
+        for rb in _slices(batches, 262_144):
             cols = rb.schema.names
             n = rb.num_rows
             keys = _binary_column(rb, key) if key and key in cols else pa.nulls(n, pa.binary())
