@@ -158,8 +158,8 @@ def _presized_buffer(tables: Sequence[pa.Table]) -> pa.Buffer:
     plain encoding of a column is no bigger than its Arrow buffers) plus 1 MiB of headers and
     footer. A ``BufferOutputStream`` grows by doubling: each growth allocates fresh memory
     (page faults, zeroed by the kernel) and copies what was written, which cost as much CPU as
-    encoding the batch columns (1 M records of 100 bytes: 0.26 CPU-s to encode into a growing
-    stream, 0.17 into a presized buffer). Pages of the buffer never written are never touched,
+    encoding the batch columns (1 M records of 100 bytes, one measurement on a shared machine:
+    0.26 CPU-s to encode into a growing stream, 0.17 into a presized buffer). Pages of the buffer never written are never touched,
     so the headroom costs address space, not memory.
     """
     capacity = sum(t.nbytes for t in tables) * 5 // 4 + (1 << 20)
