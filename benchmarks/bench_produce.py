@@ -196,7 +196,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs of the bulk load (best is reported)")
     ap.add_argument("--bulk-only", action="store_true", help="only the bulk-load ratios")
     ap.add_argument("--served", action="store_true", help="also produce through txlake serve")
+    ap.add_argument("--memory-pool", choices=("default", "mimalloc", "jemalloc", "system"), default="default",
+                    help="the process's Arrow memory pool (txlake.engine.compaction.use_memory_pool, as "
+                         "`txlake serve --memory-pool`)")
+    ap.add_argument("--decay-ms", type=int, default=1000, help="jemalloc's decay time (ms) with --memory-pool jemalloc")
     args = ap.parse_args()
+    if args.memory_pool != "default":
+        from txlake.engine.compaction import use_memory_pool
+
+        use_memory_pool(args.memory_pool, args.decay_ms)
     results: dict = {}
     bench_bulk(args.records, results, args.repeat)
     if args.served:
@@ -206,8 +214,8 @@ def main() -> None:
         bench_puts(results)
         for factor in (3, 6):
             bench_memory(args.records * factor, results, suffix=f"_{factor}x")
-    print(f"# produce benchmarks ({args.records:,} records, 100-byte values; {machine()}; "
-          f"load average {os.getloadavg()[0]:.1f} at the end)")
+    print(f"# produce benchmarks ({args.records:,} records, 100-byte values; {machine()}; Arrow memory pool "
+          f"{pa.default_memory_pool().backend_name}; load average {os.getloadavg()[0]:.1f} at the end)")
     for k, v in results.items():
         print(f"{k:36s} {v:12.3f}" if isinstance(v, float) else f"{k:36s} {v}")
 
