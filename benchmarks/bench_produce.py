@@ -1,7 +1,12 @@
 """Produce benchmarks: bulk load vs pyarrow.parquet.write_table, per-record produce() rate,
 object PUTs per flush, and peak memory of a streamed bulk load.
 
-Run:  .venv/bin/python benchmarks/bench_produce.py [--records 1000000]
+Run:  .venv/bin/python benchmarks/bench_produce.py [--records 1000000] [--repeat 3]
+      .venv/bin/python benchmarks/bench_produce.py --bulk-only --served   # the ratios alone
+
+``--served`` adds the same records produced through ``txlake serve`` by confluent-kafka
+(idempotent, acks=all; default requests and bigger ones), against ``write_table`` of the same
+table timed beside each run.
 
 Ratios are "raw tool time / txlake time" on the same data in the same run (1.0 = as fast
 as the raw tool; the goals are >= 0.5 for the bulk load).
@@ -31,17 +36,55 @@ def create(url: str, topic: str, partitions: int) -> None:
         admin.create_topics([NewTopic(topic, partitions)])[topic].result()
 
 
+def bench_served(n: int, results: dict, repeat: int = 1) -> None:
+    """Bulk produce through ``txlake serve``: confluent-kafka sends the records of
+    ``records_table(n)`` (idempotent, acks=all, round-robin over 8 partitions) until the last
+    delivery report, with librdkafka's default requests and with bigger ones; each run beside
+    a ``write_table`` of the same table. Best of ``repeat``; the server's CPU s per run too."""
+    import time
+
+    from bench_server import BIG_REQUESTS, bench_produce_wire, cpu_seconds, start_server
+    from bench_server import create as create_served
+
+    table = records_table(n)
+    keys, values = table.column("key").to_pylist(), table.column("value").to_pylist()
+    folder = tempfile.mkdtemp()
+    for name, extra in (("served", {}), ("served_big_requests", BIG_REQUESTS)):
+        raw, wire, cpu = [], [], []
+        for i in range(repeat):
+            start = time.perf_counter()
+            pq.write_table(table, os.path.join(folder, f"raw-{name}{i}.parquet"))
+            raw.append(time.perf_counter() - start)
+            url = fresh_root()
+            create_served(url, 8)
+            proc, bootstrap = start_server(url, [])
+            try:
+                cpu0 = cpu_seconds(proc.pid)
+                wire.append(bench_produce_wire(bootstrap, keys, values, 8, **extra))
+                cpu.append(cpu_seconds(proc.pid) - cpu0)
+            finally:
+                proc.terminate()
+                proc.wait(60)
+        results[f"{name}_s"] = min(wire)
+        results[f"{name}_ratio"] = min(raw) / min(wire)
+        results[f"{name}_server_cpu_s"] = min(cpu)
+
+
 def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
-    """Best of ``repeat`` runs each: raw write_table (with and without fsync) vs produce_arrow."""
+    """Best of ``repeat`` runs each: raw write_table (with and without fsync) vs produce_arrow.
+    Also the process CPU seconds (user + system, median) of the raw write and of the load:
+    on a machine shared with other work the wall times swing with the load, the CPU less."""
+    import statistics
     import time
 
     table = records_table(n)
     folder = tempfile.mkdtemp()
-    raw, raw_fsync, lake = [], [], []
+    raw, raw_fsync, lake, raw_cpu, lake_cpu = [], [], [], [], []
     for i in range(repeat):
-        start = time.perf_counter()
+        cpu0, start = os.times(), time.perf_counter()
         pq.write_table(table, os.path.join(folder, f"raw{i}.parquet"))
         raw.append(time.perf_counter() - start)
+        raw_cpu.append(_cpu_since(cpu0))
         # the same, made durable as txlake's acks=all commit is (fsync before answering)
         start = time.perf_counter()
         with open(os.path.join(folder, f"raw-fsync{i}.parquet"), "wb") as f:
@@ -52,9 +95,10 @@ def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
         url = fresh_root()
         create(url, "bulk", 8)
         p = Producer({"storage.url": url})
-        start = time.perf_counter()
+        cpu0, start = os.times(), time.perf_counter()
         r = p.produce_arrow("bulk", table)
         lake.append(time.perf_counter() - start)
+        lake_cpu.append(_cpu_since(cpu0))
         assert r.records == n
         p.close()
         close_all()
@@ -63,6 +107,16 @@ def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
     results["txlake_bulk_s"] = min(lake)
     results["bulk_ratio"] = results["raw_write_table_s"] / results["txlake_bulk_s"]
     results["bulk_ratio_vs_fsync"] = results["raw_write_table_fsync_s"] / results["txlake_bulk_s"]
+    results["bulk_ratios_each_run"] = " ".join(f"{r / t:.2f}" for r, t in zip(raw, lake))
+    results["raw_write_table_cpu_s"] = statistics.median(raw_cpu)
+    results["txlake_bulk_cpu_s"] = statistics.median(lake_cpu)
+    results["bulk_cpu_ratio"] = results["raw_write_table_cpu_s"] / results["txlake_bulk_cpu_s"]
+
+
+def _cpu_since(before) -> float:
+    """User + system CPU seconds of this process (all threads) since ``os.times()`` ``before``."""
+    now = os.times()
+    return now.user - before.user + now.system - before.system
 
 
 def bench_per_record(n: int, results: dict) -> None:
@@ -139,14 +193,29 @@ print(base, peak_rss_mb())
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of the bulk load (best is reported)")
+    ap.add_argument("--bulk-only", action="store_true", help="only the bulk-load ratios")
+    ap.add_argument("--served", action="store_true", help="also produce through txlake serve")
+    ap.add_argument("--memory-pool", choices=("default", "mimalloc", "jemalloc", "system"), default="default",
+                    help="the process's Arrow memory pool (txlake.engine.compaction.use_memory_pool, as "
+                         "`txlake serve --memory-pool`)")
+    ap.add_argument("--decay-ms", type=int, default=1000, help="jemalloc's decay time (ms) with --memory-pool jemalloc")
     args = ap.parse_args()
+    if args.memory_pool != "default":
+        from txlake.engine.compaction import use_memory_pool
+
+        use_memory_pool(args.memory_pool, args.decay_ms)
     results: dict = {}
-    bench_bulk(args.records, results)
-    bench_per_record(args.records, results)
-    bench_puts(results)
-    for factor in (3, 6):
-        bench_memory(args.records * factor, results, suffix=f"_{factor}x")
-    print(f"# produce benchmarks ({args.records:,} records, 100-byte values; {machine()})")
+    bench_bulk(args.records, results, args.repeat)
+    if args.served:
+        bench_served(args.records, results)
+    if not args.bulk_only:
+        bench_per_record(args.records, results)
+        bench_puts(results)
+        for factor in (3, 6):
+            bench_memory(args.records * factor, results, suffix=f"_{factor}x")
+    print(f"# produce benchmarks ({args.records:,} records, 100-byte values; {machine()}; Arrow memory pool "
+          f"{pa.default_memory_pool().backend_name}; load average {os.getloadavg()[0]:.1f} at the end)")
     for k, v in results.items():
         print(f"{k:36s} {v:12.3f}" if isinstance(v, float) else f"{k:36s} {v}")
 

@@ -269,7 +269,7 @@ def test_bulk_arrow_load(conf):
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "interleaved"])
 def test_bulk_arrow_load_by_partition_column_keeps_row_order(conf, grouped):
     """A partition column grouped by partition is cut into slices, an interleaved one
-    filtered: either way each partition gets its rows in table order, at offsets 0, 1, ..."""
+    grouped by a stable sort: either way each partition gets its rows in table order, at offsets 0, 1, ..."""
     import pyarrow as pa
 
     create(conf, "bulk", 3)

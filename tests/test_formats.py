@@ -34,6 +34,35 @@ def test_segment_round_trip_with_row_group_ranges():
     assert back_b.column("value").to_pylist()[1] is None
 
 
+def test_segment_encoded_into_a_presized_buffer_equals_the_growing_stream_and_falls_back(monkeypatch):
+    """encode_segments writes into one buffer sized from the tables; its bytes are exactly what
+    a growing BufferOutputStream gets, and an object that outgrows the estimate is re-encoded
+    into a growing stream, not refused."""
+    a, b = _record_table(300, "a", 0), _record_table(500, "b", 2, base=10)
+    growing = pa.BufferOutputStream()
+    with records.segment_writer(growing) as writer:
+        records.write_records(writer, a, 64)
+        records.write_records(writer, b, 64)
+    expected = growing.getvalue().to_pybytes()
+    data, ranges = records.encode_segments([a, b], row_group_rows=64)
+    assert data == expected and ranges == [(0, 5), (5, 8)]
+    monkeypatch.setattr(records, "_presized_buffer", lambda tables: pa.allocate_buffer(100))
+    data, ranges = records.encode_segments([a, b], row_group_rows=64, as_buffer=True)
+    assert data.to_pybytes() == expected and ranges == [(0, 5), (5, 8)]
+
+
+def test_segment_statistics_cover_the_columns_readers_prune_by():
+    """Row groups carry min/max statistics for topic, partition, offset, timestamp, key and
+    is_control (the DuckDB views' and Spark source's pruning), not for the other batch fields."""
+    data, _ = records.encode_segments([_record_table(3, "a", 4, base=20)])
+    rg = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0)
+    columns = {rg.column(i).path_in_schema: rg.column(i) for i in range(rg.num_columns)}
+    with_stats = {name for name, col in columns.items() if col.is_stats_set and col.statistics.has_min_max}
+    assert with_stats == {"topic", "partition", "offset", "timestamp", "key", "is_control"}
+    assert (columns["offset"].statistics.min, columns["offset"].statistics.max) == (20, 22)
+    assert (columns["partition"].statistics.min, columns["topic"].statistics.max) == (4, "a")
+
+
 def test_segment_row_group_outside_object_is_corrupt():
     data, _ = records.encode_segments([_record_table(3)])
     with pytest.raises(CorruptObjectError, match="mem://seg.*1 row groups"):

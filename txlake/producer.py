@@ -1193,7 +1193,10 @@ class Producer(HandleCalls):
             lo, hi = offsets.get(p, (res.base_offset, res.base_offset + count - 1))
             offsets[p] = (min(lo, res.base_offset), max(hi, res.base_offset + count - 1))
 
-        for rb in _slices(batches, 65_536):  # small slices let splitting overlap with the flusher's writes
+        # slices let splitting overlap with the flushers' encoding; 256 Ki rows rather than 64 Ki:
+        # each partition's share then fills whole max.message.bytes batches (1 M records of 100
+        # bytes, 8 partitions: 152 batches instead of 248, each a trip through the broker's Python)
+        for rb in _slices(batches, 262_144):
             cols = rb.schema.names
             n = rb.num_rows
             keys = _binary_column(rb, key) if key and key in cols else pa.nulls(n, pa.binary())
@@ -1303,9 +1306,12 @@ def _split_by_partition(payload: pa.Table, parts: np.ndarray) -> Iterable[tuple[
     """``(partition, rows)`` for each partition present, rows in input order.
 
     Rows already grouped by partition (``parts`` non-decreasing, as the Spark sink stages
-    them) are cut into zero-copy slices. Otherwise one boolean filter per partition present:
-    it copies each row once, like a sort and take, but filtering is about twice as fast as
-    Arrow's take on binary columns.
+    them) are cut into zero-copy slices. Otherwise the rows are grouped by ONE stable sort of
+    the partition ids (numpy's radix sort of 16-bit keys) and ONE ``take``, then cut into
+    zero-copy slices: it copies each row once, as a boolean filter per partition did, but one
+    pass instead of one per partition present (1 M records of 100 bytes over 8 partitions, on
+    warm memory: 0.07 CPU-s instead of 0.12-0.19; inside a bulk load, where the copy's pages
+    are fresh, both cost about the same).
     """
     n = len(parts)
     if n > 1 and bool((parts[1:] >= parts[:-1]).all()):
@@ -1313,12 +1319,17 @@ def _split_by_partition(payload: pa.Table, parts: np.ndarray) -> Iterable[tuple[
         for start, end in zip([0, *cuts], [*cuts, n]):
             yield int(parts[start]), payload.slice(start, end - start)
         return
-    present = np.unique(parts)
+    counts = np.bincount(parts)
+    present = np.flatnonzero(counts)
     if len(present) == 1:
         yield int(present[0]), payload
         return
+    keys = parts.astype(np.int16) if len(counts) <= np.iinfo(np.int16).max else parts
+    grouped = payload.take(pa.array(np.argsort(keys, kind="stable").astype(np.int32, copy=False)))
+    start = 0
     for p in present.tolist():
-        yield p, payload.filter(pa.array(parts == p))
+        yield p, grouped.slice(start, int(counts[p]))
+        start += int(counts[p])
 
 
 def _slices(batches: Iterable[pa.RecordBatch], rows: int) -> Iterable[pa.RecordBatch]:
