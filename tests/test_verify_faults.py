@@ -171,3 +171,42 @@ def test_trial_under_get_errors(storage, close_engines):  # noqa: F811
     assert injected_totals()["get.error"] > before
     assert result.anomalies == []
     assert {s.outcome for s in result.history.of(Send)} == {SEND_OK}
+
+
+def _group_consumer(conf):
+    """A consumer of group g that has read the one record of topic t (created here) and a handle
+    on the schedule of the root's shared store (rates 0 until a test raises them)."""
+    import txlake
+    import txlake.admin
+    from txlake.engine import registry
+
+    txlake.admin.AdminClient(conf).create_topics([txlake.admin.NewTopic("t", 1)])["t"].result()
+    producer = txlake.Producer(conf)
+    producer.produce("t", b"x", partition=0)
+    assert producer.flush(10) == 0
+    consumer = txlake.Consumer({**conf, "group.id": "g", "enable.auto.commit": False})
+    consumer.assign([txlake.TopicPartition("t", 0, 0)])
+    assert [m.offset() for m in consumer.consume(1, 10)] == [0]
+    broker = registry.acquire_broker(conf["storage.url"], conf["storage.options"])
+    registry.release_broker(broker)
+    return consumer, broker.store.faults
+
+
+@pytest.mark.parametrize("backend", ["file"])
+@pytest.mark.parametrize("first", [True, False], ids=["creating-offsets-topic", "appending-offsets"])
+def test_offset_commit_storage_error_answers_not_coordinator(storage, close_engines, first):  # noqa: F811
+    """An OffsetCommit whose write to the store fails answers NOT_COORDINATOR, Kafka's mapping of
+    a coordinator log's KAFKA_STORAGE_ERROR (``GroupMetadataManager.storeOffsets``): retriable,
+    the client looks the coordinator up again. It answered UNKNOWN_SERVER_ERROR (the store failed
+    creating ``__consumer_offsets``) or the raw KAFKA_STORAGE_ERROR (the offsets' flush failed)."""
+    from txlake import KafkaError, KafkaException, TopicPartition
+
+    consumer, faults = _group_consumer(_faulty_conf(storage, 1, {}))
+    if not first:  # __consumer_offsets exists: this commit's flush is what fails
+        consumer.commit(asynchronous=False)
+    faults.rates["put.error"] = 1.0
+    with pytest.raises(KafkaException) as info:
+        consumer.commit(offsets=[TopicPartition("t", 0, 1 if first else 0)], asynchronous=False)
+    assert info.value.args[0].code() == KafkaError.NOT_COORDINATOR, info.value.args[0]
+    assert info.value.args[0].retriable()
+    consumer.close()
