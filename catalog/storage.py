@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import threading
 import time
@@ -42,7 +43,7 @@ import uuid
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 import fsspec
 
@@ -56,9 +57,17 @@ __all__ = [
     "ObjectInfo",
     "ObjectNotFoundError",
     "ObjectStore",
+    "STORAGE_ATTEMPTS",
     "StorageError",
     "TEMP_PREFIX",
+    "retry_storage",
 ]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+#: Attempts in all of an object-store call that :func:`retry_storage` repeats on a StorageError.
+STORAGE_ATTEMPTS = 6
 
 #: Basename prefix of the temporary files the local backend writes before
 #: publishing an object. Such names are never returned by :meth:`ObjectStore.list`.
@@ -281,6 +290,31 @@ def _s3_error_code(exc: BaseException) -> tuple[str | None, int | None]:
             return err.get("Code"), int(status) if status is not None else None
         e = e.__cause__ or e.__context__
     return None, None
+
+
+def retry_storage(call: Callable[[], _T], url: str, what: str, attempts: int = STORAGE_ATTEMPTS) -> _T:
+    """``call()``, repeated on a :class:`StorageError` (a 503 SlowDown, a connection reset, a
+    timeout) up to ``attempts`` times in all, ``50 ms * n`` after the n-th failure (so about
+    0.75 s in all for 6). Only for calls that are safe to repeat: a read, or a write of the same
+    bytes to a key of its own. :class:`ObjectNotFoundError` is an answer, not a failure: it is
+    raised at once, as is every other exception.
+
+    Args:
+        url: the object (or prefix) the call is about, for the warning logged per retry.
+        what: what the call does (``"reading catalog commit"``, ``"PUT of"``), for that warning.
+
+    Raises:
+        StorageError: the last attempt's error, when every attempt failed.
+    """
+    for attempt in range(attempts):
+        try:
+            return call()
+        except StorageError as exc:
+            if isinstance(exc, ObjectNotFoundError) or attempt == attempts - 1:
+                raise
+            log.warning("%s %s failed (%s); retrying", what, url, exc)
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 class ObjectStore:
@@ -806,6 +840,22 @@ class ObjectStore:
                 # object: give each reader its own cursor instead.
                 return io.BytesIO(self.fs.cat_file(path))
             return self.fs.open(path, "rb")
+
+    def read_object(self, key: str, read: Callable[[BinaryIO], _T]) -> _T:
+        """``read(file)`` of the object at key (opened with :meth:`open_input`, closed after),
+        retried as a whole on a :class:`StorageError` (:func:`retry_storage`): how the engine
+        reads its data objects (segments, flush objects), so a transient failure (503, reset)
+        of one GET does not fail a fetch, a consume or a compaction round.
+
+        Raises:
+            ObjectNotFoundError: no object at key (never retried).
+            StorageError: every attempt failed (the last one's error).
+            whatever ``read`` raises otherwise (e.g. CorruptObjectError), at once.
+        """
+        def once() -> _T:
+            with self.open_input(key) as f:
+                return read(f)
+        return retry_storage(once, self.uri(key), "reading")
 
     def arrow_filesystem(self):
         """A ``pyarrow.fs.FileSystem`` over this store's fsspec filesystem (cached).

@@ -210,3 +210,25 @@ def test_offset_commit_storage_error_answers_not_coordinator(storage, close_engi
     assert info.value.args[0].code() == KafkaError.NOT_COORDINATOR, info.value.args[0]
     assert info.value.args[0].retriable()
     consumer.close()
+
+
+@pytest.mark.parametrize("backend", ["file"])
+def test_data_object_get_is_retried(storage, close_engines):  # noqa: F811
+    """A reader whose GET of a data object fails once (503, reset) retries it and returns the
+    records (``ObjectStore.read_object``); the StorageError used to reach the fetch, consume or
+    compaction round that needed the object."""
+    import txlake
+    import txlake.admin
+    from helpers import read_partition
+
+    conf = client_conf(storage)
+    txlake.admin.AdminClient(conf).create_topics([txlake.admin.NewTopic("t", 1)])["t"].result()
+    producer = txlake.Producer(conf)
+    for n in range(3):
+        producer.produce("t", f"v{n}".encode(), partition=0)
+    assert producer.flush(10) == 0
+    catalog = Catalog.open(ObjectStore(storage.url))
+    seed = next(s for s in range(100) if _fault_then_clean(s, "get.error"))
+    catalog.store = _store(storage.url.removeprefix("file://"), get_error_rate=0.5, seed=seed)
+    assert read_partition(storage, "t", 0, catalog) == [(0, "v0"), (1, "v1"), (2, "v2")]
+    assert catalog.store.faults.injected["get.error"] == 1
