@@ -36,7 +36,7 @@ def test_no_fault_options_no_schedule(tmp_path):
     ("storage.faults.put.error.rate", 1.5, "a rate is in [0, 1], got 1.5"),
     ("storage.faults.get.delay.ms", "-1", "expected ms >= 0, got '-1'"),
     ("storage.faults.seed", "x", "expected a number, got 'x'"),
-    ("storage.faults.list.lag.rate", 0.1, "unknown storage option 'storage.faults.list.lag.rate'"),
+    ("storage.faults.list.error.rate", 0.1, "unknown storage option 'storage.faults.list.error.rate'"),
 ])
 def test_bad_fault_options_are_refused(tmp_path, key, value, message):
     with pytest.raises(InvalidFaultConfigError) as info:
@@ -81,7 +81,7 @@ def test_get_faults(tmp_path):
 def _fault_then_clean(seed, kind):
     """Whether the schedule of ``seed`` (``kind`` at rate 0.5) fires on its first draw and not its second."""
     schedule = FaultSchedule({"storage.faults.seed": seed, f"storage.faults.{kind}.rate": 0.5})
-    operation = kind.split(".")[0]
+    operation = {"cas.race": "put_if_absent"}.get(kind, kind.split(".")[0])
     return [(kind in schedule._draw(operation)) for _ in range(2)] == [True, False]
 
 
@@ -232,3 +232,46 @@ def test_data_object_get_is_retried(storage, close_engines):  # noqa: F811
     catalog.store = _store(storage.url.removeprefix("file://"), get_error_rate=0.5, seed=seed)
     assert read_partition(storage, "t", 0, catalog) == [(0, "v0"), (1, "v1"), (2, "v2")]
     assert catalog.store.faults.injected["get.error"] == 1
+
+
+def test_list_lag_omits_recent_objects(tmp_path):
+    """A lagging LIST omits the objects modified within ``list.lag.ms`` (whoever wrote them),
+    in ``list`` and ``first_key_after``, and is counted only when it omitted something."""
+    import os
+
+    clean = ObjectStore(f"file://{tmp_path}")
+    for key in ("p/1", "p/2", "p/3"):
+        clean.put(key, b"x")
+    old = (clean.list("p/")[0].mtime_ms - 120_000) / 1000
+    os.utime(clean.fs_path("p/1"), (old, old))
+    store = _store(tmp_path, list_lag_rate=1, list_lag_ms=60_000)
+    assert [o.key for o in store.list("p/")] == ["p/1"]
+    assert store.first_key_after("p/", "p/0") == "p/1"
+    assert store.first_key_after("p/", "p/1") is None
+    assert store.faults.injected["list.lag"] == 2  # the second call omitted nothing
+    assert [o.key for o in clean.list("p/")] == ["p/1", "p/2", "p/3"]
+
+
+def test_cas_race_fences_the_writer_and_loses_nothing(tmp_path):
+    """A catalog commit whose create-if-absent loses a race to a writer that took the lease over
+    (and released it): the writer re-reads the catalog and fences itself (WriterFencedError, it
+    writes nothing); what it had committed stays; the next writer acquires the lease (its own
+    acquisition also loses a race once and looks again)."""
+    from txlake.catalog.errors import WriterFencedError
+    from txlake.catalog.faults import RACE_OWNER
+
+    catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"))
+    epoch = WriterLease(catalog, lease_ms=60_000).acquire()
+    catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    catalog.store = _store(tmp_path, cas_race_rate=1)
+    with pytest.raises(WriterFencedError, match=rf"held by nobody \(released\) as of catalog version 4"):
+        catalog.commit([{"action": CREATE_TOPIC, "topic": "u", "topic_id": "y", "num_partitions": 1}], epoch)
+    assert catalog.store.faults.injected["cas.race"] == 1
+    after = Catalog.open(ObjectStore(f"file://{tmp_path}"))
+    assert (after.version, sorted(after.state.topics)) == (4, ["t"])
+    assert (after.state.lease.owner, after.state.lease.epoch, after.state.lease.released) == (RACE_OWNER, 2, True)
+    after.store = _store(tmp_path, cas_race_rate=0.5, seed=0)
+    epoch = WriterLease(after, lease_ms=60_000).acquire()
+    races = after.store.faults.injected["cas.race"]  # each took the lease (an epoch) and released it: 2 commits
+    assert races >= 1 and (epoch, after.version) == (3 + races, 5 + 2 * races)
+    assert (after.state.lease.owner != RACE_OWNER, after.state.lease.released) == (True, False)
