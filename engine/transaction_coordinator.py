@@ -313,10 +313,14 @@ class TransactionCoordinator:
 
     def _find(self, transactional_id: str):
         """``(NO_ERROR, cached state)`` of an id, or ``(error, None)``: INVALID_REQUEST for an
-        empty id, the manager's loading errors, INVALID_PRODUCER_ID_MAPPING for an unknown id."""
+        empty id, the error of an AddPartitionsToTxn of the id answered before its record was
+        written and whose write then failed (:meth:`settle`), the manager's loading errors,
+        INVALID_PRODUCER_ID_MAPPING for an unknown id."""
         if not transactional_id:
             return Errors.INVALID_REQUEST, None
-        self.settle(transactional_id)
+        failed_add = self.settle(transactional_id)
+        if failed_add != Errors.NO_ERROR:
+            return failed_add, None
         try:
             found = self.state.get_transaction_state(transactional_id)
         except ApiError as exc:
@@ -359,7 +363,10 @@ class TransactionCoordinator:
 
     def _complete_add(self, append: TxnLogAppend, metadata: TransactionMetadata, settled: Future) -> None:
         """Complete an AddPartitionsToTxn transition once its record is written (the
-        completion thread); a failed write leaves the verified partitions as the log has them."""
+        completion thread); a failed write leaves the verified partitions as the log has them.
+        ``settled`` gets the append's answer (NO_ERROR, or the error the client would have had:
+        :meth:`settle` hands it to the request that waited)."""
+        error = Errors.UNKNOWN_SERVER_ERROR
         try:
             error = self.state.complete_transaction_append(append)
             if error != Errors.NO_ERROR:
@@ -371,7 +378,7 @@ class TransactionCoordinator:
             with self._in_flight_lock:
                 if self._in_flight.get(append.transactional_id) is settled:
                     del self._in_flight[append.transactional_id]
-            settled.set_result(None)
+            settled.set_result(error)
 
     def _run_completion(self, completion: Callable, *args) -> None:
         """Run a completion on the completion thread (never on the uploader that committed the
@@ -381,18 +388,25 @@ class TransactionCoordinator:
         except RuntimeError:  # shut down: nothing else runs completions any more
             completion(*args)
 
-    def settle(self, transactional_id: str) -> None:
+    def settle(self, transactional_id: str) -> Errors:
         """Wait until an answered-but-not-yet-durable AddPartitionsToTxn of ``transactional_id``
-        is complete, so the request that follows sees its outcome instead of a pending transition."""
+        is complete, so the request that follows sees its outcome instead of a pending transition.
+
+        Returns NO_ERROR, or the error of that AddPartitionsToTxn when its record was not
+        written (e.g. NOT_COORDINATOR: the writer stopped): the client was answered NO_ERROR
+        before the write, so the request that follows answers the write's error instead --
+        an EndTxn COMMIT must not find the previous transaction's CompleteCommit and answer
+        NO_ERROR for records that were never written."""
         with self._in_flight_lock:
             settled = self._in_flight.get(transactional_id)
-        if settled is not None:
-            if not settled.done():  # its record waits for the writer's linger: nobody else is waiting for it
-                self.writer.request_flush()
-            try:
-                settled.result(timeout=SETTLE_TIMEOUT_S)
-            except FutureTimeoutError:
-                pass  # the request then answers CONCURRENT_TRANSACTIONS and the client retries
+        if settled is None:
+            return Errors.NO_ERROR
+        if not settled.done():  # its record waits for the writer's linger: nobody else is waiting for it
+            self.writer.request_flush()
+        try:
+            return settled.result(timeout=SETTLE_TIMEOUT_S)
+        except FutureTimeoutError:
+            return Errors.NO_ERROR  # the request then answers CONCURRENT_TRANSACTIONS and the client retries
 
     def _remember(self, metadata: TransactionMetadata) -> None:
         """Set the verification entry of ``metadata``'s producer from its (durable) state."""

@@ -275,3 +275,38 @@ def test_cas_race_fences_the_writer_and_loses_nothing(tmp_path):
     races = after.store.faults.injected["cas.race"]  # each took the lease (an epoch) and released it: 2 commits
     assert races >= 1 and (epoch, after.version) == (3 + races, 5 + 2 * races)
     assert (after.state.lease.owner != RACE_OWNER, after.state.lease.released) == (True, False)
+
+
+@pytest.mark.parametrize("backend", ["file"])
+def test_commit_after_an_unwritten_add_partitions_is_not_answered_committed(storage, close_engines):  # noqa: F811
+    """AddPartitionsToTxn is answered before its Ongoing record is written; when that write then
+    fails (every PUT fails: the flush holding it and the transaction's records fails, the writer
+    stops), the EndTxn COMMIT that waited for it answers the write's error. It used to find the
+    previous transaction's CompleteCommit and answer NO_ERROR: commit_transaction returned with
+    every record of the transaction failed (a lost write found by the cas.race campaign, seed 50)."""
+    import txlake
+    import txlake.admin
+    from helpers import read_partition
+    from txlake import KafkaException
+    from txlake.engine import registry
+
+    conf = _faulty_conf(storage, 1, {})
+    txlake.admin.AdminClient(conf).create_topics([txlake.admin.NewTopic("t", 1)])["t"].result()
+    producer = txlake.Producer({**conf, "transactional.id": "x"})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    producer.produce("t", b"committed", partition=0)
+    producer.commit_transaction(10)
+    broker = registry.acquire_broker(conf["storage.url"], conf["storage.options"])
+    registry.release_broker(broker)
+    broker.store.faults.rates["put.error"] = 1.0
+    reports = []
+    producer.begin_transaction()
+    producer.produce("t", b"lost", partition=0, on_delivery=lambda err, msg: reports.append(err))
+    with pytest.raises(KafkaException):
+        producer.commit_transaction(2)
+    producer.flush(5)
+    assert [err is not None for err in reports] == [True]
+    broker.store.faults.rates["put.error"] = 0.0
+    values = [v for _, v in read_partition(storage, "t", 0)]
+    assert values[0] == "committed" and "lost" not in values  # (the others are control records)

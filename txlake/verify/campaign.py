@@ -21,6 +21,8 @@ class CampaignReport:
     operations: int = 0
     anomalies: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
     failed_seeds: list[int] = field(default_factory=list)
+    #: in-process engines reopened after a trial because their writer had stopped (fenced)
+    reopened: int = 0
 
     @property
     def clean(self) -> bool:
@@ -100,6 +102,10 @@ def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo:
                 result = run_trial(conf, trial_seed, topic, spec, sink, **options)
         else:
             result = run_trial(conf, trial_seed, topic, spec, **options)
+        if "storage.url" in conf:  # in-process: a writer that fenced itself (a cas.race fault) is reopened
+            from txlake.engine.registry import close_stopped
+
+            report.reopened += close_stopped()
         report.trials += 1
         report.operations += result.operations
         for kind, n in summarize(result.anomalies).items():

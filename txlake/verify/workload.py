@@ -163,7 +163,8 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
         except k.KafkaException as exc:
             err = exc.args[0]
             history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
-            if err.fatal():
+            if err.fatal():  # e.g. the writer fenced itself (a cas.race fault): serve the delivery reports first
+                p.flush(5)
                 return
             if err.txn_requires_abort():
                 p.abort_transaction(30)
@@ -198,7 +199,12 @@ def _poller(conf: dict, history: History, topic: str, name: str, isolation: str,
                                                    for m in msgs], t0, History.now()))
                 if commits:
                     t1 = History.now()
-                    c.commit(asynchronous=False)
+                    try:
+                        c.commit(asynchronous=False)
+                    except k.KafkaException as exc:  # e.g. NOT_COORDINATOR under faults: not stored, not recorded
+                        if not exc.args[0].retriable():
+                            raise
+                        continue
                     offsets = [(tp.topic, tp.partition, tp.offset)
                                for tp in c.position([k.TopicPartition(topic, p) for p in range(spec.partitions)])]
                     history.add(OffsetCommit(name, group, offsets, None, t1))
