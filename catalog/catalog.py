@@ -331,7 +331,8 @@ class Catalog:
         assert missing == self.state.version + 1
         self._gap_checked_at = elapsed_clock()
         key = commit_key(missing)
-        past = self.store.first_key_after(COMMITS_PREFIX, key)
+        past = retry_storage(lambda: self.store.first_key_after(COMMITS_PREFIX, key), self.store.uri(key),
+                             "looking past catalog commit")
         if checkpoints is not None:
             beyond = [v for v in checkpoints if v >= missing]
             checkpoint = checkpoint_key(beyond[0]) if beyond else None
@@ -483,8 +484,8 @@ class Catalog:
         for attempt in range(COMMIT_PUT_ATTEMPTS):
             if attempt:
                 time.sleep(0.05 * attempt)
-            try:
-                if self.store.put_if_absent(key, data):
+            try:  # a store that refuses connections (restarting) is waited for; other failures count here
+                if retry_storage(lambda: self.store.put_if_absent(key, data), self.store.uri(key), "catalog commit", 1):
                     return True
             except ObjectNotFoundError:
                 raise

@@ -58,9 +58,11 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectStore",
     "STORAGE_ATTEMPTS",
+    "STORE_UNREACHABLE_S",
     "StorageError",
     "TEMP_PREFIX",
     "retry_storage",
+    "store_unreachable",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,22 @@ _T = TypeVar("_T")
 
 #: Attempts in all of an object-store call that :func:`retry_storage` repeats on a StorageError.
 STORAGE_ATTEMPTS = 6
+#: Seconds :func:`retry_storage` keeps repeating a call while the store refuses connections (it
+#: is down or restarting), whatever its attempts: a store restart is ridden out, not fatal.
+STORE_UNREACHABLE_S = 30.0
+#: the errors (by class name, anywhere in the cause chain) of a store that refuses connections
+_UNREACHABLE = ("ConnectionRefusedError", "EndpointConnectionError", "ClientConnectorError", "ConnectTimeoutError")
+
+
+def store_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the store refused or did not
+    accept the connection -- it is down or restarting -- rather than failing a request it got."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if any(cls.__name__ in _UNREACHABLE for cls in type(exc).__mro__):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 #: Basename prefix of the temporary files the local backend writes before
 #: publishing an object. Such names are never returned by :meth:`ObjectStore.list`.
@@ -295,26 +313,40 @@ def _s3_error_code(exc: BaseException) -> tuple[str | None, int | None]:
 def retry_storage(call: Callable[[], _T], url: str, what: str, attempts: int = STORAGE_ATTEMPTS) -> _T:
     """``call()``, repeated on a :class:`StorageError` (a 503 SlowDown, a connection reset, a
     timeout) up to ``attempts`` times in all, ``50 ms * n`` after the n-th failure (so about
-    0.75 s in all for 6). Only for calls that are safe to repeat: a read, or a write of the same
-    bytes to a key of its own. :class:`ObjectNotFoundError` is an answer, not a failure: it is
-    raised at once, as is every other exception.
+    0.75 s in all for 6); while the store refuses connections (:func:`store_unreachable`: down
+    or restarting) the call is repeated every 0.05-1 s for up to :data:`STORE_UNREACHABLE_S`
+    whatever ``attempts`` says. Only for calls that are safe to repeat: a read, or a write of the
+    same bytes to a key of its own. :class:`ObjectNotFoundError` is an answer, not a failure: it
+    is raised at once, as is every other exception.
 
     Args:
         url: the object (or prefix) the call is about, for the warning logged per retry.
         what: what the call does (``"reading catalog commit"``, ``"PUT of"``), for that warning.
+        attempts: tries in all for failures other than an unreachable store (1: only those are retried).
 
     Raises:
         StorageError: the last attempt's error, when every attempt failed.
     """
-    for attempt in range(attempts):
+    failures, unreachable_since = 0, None
+    while True:
         try:
             return call()
         except StorageError as exc:
-            if isinstance(exc, ObjectNotFoundError) or attempt == attempts - 1:
+            if isinstance(exc, ObjectNotFoundError):
+                raise
+            if store_unreachable(exc):
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since >= STORE_UNREACHABLE_S:
+                    raise
+                log.warning("%s %s failed: the store is unreachable (%s); retrying", what, url, exc)
+                time.sleep(min(1.0, 0.05 * 2 ** min(5, int(now - unreachable_since))))
+                continue
+            failures += 1
+            if failures >= attempts:
                 raise
             log.warning("%s %s failed (%s); retrying", what, url, exc)
-            time.sleep(0.05 * (attempt + 1))
-    raise AssertionError("unreachable")
+            time.sleep(0.05 * failures)
 
 
 class ObjectStore:
