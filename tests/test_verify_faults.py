@@ -9,7 +9,7 @@ from txlake.catalog.state import CREATE_TOPIC
 from txlake.catalog.storage import ObjectStore, StorageError
 from txlake.catalog.writer_lease import WriterLease
 from txlake.verify.campaign import run_campaign
-from txlake.verify.history import SEND_OK, TXN_ABORT, TXN_COMMIT, Send, Txn
+from txlake.verify.history import SEND_OK, TXN_ABORT, TXN_COMMIT, History, Send, Txn
 from txlake.verify.workload import WorkloadSpec, default_readers, run_trial
 
 SPEC = WorkloadSpec(partitions=2, idempotent_producers=2, sends_per_producer=15, transactional_producers=2,
@@ -264,7 +264,7 @@ def test_cas_race_fences_the_writer_and_loses_nothing(tmp_path):
     epoch = WriterLease(catalog, lease_ms=60_000).acquire()
     catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
     catalog.store = _store(tmp_path, cas_race_rate=1)
-    with pytest.raises(WriterFencedError, match=rf"held by nobody \(released\) as of catalog version 4"):
+    with pytest.raises(WriterFencedError, match=r"held by nobody \(released\) as of catalog version 4"):
         catalog.commit([{"action": CREATE_TOPIC, "topic": "u", "topic_id": "y", "num_partitions": 1}], epoch)
     assert catalog.store.faults.injected["cas.race"] == 1
     after = Catalog.open(ObjectStore(f"file://{tmp_path}"))
@@ -310,3 +310,47 @@ def test_commit_after_an_unwritten_add_partitions_is_not_answered_committed(stor
     broker.store.faults.rates["put.error"] = 0.0
     values = [v for _, v in read_partition(storage, "t", 0)]
     assert values[0] == "committed" and "lost" not in values  # (the others are control records)
+
+
+@pytest.mark.parametrize("backend", ["file"])
+def test_campaign_with_lost_races_and_lagging_lists(storage, close_engines, tmp_path):  # noqa: F811
+    """Two trials whose catalog commits lose create-if-absent races (the writer fences itself and
+    the campaign reopens the root, as a restarted process would), with lagging LISTs and GET
+    errors: zero anomalies, and the races happened."""
+    before = injected_totals()
+    lines = []
+    faults = {"storage.faults.cas.race.rate": 0.1, "storage.faults.list.lag.rate": 0.5,
+              "storage.faults.list.lag.ms": 500, "storage.faults.get.error.rate": 0.02}
+    report = run_campaign(_faulty_conf(storage, 5, faults), trials=2, seed=5, spec=SPEC, echo=lines.append)
+    injected = {k: n - before[k] for k, n in injected_totals().items()}
+    assert (report.trials, report.clean, report.failed_seeds) == (2, True, []), lines
+    assert injected["cas.race"] >= 1 and report.reopened >= 1, (injected, report)
+
+
+def _history_of(history_dir) -> History:
+    """The one history a campaign wrote to ``history_dir``."""
+    import glob
+
+    (path,) = glob.glob(f"{history_dir}/*.jsonl")
+    with open(path) as fp:
+        return History.load(fp)
+
+
+@pytest.mark.s3
+def test_store_restarted_under_load(tmp_path, close_engines):  # noqa: F811
+    """A trial during which the SeaweedFS server is stopped and started again (same data): the
+    writer waits for the store (STORE_UNREACHABLE_S) instead of stopping -- every send is
+    acknowledged and the trial is clean. Before, the first PUT or catalog commit that found the
+    store down failed after its 6 attempts (0.75 s) and the writer stopped."""
+    import uuid
+
+    from s3_server import SeaweedS3Server
+
+    with SeaweedS3Server() as server:
+        conf = {"storage.url": f"s3://{server.bucket}/{uuid.uuid4().hex}", "storage.options": server.storage_options()}
+        down = []
+        report = run_campaign(conf, trials=1, seed=7, spec=SPEC, history_dir=str(tmp_path / "h"),
+                              process_faults=("store-restart",), store_restart=lambda: down.append(server.restart(0.5)))
+        assert (report.clean, report.process_faults, report.reopened) == (True, {"store-restart": 1}, 0)
+        assert len(down) == 1 and down[0] > 0.5
+        assert {s.outcome for s in _history_of(tmp_path / "h").of(Send)} == {SEND_OK}

@@ -111,18 +111,19 @@ def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo:
         trial_seed = seed + i
         topic = f"verify-{trial_seed}-{run}"
         with faults.during(i, trial_seed) if faults is not None else nullcontext():
-            if history_dir is not None:
-                os.makedirs(history_dir, exist_ok=True)
-                with open(os.path.join(history_dir, f"{topic}.jsonl"), "w") as sink:
-                    result = run_trial(conf, trial_seed, topic, spec, sink, **options)
-            else:
-                result = run_trial(conf, trial_seed, topic, spec, **options)
+            try:
+                result = _one_trial(conf, trial_seed, topic, spec, history_dir, options)
+            except Exception:
+                if "storage.url" not in conf or not _reopen_stopped():
+                    raise
+                # the writer fenced itself (a cas.race) before the trial could start: reopen, run it again
+                report.reopened += 1
+                topic += "-again"
+                result = _one_trial(conf, trial_seed, topic, spec, history_dir, options)
         if faults is not None:
             report.process_faults = dict(faults.injected)
         if "storage.url" in conf:  # in-process: a writer that fenced itself (a cas.race fault) is reopened
-            from txlake.engine.registry import close_stopped
-
-            report.reopened += close_stopped()
+            report.reopened += _reopen_stopped()
         report.trials += 1
         report.operations += result.operations
         for kind, n in summarize(result.anomalies).items():
@@ -133,3 +134,21 @@ def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo:
         for a in result.anomalies:
             echo(f"  {a.kind} at {a.where or 'log'}: {a.note}; records {list(a.records)}")
     return report
+
+
+def _one_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None, history_dir: str | None,
+               options: dict) -> TrialResult:
+    """:func:`run_trial`, its history written to ``history_dir/<topic>.jsonl`` when given."""
+    if history_dir is None:
+        return run_trial(conf, seed, topic, spec, **options)
+    os.makedirs(history_dir, exist_ok=True)
+    with open(os.path.join(history_dir, f"{topic}.jsonl"), "w") as sink:
+        return run_trial(conf, seed, topic, spec, sink, **options)
+
+
+def _reopen_stopped() -> int:
+    """Close the in-process engines whose writer stopped (fenced by a cas.race fault), so the next
+    client reopens the root and takes the lease, as a restarted process would; how many."""
+    from txlake.engine.registry import close_stopped
+
+    return close_stopped()

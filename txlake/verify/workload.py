@@ -135,7 +135,12 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
     k = clients(conf)
     p = k.Producer({**conf, "transactional.id": f"{topic}-{name}", "linger.ms": 2})
     t0 = History.now()
-    p.init_transactions(30)
+    try:
+        p.init_transactions(30)
+    except k.KafkaException as exc:  # e.g. the writer fenced itself (a cas.race fault): nothing was sent
+        if not exc.args[0].fatal():
+            raise
+        return
     for txn in unfinished:
         history.add(Txn(name, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
     aborts = round(spec.abort_fraction * spec.txns_per_producer)
