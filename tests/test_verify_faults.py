@@ -336,21 +336,17 @@ def _history_of(history_dir) -> History:
         return History.load(fp)
 
 
-@pytest.mark.s3
-def test_store_restarted_under_load(tmp_path, close_engines):  # noqa: F811
-    """A trial during which the SeaweedFS server is stopped and started again (same data): the
-    writer waits for the store (STORE_UNREACHABLE_S) instead of stopping -- every send is
-    acknowledged and the trial is clean. Before, the first PUT or catalog commit that found the
-    store down failed after its 6 attempts (0.75 s) and the writer stopped."""
-    import uuid
+@pytest.mark.parametrize("backend", [pytest.param("s3", marks=pytest.mark.s3)])
+def test_store_restarted_under_load(storage, s3_server, close_engines, tmp_path):  # noqa: F811
+    """A trial during which the SeaweedFS server is stopped and started again (same ports and
+    data, about 4 s down): the writer waits for the store (STORE_UNREACHABLE_S) instead of
+    stopping -- every send is acknowledged and the trial is clean. Before, the first PUT or
+    catalog commit that found the store down failed after its 6 attempts (0.75 s) and the writer
+    stopped (every later send _FENCED)."""
+    down = []
+    report = run_campaign(client_conf(storage), trials=1, seed=7, spec=SPEC, history_dir=str(tmp_path / "h"),
+                          process_faults=("store-restart",), store_restart=lambda: down.append(s3_server.restart(0.5)))
+    assert (report.clean, report.process_faults, report.reopened) == (True, {"store-restart": 1}, 0)
+    assert len(down) == 1 and down[0] > 0.5
+    assert {s.outcome for s in _history_of(tmp_path / "h").of(Send)} == {SEND_OK}
 
-    from s3_server import SeaweedS3Server
-
-    with SeaweedS3Server() as server:
-        conf = {"storage.url": f"s3://{server.bucket}/{uuid.uuid4().hex}", "storage.options": server.storage_options()}
-        down = []
-        report = run_campaign(conf, trials=1, seed=7, spec=SPEC, history_dir=str(tmp_path / "h"),
-                              process_faults=("store-restart",), store_restart=lambda: down.append(server.restart(0.5)))
-        assert (report.clean, report.process_faults, report.reopened) == (True, {"store-restart": 1}, 0)
-        assert len(down) == 1 and down[0] > 0.5
-        assert {s.outcome for s in _history_of(tmp_path / "h").of(Send)} == {SEND_OK}

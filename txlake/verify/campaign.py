@@ -87,6 +87,7 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
             if process_faults:  # a request outlives a stopped server: the clients time out and retry
                 wire["socket.timeout.ms"] = CLIENT_TIMEOUT_MS
                 wire["log_level"] = 2  # not librdkafka's "connection refused" lines while the server is down
+                wire["reconnect.backoff.max.ms"] = 500  # back within a second of the server (default: up to 10 s)
                 faults = ProcessFaults(process_faults, conf, server, store_restart, run_dir, log)
             readers = {"wire": lambda topic, n: final_consumer_read(wire, topic, n, drain_s=2.0),
                        **default_readers(conf)}
