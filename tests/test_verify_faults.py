@@ -350,3 +350,66 @@ def test_store_restarted_under_load(storage, s3_server, close_engines, tmp_path)
     assert len(down) == 1 and down[0] > 0.5
     assert {s.outcome for s in _history_of(tmp_path / "h").of(Send)} == {SEND_OK}
 
+
+
+@pytest.mark.parametrize("backend", ["file"])
+def test_writer_start_retries_the_producer_state_snapshot_get(storage, close_engines):  # noqa: F811
+    """A writer starting on a root (loading its producer-state snapshot) whose GET of the snapshot
+    fails once (503, reset) retries it: it used to fail the start, and the request that started
+    the writer (a CreateTopics after a campaign reopened a fenced root) answered
+    UNKNOWN_SERVER_ERROR with the lease held and no state loaded."""
+    import txlake
+    import txlake.admin
+    from txlake.engine.log_loader import load_producer_states
+    from txlake.engine.log_reader import LogReader
+    from txlake.engine.registry import close_all
+
+    conf = client_conf(storage)
+    txlake.admin.AdminClient(conf).create_topics([txlake.admin.NewTopic("t", 1)])["t"].result()
+    producer = txlake.Producer({**conf, "enable.idempotence": True})
+    producer.produce("t", b"x", partition=0)
+    assert producer.flush(10) == 0
+    close_all()  # the clean close writes the snapshot
+    catalog = Catalog.open(ObjectStore(storage.url))
+    assert catalog.state.producer_snapshot
+    seed = next(s for s in range(100) if _fault_then_clean(s, "get.error"))
+    store = _store(storage.url.removeprefix("file://"), get_error_rate=0.5, seed=seed)
+    managers = load_producer_states(store, catalog.state, LogReader(catalog))
+    assert store.faults.injected["get.error"] == 1
+    assert len(managers[("t", 0)].producers) == 1
+
+
+@pytest.mark.parametrize("backend", ["file"])
+def test_writer_that_cannot_load_its_state_gives_the_lease_back(storage, close_engines):  # noqa: F811
+    """A writer whose start fails loading its state (the snapshot GET fails every attempt) gives
+    the lease back and answers the request that started it with an error; the next request
+    starts it properly. It used to keep the lease with nothing loaded: the next request found it
+    'the writer' and went on without the producers' state (their retries no longer deduplicated)."""
+    import txlake
+    import txlake.admin
+    from txlake import KafkaError, KafkaException
+    from txlake.engine import registry
+
+    txlake.admin.AdminClient(client_conf(storage)).create_topics([txlake.admin.NewTopic("t", 1)])["t"].result()
+    first = txlake.Producer({**client_conf(storage), "enable.idempotence": True})
+    first.produce("t", b"x", partition=0)
+    assert first.flush(10) == 0
+    registry.close_all()
+    conf = client_conf(storage)
+    broker = registry.acquire_broker(conf["storage.url"], conf["storage.options"])
+    get, failing = broker.store.get, [True]
+
+    def snapshot_get_fails(key):  # the snapshot's GETs fail (503) while the flag is up; the rest work
+        if failing[0] and key.startswith("producer-state/"):
+            raise StorageError(broker.store.uri(key), "get", "OSError: 503 SlowDown (injected)")
+        return get(key)
+    broker.store.get = snapshot_get_fails
+    admin = txlake.admin.AdminClient(conf)
+    with pytest.raises(KafkaException) as info:
+        admin.create_topics([txlake.admin.NewTopic("u", 1)])["u"].result()
+    assert info.value.args[0].code() == KafkaError.KAFKA_STORAGE_ERROR, info.value.args[0]
+    failing[0] = False
+    admin.create_topics([txlake.admin.NewTopic("u", 1)])["u"].result()
+    # the first producer's state was loaded (its retries are still deduplicated, KIP-98)
+    assert [e.producer_id for e in broker._partitions[("t", 0)].producers.producers.values()] == [0]
+    registry.release_broker(broker)
