@@ -1437,6 +1437,8 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
     faults = injected_totals()
     if any(faults.values()):  # -O storage.faults.* (docs/reliability.md)
         click.echo("object-store faults injected: " + ", ".join(f"{k} {n}" for k, n in faults.items()))
+    if report.reopened:  # a cas.race fenced the in-process writer (docs/reliability.md)
+        click.echo(f"root reopened after its writer fenced itself: {report.reopened} times")
     if fault_kinds:
         click.echo("process faults injected: "
                    + ", ".join(f"{k} {report.process_faults.get(k, 0)}" for k in fault_kinds))
