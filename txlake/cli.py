@@ -1397,6 +1397,8 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
     producers (committing and aborting) and consumers under both isolation levels at once,
     then reads the final state through a Consumer and DuckDB and checks the history for
     lost writes, duplicates, aborted and precommitted reads, skipped and nonmonotonic polls.
+    -O storage.faults.* injects object-store faults; --process-faults kills, stops or restarts
+    the server, a compaction or the object store during the trials.
     Prints one line per trial and the totals; exits 1 if any anomaly was found.
     """
     import tempfile
@@ -1413,6 +1415,9 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
 
     # the user's own command, as they typed it
     restart_store = (lambda: subprocess.run(store_restart_cmd, shell=True, check=True)) if store_restart_cmd else None
+    from txlake.catalog.faults import injected_totals
+
+    faults_before = injected_totals()  # process-wide counts: print this command's only
     conf = client_conf(ctx)
     scratch = None
     if ctx.meta.get(_META_STORAGE) is None and not os.environ.get("TXLAKE_STORAGE"):
@@ -1432,9 +1437,7 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
             scratch.cleanup()
     kinds = ", ".join(f"{k} {n}" for k, n in report.anomalies.items())
     click.echo(f"{report.trials} trials, {report.operations} operations; anomalies: {kinds}")
-    from txlake.catalog.faults import injected_totals
-
-    faults = injected_totals()
+    faults = {k: n - faults_before[k] for k, n in injected_totals().items()}  # this command's
     if any(faults.values()):  # -O storage.faults.* (docs/reliability.md)
         click.echo("object-store faults injected: " + ", ".join(f"{k} {n}" for k, n in faults.items()))
     if report.reopened:  # a cas.race fenced the in-process writer (docs/reliability.md)

@@ -112,15 +112,16 @@ def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo:
         trial_seed = seed + i
         topic = f"verify-{trial_seed}-{run}"
         with faults.during(i, trial_seed) if faults is not None else nullcontext():
-            try:
-                result = _one_trial(conf, trial_seed, topic, spec, history_dir, options)
-            except Exception:
-                if "storage.url" not in conf or not _reopen_stopped():
-                    raise
-                # the writer fenced itself (a cas.race) before the trial could start: reopen, run it again
-                report.reopened += 1
-                topic += "-again"
-                result = _one_trial(conf, trial_seed, topic, spec, history_dir, options)
+            for attempt in range(_SETUP_ATTEMPTS):
+                try:
+                    result = _one_trial(conf, trial_seed, topic, spec, history_dir, options)
+                    break
+                except Exception:
+                    if "storage.url" not in conf or attempt == _SETUP_ATTEMPTS - 1 or not _reopen_stopped():
+                        raise
+                    # the writer fenced itself (a cas.race) before the trial could start: reopen, run it again
+                    report.reopened += 1
+                    topic = f"verify-{trial_seed}-{run}-{attempt + 1}"
         if faults is not None:
             report.process_faults = dict(faults.injected)
         if "storage.url" in conf:  # in-process: a writer that fenced itself (a cas.race fault) is reopened
@@ -135,6 +136,10 @@ def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo:
         for a in result.anomalies:
             echo(f"  {a.kind} at {a.where or 'log'}: {a.note}; records {list(a.records)}")
     return report
+
+
+#: runs of a trial whose in-process writer fenced itself (a cas.race) before the trial could start
+_SETUP_ATTEMPTS = 4
 
 
 def _one_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None, history_dir: str | None,
