@@ -139,7 +139,7 @@ def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo:
 
 
 #: runs of a trial whose in-process writer fenced itself (a cas.race) before the trial could start
-_SETUP_ATTEMPTS = 4
+_SETUP_ATTEMPTS = 8
 
 
 def _one_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None, history_dir: str | None,
