@@ -340,12 +340,15 @@ def _history_of(history_dir) -> History:
 @pytest.mark.parametrize("backend", [pytest.param("s3", marks=pytest.mark.s3)])
 def test_store_restarted_under_load(storage, s3_server, close_engines, tmp_path):  # noqa: F811
     """A trial during which the SeaweedFS server is stopped and started again (same ports and
-    data, about 4 s down): the writer waits for the store (STORE_UNREACHABLE_S) instead of
-    stopping -- every send is acknowledged and the trial is clean. Before, the first PUT or
-    catalog commit that found the store down failed after its 6 attempts (0.75 s) and the writer
-    stopped (every later send _FENCED)."""
+    data, a few seconds down) while the transactions write: the writer rides it out -- every
+    send is acknowledged, the root is never reopened, the trial is clean. (A restart landing in
+    the writer's lease acquisition failed its heartbeat PUT, which was not retried, and the
+    trial's CreateTopics answered UNKNOWN_SERVER_ERROR: seen once; the timing is not seeded.)"""
+    import dataclasses
+
     down = []
-    report = run_campaign(client_conf(storage), trials=1, seed=7, spec=SPEC, history_dir=str(tmp_path / "h"),
+    spec = dataclasses.replace(SPEC, send_interval_ms=400)  # the transactions write for about 4 s: the restart lands in them
+    report = run_campaign(client_conf(storage), trials=1, seed=7, spec=spec, history_dir=str(tmp_path / "h"),
                           process_faults=("store-restart",), store_restart=lambda: down.append(s3_server.restart(0.5)))
     assert (report.clean, report.process_faults, report.reopened) == (True, {"store-restart": 1}, 0)
     assert len(down) == 1 and down[0] > 0.5
@@ -414,3 +417,38 @@ def test_writer_that_cannot_load_its_state_gives_the_lease_back(storage, close_e
     # the first producer's state was loaded (its retries are still deduplicated, KIP-98)
     assert [e.producer_id for e in broker._partitions[("t", 0)].producers.producers.values()] == [0]
     registry.release_broker(broker)
+
+
+def _refused_then(result, refusals: int, calls: list):
+    """A store call that fails ``refusals`` times as an unreachable S3 endpoint does (a
+    StorageError caused by ConnectionRefusedError), then returns ``result``."""
+    def call():
+        calls.append(1)
+        if len(calls) <= refusals:
+            try:
+                raise ConnectionRefusedError(111, "Connection refused")
+            except ConnectionRefusedError as exc:
+                raise StorageError("s3://b/k", "put", f"EndpointConnectionError: {exc}") from exc
+        return result
+    return call
+
+
+def test_retry_storage_waits_for_an_unreachable_store():
+    """While the store refuses connections (down, restarting) a retried call is repeated past its
+    attempts, up to STORE_UNREACHABLE_S; other failures stop after the attempts. Before, 6
+    attempts (0.75 s) were all a restarting store got."""
+    from txlake.catalog.storage import STORAGE_ATTEMPTS, retry_storage
+
+    calls: list = []
+    assert retry_storage(_refused_then("ok", 10, calls), "s3://b/k", "PUT of") == "ok" and len(calls) == 11
+    calls = []
+
+    def reset_call():  # a connection reset: the store got the request, not an outage
+        calls.append(1)
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except ConnectionResetError as exc:
+            raise StorageError("s3://b/k", "put", str(exc)) from exc
+    with pytest.raises(StorageError, match="Connection reset by peer"):
+        retry_storage(reset_call, "s3://b/k", "PUT of")
+    assert len(calls) == STORAGE_ATTEMPTS == 6
