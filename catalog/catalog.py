@@ -76,7 +76,7 @@ from txlake.formats.errors import CorruptObjectError, FormatError
 
 from .errors import CatalogGapError, CommitConflictError, WriterFencedError
 from .state import CatalogState
-from .storage import ObjectNotFoundError, ObjectStore, StorageError
+from .storage import ObjectNotFoundError, ObjectStore, StorageError, retry_storage
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,8 @@ class Catalog:
         assert missing == self.state.version + 1
         self._gap_checked_at = elapsed_clock()
         key = commit_key(missing)
-        past = self.store.first_key_after(COMMITS_PREFIX, key)
+        past = retry_storage(lambda: self.store.first_key_after(COMMITS_PREFIX, key), self.store.uri(key),
+                             "looking past catalog commit")
         if checkpoints is not None:
             beyond = [v for v in checkpoints if v >= missing]
             checkpoint = checkpoint_key(beyond[0]) if beyond else None
@@ -385,15 +386,8 @@ class Catalog:
         """``store.get_or_none(key)`` of a commit, retried up to :data:`COMMIT_GET_ATTEMPTS` times in
         all on a StorageError (a 503, a reset: a read has no effect, so repeating it is always
         safe). Raises the last StorageError when every attempt failed."""
-        for attempt in range(COMMIT_GET_ATTEMPTS):
-            try:
-                return self.store.get_or_none(key)
-            except StorageError as exc:
-                if attempt == COMMIT_GET_ATTEMPTS - 1:
-                    raise
-                log.warning("reading catalog commit %s failed (%s); retrying", self.store.uri(key), exc)
-                time.sleep(0.05 * (attempt + 1))
-        raise AssertionError("unreachable")
+        return retry_storage(lambda: self.store.get_or_none(key), self.store.uri(key), "reading catalog commit",
+                             COMMIT_GET_ATTEMPTS)
 
     def _read_commits(self, versions: range):
         """``(version, (actions, size) or None)`` for ``versions``, in order (fetched side by side)."""
@@ -490,8 +484,8 @@ class Catalog:
         for attempt in range(COMMIT_PUT_ATTEMPTS):
             if attempt:
                 time.sleep(0.05 * attempt)
-            try:
-                if self.store.put_if_absent(key, data):
+            try:  # a store that refuses connections (restarting) is waited for; other failures count here
+                if retry_storage(lambda: self.store.put_if_absent(key, data), self.store.uri(key), "catalog commit", 1):
                     return True
             except ObjectNotFoundError:
                 raise

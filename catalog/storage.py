@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import threading
 import time
@@ -42,7 +43,7 @@ import uuid
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 import fsspec
 
@@ -56,9 +57,35 @@ __all__ = [
     "ObjectInfo",
     "ObjectNotFoundError",
     "ObjectStore",
+    "STORAGE_ATTEMPTS",
+    "STORE_UNREACHABLE_S",
     "StorageError",
     "TEMP_PREFIX",
+    "retry_storage",
+    "store_unreachable",
 ]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+#: Attempts in all of an object-store call that :func:`retry_storage` repeats on a StorageError.
+STORAGE_ATTEMPTS = 6
+#: Seconds :func:`retry_storage` keeps repeating a call while the store refuses connections (it
+#: is down or restarting), whatever its attempts: a store restart is ridden out, not fatal.
+STORE_UNREACHABLE_S = 30.0
+#: the errors (by class name, anywhere in the cause chain) of a store that refuses connections
+_UNREACHABLE = ("ConnectionRefusedError", "EndpointConnectionError", "ClientConnectorError", "ConnectTimeoutError")
+
+
+def store_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the store refused or did not
+    accept the connection -- it is down or restarting -- rather than failing a request it got."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if any(cls.__name__ in _UNREACHABLE for cls in type(exc).__mro__):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 #: Basename prefix of the temporary files the local backend writes before
 #: publishing an object. Such names are never returned by :meth:`ObjectStore.list`.
@@ -281,6 +308,45 @@ def _s3_error_code(exc: BaseException) -> tuple[str | None, int | None]:
             return err.get("Code"), int(status) if status is not None else None
         e = e.__cause__ or e.__context__
     return None, None
+
+
+def retry_storage(call: Callable[[], _T], url: str, what: str, attempts: int = STORAGE_ATTEMPTS) -> _T:
+    """``call()``, repeated on a :class:`StorageError` (a 503 SlowDown, a connection reset, a
+    timeout) up to ``attempts`` times in all, ``50 ms * n`` after the n-th failure (so about
+    0.75 s in all for 6); while the store refuses connections (:func:`store_unreachable`: down
+    or restarting) the call is repeated every 0.05-1 s for up to :data:`STORE_UNREACHABLE_S`
+    whatever ``attempts`` says. Only for calls that are safe to repeat: a read, or a write of the
+    same bytes to a key of its own. :class:`ObjectNotFoundError` is an answer, not a failure: it
+    is raised at once, as is every other exception.
+
+    Args:
+        url: the object (or prefix) the call is about, for the warning logged per retry.
+        what: what the call does (``"reading catalog commit"``, ``"PUT of"``), for that warning.
+        attempts: tries in all for failures other than an unreachable store (1: only those are retried).
+
+    Raises:
+        StorageError: the last attempt's error, when every attempt failed.
+    """
+    failures, unreachable_since = 0, None
+    while True:
+        try:
+            return call()
+        except StorageError as exc:
+            if isinstance(exc, ObjectNotFoundError):
+                raise
+            if store_unreachable(exc):
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since >= STORE_UNREACHABLE_S:
+                    raise
+                log.warning("%s %s failed: the store is unreachable (%s); retrying", what, url, exc)
+                time.sleep(min(1.0, 0.05 * 2 ** min(5, int(now - unreachable_since))))
+                continue
+            failures += 1
+            if failures >= attempts:
+                raise
+            log.warning("%s %s failed (%s); retrying", what, url, exc)
+            time.sleep(0.05 * failures)
 
 
 class ObjectStore:
@@ -806,6 +872,22 @@ class ObjectStore:
                 # object: give each reader its own cursor instead.
                 return io.BytesIO(self.fs.cat_file(path))
             return self.fs.open(path, "rb")
+
+    def read_object(self, key: str, read: Callable[[BinaryIO], _T]) -> _T:
+        """``read(file)`` of the object at key (opened with :meth:`open_input`, closed after),
+        retried as a whole on a :class:`StorageError` (:func:`retry_storage`): how the engine
+        reads its data objects (segments, flush objects), so a transient failure (503, reset)
+        of one GET does not fail a fetch, a consume or a compaction round.
+
+        Raises:
+            ObjectNotFoundError: no object at key (never retried).
+            StorageError: every attempt failed (the last one's error).
+            whatever ``read`` raises otherwise (e.g. CorruptObjectError), at once.
+        """
+        def once() -> _T:
+            with self.open_input(key) as f:
+                return read(f)
+        return retry_storage(once, self.uri(key), "reading")
 
     def arrow_filesystem(self):
         """A ``pyarrow.fs.FileSystem`` over this store's fsspec filesystem (cached).

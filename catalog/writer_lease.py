@@ -27,6 +27,7 @@ import uuid
 from .catalog import Catalog
 from .errors import CommitConflictError, WriterLeaseHeldError
 from .state import LEASE, LEASE_RELEASE
+from .storage import retry_storage
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +126,15 @@ class WriterLease:
                                    "unknown", self.lease_ms)
 
     def heartbeat(self) -> None:
-        """Renew the lease by overwriting this epoch's heartbeat object."""
+        """Renew the lease by overwriting this epoch's heartbeat object (retried on a StorageError,
+        and while the store is unreachable: :func:`~.storage.retry_storage`).
+
+        Raises:
+            StorageError: the store failed every attempt."""
         assert self.epoch is not None
         body = json.dumps({"owner": self.owner, "epoch": self.epoch, "renewed_at_ms": _now_ms()}).encode()
-        self.catalog.store.put(heartbeat_key(self.epoch), body)
+        key, store = heartbeat_key(self.epoch), self.catalog.store
+        retry_storage(lambda: store.put(key, body), store.uri(key), "renewing the writer lease at")
 
     def start_heartbeats(self) -> None:
         """Renew every ``lease_ms / 3`` from a daemon thread until :meth:`release`."""

@@ -160,8 +160,13 @@ class Broker:
             except CatalogGapError as exc:  # the log lost a commit: as Kafka answers for a log dir it cannot use
                 raise ApiError(Errors.KAFKA_STORAGE_ERROR, str(exc)) from exc
             lease.start_heartbeats()
+            try:
+                self._load_writer_state()
+            except Exception as exc:  # not the writer until its state is loaded: give the lease back
+                lease.release()
+                raise ApiError(Errors.KAFKA_STORAGE_ERROR, f"loading the writer state of {self.store.url} "
+                                                           f"failed: {exc}") from exc
             self.lease = lease
-            self._load_writer_state()
             self._committer.start()
             self._flusher_started = True
             self._expiration_thread = threading.Thread(target=self._expire_producers_loop, daemon=True,

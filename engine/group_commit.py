@@ -54,7 +54,7 @@ import pyarrow as pa
 from txlake.catalog.catalog import Catalog
 from txlake.catalog.errors import WriterFencedError
 from txlake.catalog.state import PRODUCER_SNAPSHOT, AbortedTxn, SegmentInfo
-from txlake.catalog.storage import ObjectNotFoundError, ObjectStore, StorageError
+from txlake.catalog.storage import ObjectStore, retry_storage
 from txlake.formats.producer_state import encode_snapshot
 from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, encode_segments
 
@@ -533,15 +533,7 @@ def _put_retrying(store: ObjectStore, key: str, data) -> None:
     Raises:
         StorageError: the last attempt's error.
     """
-    for attempt in range(OBJECT_PUT_ATTEMPTS):
-        try:
-            store.put(key, data)
-            return
-        except StorageError as exc:
-            if isinstance(exc, ObjectNotFoundError) or attempt == OBJECT_PUT_ATTEMPTS - 1:
-                raise
-            log.warning("PUT of %s failed (%s); retrying", store.uri(key), exc)
-            time.sleep(0.05 * (attempt + 1))
+    retry_storage(lambda: store.put(key, data), store.uri(key), "PUT of", OBJECT_PUT_ATTEMPTS)
 
 
 def _complete(completions: list[tuple[Future, ProduceResult]]) -> None:

@@ -162,6 +162,23 @@ class OffsetCommitValidator(Protocol):
         """Kafka's ``validateOffsetCommit``: may this member store offsets now?"""
 
 
+def offset_commit_append_error(error: Errors) -> Errors:
+    """What a failed append of committed offsets answers the client (Kafka's
+    ``GroupMetadataManager.storeOffsets``, which turns the log's append errors into retriable
+    coordinator errors): UNKNOWN_TOPIC_OR_PART is COORDINATOR_NOT_AVAILABLE;
+    NOT_LEADER_OR_FOLLOWER and KAFKA_STORAGE_ERROR (txlake: the object store failed) are
+    NOT_COORDINATOR, as is a writer that lost its lease (``_FENCED``); MESSAGE_TOO_LARGE,
+    RECORD_LIST_TOO_LARGE and INVALID_FETCH_SIZE are INVALID_COMMIT_OFFSET_SIZE; any other
+    error (NO_ERROR included) passes through."""
+    if error == Errors.UNKNOWN_TOPIC_OR_PART:
+        return Errors.COORDINATOR_NOT_AVAILABLE
+    if error in (Errors.NOT_LEADER_OR_FOLLOWER, Errors.KAFKA_STORAGE_ERROR, Errors._FENCED):
+        return Errors.NOT_COORDINATOR
+    if error in (Errors.MESSAGE_TOO_LARGE, Errors.RECORD_LIST_TOO_LARGE, Errors.INVALID_FETCH_SIZE):
+        return Errors.INVALID_COMMIT_OFFSET_SIZE
+    return error
+
+
 class GroupOffsets:
     """Offset commits and fetches of consumer groups over ``__consumer_offsets``.
 
@@ -267,7 +284,7 @@ class GroupOffsets:
                 (result,) = self.writer.produce([ProduceBatch(CONSUMER_OFFSETS_TOPIC, self.partition_for(group_id),
                                                               offset_records(group_id, stored, now), urgent=True)],
                                                 internal_topics_allowed=True)
-                answers.update(dict.fromkeys(stored, result.error))
+                answers.update(dict.fromkeys(stored, offset_commit_append_error(result.error)))
         return {tp: answers[tp] for tp in offsets}
 
     def commit_transactional(self, group_id: str, offsets: dict[TopicPartitionKey, OffsetAndMetadata],

@@ -792,8 +792,8 @@ def _read_map_columns(reader: Any, segment: SegmentInfo) -> pa.Table:
         return reader.segment_table(segment)
     from txlake.formats.records import read_segment
 
-    with store.open_input(segment.path) as f:
-        return read_segment(f, store.uri(segment.path), segment.row_groups, columns=list(MAP_COLUMNS))
+    return store.read_object(segment.path, lambda f: read_segment(f, store.uri(segment.path), segment.row_groups,
+                                                                  columns=list(MAP_COLUMNS)))
 
 
 def row_filter(partition: PartitionState, config: Mapping[str, str], reader: Any,

@@ -15,7 +15,7 @@ from collections import defaultdict
 import pyarrow.compute as pc
 
 from txlake.catalog.state import CatalogState
-from txlake.catalog.storage import ObjectStore
+from txlake.catalog.storage import ObjectStore, retry_storage
 from txlake.formats.errors import FormatError
 from txlake.formats.producer_state import decode_snapshot
 
@@ -35,7 +35,9 @@ def load_producer_states(store: ObjectStore, state: CatalogState, reader: LogRea
     ends: dict = {}
     if state.producer_snapshot:
         try:
-            rows, ends = decode_snapshot(store.get(state.producer_snapshot), store.uri(state.producer_snapshot))
+            key = state.producer_snapshot
+            rows, ends = decode_snapshot(retry_storage(lambda: store.get(key), store.uri(key), "reading"),
+                                         store.uri(key))
             for row in rows:
                 rows_by_tp[(row["topic"], row["partition"])].append(row)
         except (FormatError, FileNotFoundError) as exc:

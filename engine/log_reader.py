@@ -206,8 +206,8 @@ class LogReader:
         key = (segment.path, segment.row_group_start)
         table = self.cache.get(key)
         if table is None:
-            with self.store.open_input(segment.path) as f:
-                table = read_segment(f, self.store.uri(segment.path), segment.row_groups)
+            table = self.store.read_object(
+                segment.path, lambda f: read_segment(f, self.store.uri(segment.path), segment.row_groups))
             self._check_count(segment, table)
             self.cache.put(key, table)
         return table
@@ -238,8 +238,8 @@ class LogReader:
 
         def read_object(path: str) -> None:
             segs = by_path[path]
-            with self.store.open_input(path) as f:
-                tables = read_row_group_sets(f, self.store.uri(path), [s.row_groups for s in segs])
+            tables = self.store.read_object(
+                path, lambda f: read_row_group_sets(f, self.store.uri(path), [s.row_groups for s in segs]))
             for seg, table in zip(segs, tables):
                 self._check_count(seg, table)
                 key = (seg.path, seg.row_group_start)

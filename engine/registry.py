@@ -45,6 +45,18 @@ def release_broker(broker: Broker) -> None:
     broker.close()
 
 
+def close_stopped() -> int:
+    """Close every open broker whose writer stopped (fenced: another process took the lease
+    over; or failed), so the next client of its root opens it again and takes the lease, as a
+    restarted process would (``txlake verify`` between trials). Returns how many it closed."""
+    with _lock:
+        stopped = [url for url, (broker, _) in _brokers.items() if broker._fatal is not None]
+        brokers = [_brokers.pop(url)[0] for url in stopped]
+    for broker in brokers:
+        broker.close()
+    return len(brokers)
+
+
 def close_all() -> None:
     """Close every open broker (what a clean interpreter exit does)."""
     with _lock:

@@ -507,8 +507,8 @@ def _read_unit(reader: LogReader, unit: _Unit) -> list[pa.Table]:
                                      else None for _, seg, rgs in unit.items]
     missing = [i for i, t in enumerate(tables) if t is None]
     if missing:
-        with reader.store.open_input(unit.path) as f:
-            read = read_row_group_sets(f, reader.store.uri(unit.path), [unit.items[i][2] for i in missing])
+        read = reader.store.read_object(unit.path, lambda f: read_row_group_sets(
+            f, reader.store.uri(unit.path), [unit.items[i][2] for i in missing]))
         for i, table in zip(missing, read):
             tables[i] = table
     return tables  # type: ignore[return-value]

@@ -306,7 +306,9 @@ class TransactionCoordinator:
 
     def _find(self, transactional_id: str):
         """``(NO_ERROR, cached state)`` of an id, or ``(error, None)``: INVALID_REQUEST for an
-        empty id, the manager's loading errors, INVALID_PRODUCER_ID_MAPPING for an unknown id."""
+        empty id, the error of an AddPartitionsToTxn of the id answered before its record was
+        written and whose write then failed (:meth:`settle`), the manager's loading errors,
+        INVALID_PRODUCER_ID_MAPPING for an unknown id."""
         if not transactional_id:
             return Errors.INVALID_REQUEST, None
         try:

@@ -199,8 +199,8 @@ class TransactionTopicLog:
             together = []
         wanted = sorted([seg] + together, key=lambda s: s.row_group_start)
         try:
-            with store.open_input(seg.path) as f:
-                table = read_segment(f, location, [rg for s in wanted for rg in s.row_groups], columns=_REPLAY_COLUMNS)
+            table = store.read_object(seg.path, lambda f: read_segment(
+                f, location, [rg for s in wanted for rg in s.row_groups], columns=_REPLAY_COLUMNS))
             expected = sum(s.record_count for s in wanted)
             if table.num_rows != expected:
                 raise CorruptObjectError(location, f"holds {table.num_rows} records of {TRANSACTION_STATE_TOPIC} "

@@ -143,6 +143,7 @@ class SeaweedS3Server:
         self._proc: subprocess.Popen | None = None
         self._log_file = None
         self._grpc_ports: list[int] = []
+        self._ports: dict[str, int] = {}
 
     # ----------------------------------------------------------------- public
 
@@ -262,11 +263,39 @@ class SeaweedS3Server:
         if self.endpoint_url is None:
             raise S3ServerError("the S3 server is not started; call start() first")
 
-    def _launch_and_wait(self) -> None:
-        self.data_dir = tempfile.mkdtemp(prefix="txlake-weed-")
+    def restart(self, down_s: float = 1.0) -> float:
+        """Stop the server (SIGTERM, SIGKILL after ``stop_grace`` s) and, ``down_s`` s later,
+        start it again on the same ports and data directory: the objects stay, clients see the
+        endpoint refuse connections meanwhile (a store restarted under load,
+        ``txlake verify``'s ``store-restart``). Returns the seconds it was unavailable.
+
+        Raises:
+            S3ServerError: it did not serve S3 again within ``start_timeout``.
+        """
+        self._require_started()
+        t0 = time.monotonic()
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        time.sleep(down_s)
+        self._launch_and_wait(reuse=True)
+        return time.monotonic() - t0
+
+    def _launch_and_wait(self, reuse: bool = False) -> None:
+        """Start weed; ``reuse``: on the data directory and ports of the previous launch."""
+        if not reuse:
+            self.data_dir = tempfile.mkdtemp(prefix="txlake-weed-")
         data = Path(self.data_dir)
-        (data / "store").mkdir()
-        (data / "config").mkdir()
+        (data / "store").mkdir(exist_ok=reuse)
+        (data / "config").mkdir(exist_ok=reuse)
         s3_config = data / "s3.json"
         s3_config.write_text(
             json.dumps(
@@ -283,7 +312,7 @@ class SeaweedS3Server:
                 }
             )
         )
-        ports = dict(
+        ports = self._ports if reuse else dict(
             zip(
                 [
                     "master", "master_grpc", "volume", "volume_grpc", "filer",
@@ -292,6 +321,7 @@ class SeaweedS3Server:
                 _free_ports(10),
             )
         )
+        self._ports = ports
         self._grpc_ports = [ports[k] for k in ports if k.endswith("_grpc")]
         common = [
             f"-dir={data / 'store'}",
@@ -344,7 +374,7 @@ class SeaweedS3Server:
             *specific,
         ]
         self.log_path = str(data / "weed.log")
-        self._log_file = open(self.log_path, "wb")
+        self._log_file = open(self.log_path, "ab" if reuse else "wb")
         env = dict(os.environ)
         env["HOME"] = str(data)  # keep it away from any ~/.seaweedfs config
         # PDEATHSIG fires when the *thread* that forked exits: only use it from

@@ -69,16 +69,32 @@ def test_trials_must_be_positive():
 
 def test_campaign_through_txlake_serve_with_a_killed_writer(tmp_path, close_engines):  # noqa: F811
     """--serve: the trial runs through `txlake serve` (started and stopped cleanly by the command)
-    with confluent-kafka clients, its writer t0 SIGKILLed mid-transaction and restarted."""
+    with confluent-kafka clients, its writer t0 SIGKILLed mid-transaction and restarted; with
+    --process-faults server-kill the server itself is SIGKILLed under load and started again on
+    its address (docs/reliability.md)."""
     result = CliRunner().invoke(main, ["verify", "--serve", "--trials", "1", "--seed", "2", "--history-dir",
-                                       str(tmp_path / "h"), "--storage", f"file://{tmp_path}/root"],
+                                       str(tmp_path / "h"), "--storage", f"file://{tmp_path}/root",
+                                       "--process-faults", "server-kill"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, (result.stdout, result.stderr)
     lines = result.stdout.splitlines()
     m = re.fullmatch(r"trial 1/1 seed 2 topic (verify-2-[0-9a-f]{8}): (\d+) operations, 0 anomalies", lines[0])
     assert m, lines
-    assert lines[1] == f"1 trials, {m.group(2)} operations; anomalies: {ZEROS}"
+    assert lines[1:] == [f"1 trials, {m.group(2)} operations; anomalies: {ZEROS}",
+                         "process faults injected: server-kill 1"]
     with open(tmp_path / "h" / f"{m.group(1)}.jsonl") as fp:
         events = History.load(fp).events
     assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "duckdb", "wire"]
     assert [e.txn for e in events if e.type == "txn" and e.error == "aborted by init_transactions"] == ["t0-T1"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--process-faults", "server-nap"], "unknown process fault 'server-nap': the kinds are server-kill, server-stop, "
+                                         "compaction-kill, store-restart"),
+    (["--process-faults", "server-kill"], "process faults server-kill need --serve"),
+    (["--process-faults", "store-restart"], "process fault store-restart needs a way to restart the object store"),
+])
+def test_process_fault_options_are_checked(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["verify", "--storage", f"file://{tmp_path}/root", *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split()), result.stderr

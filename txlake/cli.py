@@ -1378,10 +1378,18 @@ def tables_list(ctx: click.Context) -> None:
 @click.option("--serve", is_flag=True,
               help="Run the trials through `txlake serve` on the root with confluent-kafka clients, one "
                    "transactional writer SIGKILLed mid-transaction and restarted in each.")
+@click.option("--process-faults", default=None, metavar="KINDS",
+              help="Comma-separated process faults, one per trial in turn: server-kill, server-stop, "
+                   "compaction-kill (these need --serve), store-restart (needs --store-restart-cmd); "
+                   "docs/reliability.md.")
+@click.option("--store-restart-cmd", default=None, metavar="CMD",
+              help="Shell command that restarts the object store (process fault store-restart), e.g. "
+                   "'docker restart minio'.")
 @storage_options
 @writer_options
 @click.pass_context
-def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str | None, serve: bool) -> None:
+def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str | None, serve: bool,
+                   process_faults: str | None = None, store_restart_cmd: str | None = None) -> None:
     """Run anomaly-checked workloads on the storage root (docs/reliability.md).
 
     Each trial creates a topic verify-<seed>-<run> on the root of --storage (or
@@ -1389,19 +1397,38 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
     producers (committing and aborting) and consumers under both isolation levels at once,
     then reads the final state through a Consumer and DuckDB and checks the history for
     lost writes, duplicates, aborted and precommitted reads, skipped and nonmonotonic polls.
+    -O storage.faults.* injects object-store faults; --process-faults kills, stops or restarts
+    the server, a compaction or the object store during the trials.
     Prints one line per trial and the totals; exits 1 if any anomaly was found.
     """
     import tempfile
 
     from .verify.campaign import run_campaign
 
+    from .verify.process_faults import parse_process_faults
+
+    try:
+        fault_kinds = parse_process_faults(process_faults)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--process-faults") from None
+    import subprocess
+
+    # the user's own command, as they typed it
+    restart_store = (lambda: subprocess.run(store_restart_cmd, shell=True, check=True)) if store_restart_cmd else None
+    from txlake.catalog.faults import injected_totals
+
+    faults_before = injected_totals()  # process-wide counts: print this command's only
     conf = client_conf(ctx)
     scratch = None
     if ctx.meta.get(_META_STORAGE) is None and not os.environ.get("TXLAKE_STORAGE"):
         scratch = tempfile.TemporaryDirectory(prefix="txlake-verify-")  # not the user's default root
         conf["storage.url"] = f"file://{scratch.name}"
     try:
-        report = run_campaign(conf, trials, seed, echo=click.echo, history_dir=history_dir, serve=serve)
+        try:
+            report = run_campaign(conf, trials, seed, echo=click.echo, history_dir=history_dir, serve=serve,
+                                  process_faults=fault_kinds, store_restart=restart_store)
+        except ValueError as exc:  # a process fault without what it needs
+            raise click.UsageError(str(exc)) from None
     finally:
         if scratch is not None:
             from txlake.engine import registry
@@ -1410,11 +1437,14 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
             scratch.cleanup()
     kinds = ", ".join(f"{k} {n}" for k, n in report.anomalies.items())
     click.echo(f"{report.trials} trials, {report.operations} operations; anomalies: {kinds}")
-    from txlake.catalog.faults import injected_totals
-
-    faults = injected_totals()
+    faults = {k: n - faults_before[k] for k, n in injected_totals().items()}  # this command's
     if any(faults.values()):  # -O storage.faults.* (docs/reliability.md)
         click.echo("object-store faults injected: " + ", ".join(f"{k} {n}" for k, n in faults.items()))
+    if report.reopened:  # a cas.race fenced the in-process writer (docs/reliability.md)
+        click.echo(f"root reopened after its writer fenced itself: {report.reopened} times")
+    if fault_kinds:
+        click.echo("process faults injected: "
+                   + ", ".join(f"{k} {report.process_faults.get(k, 0)}" for k in fault_kinds))
     if not report.clean:
         click.echo(f"anomalies in the trials of seeds {report.failed_seeds}", err=True)
         ctx.exit(1)

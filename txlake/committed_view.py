@@ -213,11 +213,13 @@ def _checked_row_groups(store: ObjectStore, key: str) -> int:
     """Read the footer of the segment object at ``key``, check its tags and columns, and return
     its row-group count (errors as :func:`object_row_groups`)."""
     location = store.uri(key)
-    with store.open_input(key) as f:
+
+    def read(f) -> int:
         pf = open_parquet(f, location)
         check_tags(pf.schema_arrow.metadata, RECORD_KIND, RECORD_VERSION, location)
         check_schema(pf.schema_arrow, RECORD_SCHEMA, location)  # else a scan fails, naming no object
         return pf.metadata.num_row_groups
+    return store.read_object(key, read)  # retried on a transient failure (503, reset)
 
 
 def verify_objects(store: ObjectStore, keys: Iterable[str]) -> None:

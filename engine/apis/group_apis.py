@@ -47,6 +47,7 @@ from kafka.protocol.consumer.group import (HeartbeatResponse, JoinGroupResponse,
                                            SyncGroupResponse)
 from kafka.protocol.metadata import FindCoordinatorResponse
 
+from txlake.catalog.storage import StorageError
 from txlake.catalog.topic_names import CONSUMER_OFFSETS_TOPIC
 
 from ..errors import ApiError, Errors
@@ -162,7 +163,10 @@ def _delete_all_offsets(coordinator: GroupCoordinator, apis: ApiNode, group_id: 
 def _guarded(handler: Callable, error_response: Callable) -> Callable:
     """``handler``, answering ``error_response`` when the coordinator is not available or the
     engine answers an :class:`ApiError` (its code, mapped as Kafka maps a coordinator's append
-    errors: a lost writer lease is NOT_COORDINATOR)."""
+    errors: a lost writer lease is NOT_COORDINATOR) or the object store fails (a
+    :class:`StorageError`, e.g. creating ``__consumer_offsets`` or reading the catalog: Kafka's
+    KAFKA_STORAGE_ERROR of the coordinator's log, answered NOT_COORDINATOR so the client looks
+    the coordinator up again and retries)."""
 
     @functools.wraps(handler)
     def run(apis: ApiNode, context: RequestContext, request: Any) -> Any:
@@ -174,6 +178,11 @@ def _guarded(handler: Callable, error_response: Callable) -> Callable:
             log.warning("%s v%d from %s: %s", ApiKey(context.api_key).name, context.api_version,
                         context.client_host or "in-process", exc)
             return error_response(request, context.api_version, append_error_to_response_error(exc.error))
+        except StorageError as exc:  # the object store failed (Kafka: a KafkaStorageException of the log)
+            log.warning("%s v%d from %s: %s", ApiKey(context.api_key).name, context.api_version,
+                        context.client_host or "in-process", exc)
+            return error_response(request, context.api_version,
+                                  append_error_to_response_error(Errors.KAFKA_STORAGE_ERROR))
 
     return run
 

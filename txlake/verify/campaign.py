@@ -21,6 +21,10 @@ class CampaignReport:
     operations: int = 0
     anomalies: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
     failed_seeds: list[int] = field(default_factory=list)
+    #: in-process engines reopened after a trial because their writer had stopped (fenced)
+    reopened: int = 0
+    #: process faults injected, by kind (:mod:`.process_faults`)
+    process_faults: dict[str, int] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -39,7 +43,8 @@ def trial_line(index: int, trials: int, seed: int, result: TrialResult) -> str:
 
 def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None = None,
                  echo: Callable[[str], None] = print, history_dir: str | None = None,
-                 serve: bool = False) -> CampaignReport:
+                 serve: bool = False, process_faults: tuple[str, ...] = (),
+                 store_restart: Callable[[], None] | None = None) -> CampaignReport:
     """Run ``trials`` trials on the root of ``conf``, trial ``i`` (from 0) with seed ``seed + i``
     on a new topic ``verify-<seed>-<random>``, echoing one :func:`trial_line` per trial and
     each anomaly under it.
@@ -54,31 +59,41 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
             the campaign) with confluent-kafka clients, transactional writer ``t0`` a child
             process SIGKILLed mid-transaction and restarted, the final state read over the
             wire, by an in-process Consumer and through DuckDB.
+        process_faults: kinds of :data:`~.process_faults.PROCESS_FAULTS`, one per trial in
+            turn (:mod:`.process_faults`); counted in the report's ``process_faults``.
+        store_restart: restarts the object store, for ``store-restart``.
 
     Raises:
-        ValueError: ``trials`` < 1.
+        ValueError: ``trials`` < 1; a process fault that needs ``serve`` or ``store_restart``.
         KafkaException: a trial could not run (see :func:`~.workload.run_trial`).
         RuntimeError: ``txlake serve`` or a killed writer's restart failed.
     """
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
+    from .process_faults import CLIENT_TIMEOUT_MS, ProcessFaults, RestartableServe
+
     if not serve:
-        return _trials(conf, trials, seed, spec, echo, history_dir, {})
+        faults = ProcessFaults(process_faults, conf, None, store_restart) if process_faults else None
+        return _trials(conf, trials, seed, spec, echo, history_dir, {}, faults)
     import dataclasses
     import tempfile
 
-    from txlake.serve_process import ServeProcess
-
     with tempfile.TemporaryDirectory(prefix="txlake-verify-serve-") as run_dir, \
             open(os.path.join(run_dir, "serve.log"), "w") as log:
-        server = ServeProcess(conf["storage.url"], conf.get("storage.options") or {}, run_dir, log)
+        server = RestartableServe(conf["storage.url"], conf.get("storage.options") or {}, run_dir, log)
         try:
             wire = {"bootstrap.servers": server.address}
+            faults = None
+            if process_faults:  # a request outlives a stopped server: the clients time out and retry
+                wire["socket.timeout.ms"] = CLIENT_TIMEOUT_MS
+                wire["log_level"] = 2  # not librdkafka's "connection refused" lines while the server is down
+                wire["reconnect.backoff.max.ms"] = 500  # back within a second of the server (default: up to 10 s)
+                faults = ProcessFaults(process_faults, conf, server, store_restart, run_dir, log)
             readers = {"wire": lambda topic, n: final_consumer_read(wire, topic, n, drain_s=2.0),
                        **default_readers(conf)}
             spec = dataclasses.replace(spec or WorkloadSpec(), send_interval_ms=200)  # kills land between sends
             report = _trials(wire, trials, seed, spec, echo, history_dir,
-                             dict(readers=readers, drain_s=2.0, kill_writer=run_dir))
+                             dict(readers=readers, drain_s=2.0, kill_writer=run_dir), faults)
         finally:
             code = server.stop()
             server.close()
@@ -88,18 +103,29 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
 
 
 def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo: Callable[[str], None],
-            history_dir: str | None, options: dict) -> CampaignReport:
+            history_dir: str | None, options: dict, faults=None) -> CampaignReport:
+    from contextlib import nullcontext
+
     report = CampaignReport()
     run = uuid.uuid4().hex[:8]
     for i in range(trials):
         trial_seed = seed + i
         topic = f"verify-{trial_seed}-{run}"
-        if history_dir is not None:
-            os.makedirs(history_dir, exist_ok=True)
-            with open(os.path.join(history_dir, f"{topic}.jsonl"), "w") as sink:
-                result = run_trial(conf, trial_seed, topic, spec, sink, **options)
-        else:
-            result = run_trial(conf, trial_seed, topic, spec, **options)
+        with faults.during(i, trial_seed) if faults is not None else nullcontext():
+            for attempt in range(_SETUP_ATTEMPTS):
+                try:
+                    result = _one_trial(conf, trial_seed, topic, spec, history_dir, options)
+                    break
+                except Exception:
+                    if "storage.url" not in conf or attempt == _SETUP_ATTEMPTS - 1 or not _reopen_stopped():
+                        raise
+                    # the writer fenced itself (a cas.race) before the trial could start: reopen, run it again
+                    report.reopened += 1
+                    topic = f"verify-{trial_seed}-{run}-{attempt + 1}"
+        if faults is not None:
+            report.process_faults = dict(faults.injected)
+        if "storage.url" in conf:  # in-process: a writer that fenced itself (a cas.race fault) is reopened
+            report.reopened += _reopen_stopped()
         report.trials += 1
         report.operations += result.operations
         for kind, n in summarize(result.anomalies).items():
@@ -110,3 +136,25 @@ def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo:
         for a in result.anomalies:
             echo(f"  {a.kind} at {a.where or 'log'}: {a.note}; records {list(a.records)}")
     return report
+
+
+#: runs of a trial whose in-process writer fenced itself (a cas.race) before the trial could start
+_SETUP_ATTEMPTS = 8
+
+
+def _one_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None, history_dir: str | None,
+               options: dict) -> TrialResult:
+    """:func:`run_trial`, its history written to ``history_dir/<topic>.jsonl`` when given."""
+    if history_dir is None:
+        return run_trial(conf, seed, topic, spec, **options)
+    os.makedirs(history_dir, exist_ok=True)
+    with open(os.path.join(history_dir, f"{topic}.jsonl"), "w") as sink:
+        return run_trial(conf, seed, topic, spec, sink, **options)
+
+
+def _reopen_stopped() -> int:
+    """Close the in-process engines whose writer stopped (fenced by a cas.race fault), so the next
+    client reopens the root and takes the lease, as a restarted process would; how many."""
+    from txlake.engine.registry import close_stopped
+
+    return close_stopped()

@@ -135,7 +135,12 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
     k = clients(conf)
     p = k.Producer({**conf, "transactional.id": f"{topic}-{name}", "linger.ms": 2})
     t0 = History.now()
-    p.init_transactions(30)
+    try:
+        p.init_transactions(30)
+    except k.KafkaException as exc:  # e.g. the writer fenced itself (a cas.race fault): nothing was sent
+        if not exc.args[0].fatal():
+            raise
+        return
     for txn in unfinished:
         history.add(Txn(name, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
     aborts = round(spec.abort_fraction * spec.txns_per_producer)
@@ -155,26 +160,44 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
         if attempts:  # killed from here on, the outcome is unknown
             history.add(Txn(name, txn, TXN_INFO, t0, t0, "invoked"))
         try:
-            if commit:
-                p.commit_transaction(30)
-            else:
-                p.abort_transaction(30)
+            _end_transaction(k, p, commit)
             history.add(Txn(name, txn, TXN_COMMIT if commit else TXN_ABORT, t0, History.now()))
         except k.KafkaException as exc:
             err = exc.args[0]
             history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
-            if err.fatal():
+            if err.fatal():  # e.g. the writer fenced itself (a cas.race fault): serve the delivery reports first
+                p.flush(5)
                 return
             if err.txn_requires_abort():
-                p.abort_transaction(30)
+                _end_transaction(k, p, False)
+
+
+def _end_transaction(k, producer, commit: bool, calls: int = 4) -> None:
+    """``commit_transaction(30)`` or ``abort_transaction(30)``, called again while it raises a
+    retriable error (a timeout while the server was stopped or restarting), up to ``calls``
+    times: librdkafka's contract (the call resumes; another call in between is refused with
+    _CONFLICT).
+
+    Raises:
+        KafkaException: a non-retriable error, or the last retriable one.
+    """
+    for call in range(calls):
+        try:
+            (producer.commit_transaction if commit else producer.abort_transaction)(30)
+            return
+        except k.KafkaException as exc:
+            if not exc.args[0].retriable() or call == calls - 1:
+                raise
 
 
 def _records(k, msgs: list) -> list:
-    """The records among ``msgs``; an error other than end-of-partition raises (a trial
+    """The records among ``msgs``; an error other than end-of-partition or a transient one (the
+    server unreachable for a while under process faults: the client retries) raises (a trial
     that cannot read is an error, not a history)."""
+    transient = (k.KafkaError._PARTITION_EOF, k.KafkaError._TRANSPORT, k.KafkaError._ALL_BROKERS_DOWN)
     for m in msgs:
         err = m.error()
-        if err is not None and err.code() != k.KafkaError._PARTITION_EOF:
+        if err is not None and err.code() not in transient and not err.retriable():
             raise k.KafkaException(err)
     return [m for m in msgs if m.error() is None]
 
@@ -198,7 +221,12 @@ def _poller(conf: dict, history: History, topic: str, name: str, isolation: str,
                                                    for m in msgs], t0, History.now()))
                 if commits:
                     t1 = History.now()
-                    c.commit(asynchronous=False)
+                    try:
+                        c.commit(asynchronous=False)
+                    except k.KafkaException as exc:  # e.g. NOT_COORDINATOR under faults: not stored, not recorded
+                        if not exc.args[0].retriable():
+                            raise
+                        continue
                     offsets = [(tp.topic, tp.partition, tp.offset)
                                for tp in c.position([k.TopicPartition(topic, p) for p in range(spec.partitions)])]
                     history.add(OffsetCommit(name, group, offsets, None, t1))
