@@ -80,5 +80,5 @@ def test_campaign_through_txlake_serve_with_a_killed_writer(tmp_path, close_engi
     assert lines[1] == f"1 trials, {m.group(2)} operations; anomalies: {ZEROS}"
     with open(tmp_path / "h" / f"{m.group(1)}.jsonl") as fp:
         events = History.load(fp).events
-    assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "duckdb", "wire"]
+    assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "delta", "duckdb", "wire"]
     assert [e.txn for e in events if e.type == "txn" and e.error == "aborted by init_transactions"] == ["t0-T1"]

@@ -9,7 +9,7 @@ import io
 import pytest
 
 from helpers import client_conf, close_engines  # noqa: F401 (fixture)
-from txlake.verify import Anomaly, FinalRead, History, Poll, Send, Txn, check
+from txlake.verify import Anomaly, Assign, FinalRead, History, Poll, Send, Txn, check
 from txlake.verify.history import SEND_OK
 from txlake.verify.workload import WorkloadSpec, run_trial
 
@@ -30,7 +30,8 @@ def test_trial_is_clean_and_every_reader_equals_the_committed_history(storage, c
                        if s.txn is None or txns[s.txn] == "commit")
     aborted = sorted(("v7", s.partition, s.offset, s.value) for s in sends if s.txn and txns[s.txn] == "abort")
     finals = {f.reader: f.records for f in h.of(FinalRead)}
-    assert finals == {"consumer": committed, "duckdb": committed}
+    delta = {} if storage.backend == "memory" else {"delta": committed}  # delta-rs cannot reach memory://
+    assert finals == {"consumer": committed, "duckdb": committed, **delta}
     read = {name: sorted(r for p in h.of(Poll) if p.process == name for r in p.records) for name in ("rc", "ru")}
     assert read["rc"] == committed
     assert read["ru"] == sorted(committed + aborted)
@@ -76,7 +77,7 @@ def test_trial_through_txlake_serve_with_confluent_kafka(served, close_engines):
         (SEND_OK, None), ("info", "_PURGE_QUEUE"), ("info", "_PURGE_INFLIGHT")}
     committed = sorted(("w5", s.partition, s.offset, s.value) for s in sends
                        if s.txn is None or txns[s.txn] == "commit")
-    assert {f.reader: f.records for f in h.of(FinalRead)} == {"wire": committed, "consumer": committed,
+    assert {f.reader: f.records for f in h.of(FinalRead)} == {"wire": committed, "consumer": committed, "delta": committed,
                                                                "duckdb": committed}
     rc = sorted(r for p in h.of(Poll) if p.process == "rc" for r in p.records)
     assert rc == committed
@@ -101,7 +102,39 @@ def test_trial_with_a_transactional_writer_sigkilled_mid_transaction(served, clo
     killed = {s.value for s in result.history.of(Send) if s.txn == "t0-T1"}
     assert killed
     finals = {f.reader: {r[3] for r in f.records} for f in result.history.of(FinalRead)}
-    assert set(finals) == {"wire", "consumer", "duckdb"}
+    assert set(finals) == {"wire", "consumer", "duckdb", "delta"}
     assert all(not (values & killed) for values in finals.values())
     assert {v for v in finals["wire"] if v.startswith("t0-")} == {
         s.value for s in result.history.of(Send) if s.txn in t0 and t0[s.txn][0] == "commit"}
+
+
+def test_consume_transform_produce_group_with_rebalances_and_a_killed_member(tmp_path, close_engines):  # noqa: F811
+    """The consume-transform-produce group (txlake/verify/ctp.py) on file://: members m0 and m1
+    copy the topic to c4-out in transactions carrying their offsets (KIP-447); the seeded victim,
+    a static member, is abandoned unclosed inside a transaction after sending its offsets, and
+    restarted under the same transactional.id, whose init_transactions aborts that transaction;
+    m2 joins and leaves. Every committed input has exactly one output, in its partition, in every
+    final reader (Consumer, DuckDB, Delta), and the group's offsets end past every input."""
+    from txlake.verify import FinalOffsets, OffsetCommit
+    from txlake.verify.ctp import GROUP_BROKER_SETTINGS, plans
+
+    conf = {"storage.url": f"file://{tmp_path}/root", "storage.flush.linger.ms": 1, **GROUP_BROKER_SETTINGS}
+    result = run_trial(conf, seed=4, topic="c4", spec=dataclasses.replace(SPEC, ctp_members=2))
+    assert result.anomalies == []
+    assert result.faults == {"ctp.member.kill": 1}
+    h = result.history
+    victim = next(p for p in plans(4, 2, 0.2, 10)[0] if p.kill_at is not None)
+    killed = [t for t in h.of(Txn) if t.error == "aborted by init_transactions"]
+    assert [t.process for t in killed] == [f"{victim.name}.1"]
+    assert killed[0].txn in {c.txn for c in h.of(OffsetCommit) if c.process == victim.name}  # offsets were pending
+    assert {e.process for e in h.of(Poll)} >= {"m0", "m1", f"{victim.name}.1"}
+    assert "m2" in {e.process for e in h.of(Assign)}
+    txns = {t.txn: t.outcome for t in h.of(Txn)}
+    inputs = sorted((s.partition, s.value) for s in h.of(Send)
+                    if s.topic == "c4" and s.outcome == SEND_OK and (s.txn is None or txns[s.txn] == "commit"))
+    finals = {f.reader: f.records for f in h.of(FinalRead)}
+    assert set(finals) == {"consumer", "duckdb", "delta"}
+    for reader, records in finals.items():
+        assert sorted((p, v.split(">")[0]) for t, p, _, v in records if t == "c4-out") == inputs, reader
+    ends = {(t, p): o for t, p, o in h.of(FinalOffsets)[0].offsets}
+    assert all(o < ends[("c4", p)] for t, p, o, _ in finals["consumer"] if t == "c4")
