@@ -302,14 +302,37 @@ def _killed_transactional(conf: dict, history: History, topic: str, name: str, s
         history.add(e)
 
 
-def final_delta_read(conf: dict, topic: str) -> list[tuple]:
-    """Every record of ``topic``'s Delta table (docs/tables.md), published now with the
-    project's publisher (:func:`txlake.tables.publish`, as ``txlake tables publish``) and read
-    with delta-rs (``deltalake.DeltaTable(uri).scan()``, which applies the deletion vectors);
-    same shape as :func:`final_consumer_read`.
+def publish_table(url: str, topic: str, options: dict) -> None:
+    """:func:`txlake.tables.publish` of ``topic``, repeated (up to ``COMMIT_PUT_ATTEMPTS`` times in
+    all) when it fails with a :class:`~txlake.catalog.storage.StorageError`: a publication is
+    idempotent (it publishes the catalog's current state on the table's newest version), and
+    one whose commit PUT timed out after being applied (``storage.faults.put.timeout``) raises
+    although the version landed; the next finds it and goes on.
 
     Raises:
-        StorageError / DeltaLogError: the publication failed (as :func:`txlake.tables.publish`).
+        StorageError: every attempt failed.
+    """
+    import txlake.tables
+    from txlake.catalog.catalog import COMMIT_PUT_ATTEMPTS
+    from txlake.catalog.storage import StorageError
+
+    for attempt in range(COMMIT_PUT_ATTEMPTS):
+        try:
+            txlake.tables.publish(url, topic, options)
+            return
+        except StorageError:
+            if attempt == COMMIT_PUT_ATTEMPTS - 1:
+                raise
+
+
+def final_delta_read(conf: dict, topic: str) -> list[tuple]:
+    """Every record of ``topic``'s Delta table (docs/tables.md), published now with the
+    project's publisher (:func:`publish_table`: ``txlake tables publish``, repeated on a storage
+    error) and read with delta-rs (``deltalake.DeltaTable(uri).scan()``, which applies the
+    deletion vectors); same shape as :func:`final_consumer_read`.
+
+    Raises:
+        StorageError / DeltaLogError: the publication failed (as :func:`publish_table`).
     """
     import deltalake
     import pyarrow
@@ -317,7 +340,7 @@ def final_delta_read(conf: dict, topic: str) -> list[tuple]:
     import txlake.tables
 
     url, options = conf["storage.url"], conf.get("storage.options") or {}
-    txlake.tables.publish(url, topic, options)
+    publish_table(url, topic, options)
     table = deltalake.DeltaTable(txlake.tables.table_uri(url, topic, options),
                                  storage_options=txlake.tables.delta_storage_options(options))
     rows = pyarrow.table(table.scan(columns=["partition", "offset", "value"])).to_pylist()
@@ -360,7 +383,7 @@ class SparkReaders:
         import txlake.tables
 
         url, options = conf["storage.url"], conf.get("storage.options") or {}
-        txlake.tables.publish(url, topic, options)
+        publish_table(url, topic, options)
         rows = (self.session().read.format("delta").load(txlake.tables.table_uri(url, topic, options))
                 .select("partition", "offset", "value").collect())
         return sorted((topic, r["partition"], r["offset"], bytes(r["value"]).decode()) for r in rows)
