@@ -7,7 +7,8 @@ import io
 
 import pytest
 
-from txlake.verify import Anomaly, Assign, FinalOffsets, FinalRead, History, OffsetCommit, Poll, Send, Txn, check, summarize
+from txlake.verify import (Anomaly, Assign, FinalOffsets, FinalRead, History, OffsetCommit, Poll, Send, Txn, check,
+                           summarize)
 from txlake.verify.history import SEND_FAIL, SEND_INFO, SEND_OK
 
 T = "t"

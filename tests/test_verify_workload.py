@@ -77,8 +77,8 @@ def test_trial_through_txlake_serve_with_confluent_kafka(served, close_engines):
         (SEND_OK, None), ("info", "_PURGE_QUEUE"), ("info", "_PURGE_INFLIGHT")}
     committed = sorted(("w5", s.partition, s.offset, s.value) for s in sends
                        if s.txn is None or txns[s.txn] == "commit")
-    assert {f.reader: f.records for f in h.of(FinalRead)} == {"wire": committed, "consumer": committed, "delta": committed,
-                                                               "duckdb": committed}
+    assert {f.reader: f.records for f in h.of(FinalRead)} == {"wire": committed, "consumer": committed,
+                                                               "delta": committed, "duckdb": committed}
     rc = sorted(r for p in h.of(Poll) if p.process == "rc" for r in p.records)
     assert rc == committed
 

@@ -4,5 +4,5 @@ did and saw, :mod:`.checker` finds the anomalies, :mod:`.workload` runs workload
 from .checker import KINDS, Anomaly, check, summarize
 from .history import Assign, FinalOffsets, FinalRead, History, OffsetCommit, Poll, Send, Txn
 
-__all__ = ["KINDS", "Anomaly", "check", "summarize", "Assign", "FinalOffsets", "FinalRead", "History", "OffsetCommit", "Poll",
-           "Send", "Txn"]
+__all__ = ["KINDS", "Anomaly", "check", "summarize", "Assign", "FinalOffsets", "FinalRead", "History", "OffsetCommit",
+           "Poll", "Send", "Txn"]

@@ -86,7 +86,7 @@ def member_loop(conf: dict, history: History, topic_in: str, topic_out: str, gro
     Raises:
         KafkaException: a client error outside a transaction's outcome (init, a fatal error).
     """
-    from .workload import _records, _send, clients
+    from .workload import _records, clients
 
     k = clients(conf)
     rng = random.Random(f"{plan.seed}-{process}")
@@ -138,7 +138,7 @@ def member_loop(conf: dict, history: History, topic_in: str, topic_out: str, gro
 def _transaction(k, producer, consumer, history: History, process: str, group: str, topic_out: str, txn: str,
                  recs: list, commit: bool, kill: bool, self_kill: bool) -> bool:
     """One transaction copying ``recs``; False when the member is killed inside it."""
-    from .workload import _send
+    from .workload import _send, end_transaction
 
     ends: dict[tuple, int] = {}
     for t, p, o, _ in recs:
@@ -157,13 +157,8 @@ def _transaction(k, producer, consumer, history: History, process: str, group: s
             if self_kill:
                 os.kill(os.getpid(), signal.SIGKILL)
             return False
-        t1 = History.now()  # a kill from here on leaves the outcome unknown
-        history.add(Txn(process, txn, TXN_INFO, t1, t1, "invoked"))
-        if commit:
-            producer.commit_transaction(30)
-        else:
-            producer.abort_transaction(30)
-        history.add(Txn(process, txn, TXN_COMMIT if commit else TXN_ABORT, t1, History.now()))
+        t1 = History.now()
+        end_transaction(producer, history, process, txn, commit, True, t1)
     except k.KafkaException as exc:
         err = exc.args[0]
         if err.fatal() or not err.txn_requires_abort():

@@ -167,14 +167,8 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
             if spec.send_interval_ms:
                 time.sleep(spec.send_interval_ms / 1000)
         t0 = History.now()
-        if attempts:  # killed from here on, the outcome is unknown
-            history.add(Txn(name, txn, TXN_INFO, t0, t0, "invoked"))
         try:
-            if commit:
-                p.commit_transaction(30)
-            else:
-                p.abort_transaction(30)
-            history.add(Txn(name, txn, TXN_COMMIT if commit else TXN_ABORT, t0, History.now()))
+            end_transaction(p, history, name, txn, commit, attempts, t0)
         except k.KafkaException as exc:
             err = exc.args[0]
             history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
@@ -182,6 +176,21 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
                 return
             if err.txn_requires_abort():
                 p.abort_transaction(30)
+
+
+def end_transaction(producer, history: History, process: str, txn: str, commit: bool, invoked: bool,
+                    t0: float) -> None:
+    """``commit_transaction`` (``commit``) or ``abort_transaction`` of ``producer``'s open
+    transaction ``txn`` (30 s timeout), its outcome recorded; with ``invoked`` (a process that
+    may be killed) the invocation is recorded first, as an unknown outcome. ``t0``: the
+    invocation time. A ``KafkaException`` of the call propagates unrecorded."""
+    if invoked:  # killed from here on, the outcome is unknown
+        history.add(Txn(process, txn, TXN_INFO, t0, t0, "invoked"))
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.abort_transaction(30)
+    history.add(Txn(process, txn, TXN_COMMIT if commit else TXN_ABORT, t0, History.now()))
 
 
 def _records(k, msgs: list) -> list:
