@@ -133,6 +133,7 @@ def member_loop(conf: dict, history: History, topic_in: str, topic_out: str, gro
         if consumer is not None:
             consumer.close()
             producer.flush(30)
+            producer.close()
 
 
 def _transaction(k, producer, consumer, history: History, process: str, group: str, topic_out: str, txn: str,

@@ -139,6 +139,7 @@ def _idempotent(conf: dict, history: History, topic: str, name: str, spec: Workl
         p.flush(30)
     finally:
         p.flush(30)
+        p.close()  # its threads end (a soak runs thousands of producers in one process)
 
 
 def _transactional(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random,
@@ -149,33 +150,36 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
     abort; this instance's ``init_transactions`` aborts them (KIP-98 fencing), recorded so."""
     k = clients(conf)
     p = k.Producer({**conf, "transactional.id": f"{topic}-{name}", "linger.ms": 2})
-    t0 = History.now()
-    p.init_transactions(30)
-    for txn in unfinished:
-        history.add(Txn(name, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
-    aborts = round(spec.abort_fraction * spec.txns_per_producer)
-    outcomes = [False] * aborts + [True] * (spec.txns_per_producer - aborts)
-    rng.shuffle(outcomes)  # every producer aborts its share, in a seeded order
-    for t, commit in enumerate(outcomes):
-        partitions = [rng.randrange(spec.partitions) for _ in range(spec.sends_per_txn)]
-        if t < start:
-            continue
-        txn = f"{name}-T{t}"
-        p.begin_transaction()
-        for n, partition in enumerate(partitions):
-            _send(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
-            if spec.send_interval_ms:
-                time.sleep(spec.send_interval_ms / 1000)
+    try:
         t0 = History.now()
-        try:
-            end_transaction(p, history, name, txn, commit, attempts, t0)
-        except k.KafkaException as exc:
-            err = exc.args[0]
-            history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
-            if err.fatal():
-                return
-            if err.txn_requires_abort():
-                p.abort_transaction(30)
+        p.init_transactions(30)
+        for txn in unfinished:
+            history.add(Txn(name, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
+        aborts = round(spec.abort_fraction * spec.txns_per_producer)
+        outcomes = [False] * aborts + [True] * (spec.txns_per_producer - aborts)
+        rng.shuffle(outcomes)  # every producer aborts its share, in a seeded order
+        for t, commit in enumerate(outcomes):
+            partitions = [rng.randrange(spec.partitions) for _ in range(spec.sends_per_txn)]
+            if t < start:
+                continue
+            txn = f"{name}-T{t}"
+            p.begin_transaction()
+            for n, partition in enumerate(partitions):
+                _send(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
+                if spec.send_interval_ms:
+                    time.sleep(spec.send_interval_ms / 1000)
+            t0 = History.now()
+            try:
+                end_transaction(p, history, name, txn, commit, attempts, t0)
+            except k.KafkaException as exc:
+                err = exc.args[0]
+                history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
+                if err.fatal():
+                    return
+                if err.txn_requires_abort():
+                    p.abort_transaction(30)
+    finally:
+        p.close()  # its threads end (a soak runs thousands of producers in one process)
 
 
 def end_transaction(producer, history: History, process: str, txn: str, commit: bool, invoked: bool,
