@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import threading
 
 import pytest
 
@@ -138,3 +139,6 @@ def test_consume_transform_produce_group_with_rebalances_and_a_killed_member(tmp
         assert sorted((p, v.split(">")[0]) for t, p, _, v in records if t == "c4-out") == inputs, reader
     ends = {(t, p): o for t, p, o in h.of(FinalOffsets)[0].offsets}
     assert all(o < ends[("c4", p)] for t, p, o, _ in finals["consumer"] if t == "c4")
+    # every producer of the trial (writers, members, the abandoned one) is closed: its threads are gone
+    # (a soak runs a thousand trials in one process)
+    assert [t.name for t in threading.enumerate() if t.name in ("txlake-producer", "txlake-producer-txn")] == []
