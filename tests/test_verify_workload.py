@@ -142,3 +142,25 @@ def test_consume_transform_produce_group_with_rebalances_and_a_killed_member(tmp
     # every producer of the trial (writers, members, the abandoned one) is closed: its threads are gone
     # (a soak runs a thousand trials in one process)
     assert [t.name for t in threading.enumerate() if t.name in ("txlake-producer", "txlake-producer-txn")] == []
+
+
+def test_delta_reader_repeats_a_publication_whose_commit_put_timed_out(tmp_path, close_engines):  # noqa: F811
+    """Every PUT of the publication times out after being applied (storage.faults.put.timeout):
+    txlake.tables.publish raises, the Delta reader publishes again, finds its version there
+    (nothing more to commit) and reads the committed records."""
+    from txlake import Producer
+    from txlake.catalog.storage import StorageError
+    from txlake.tables import publish
+    from txlake.verify.workload import final_delta_read
+
+    from test_client_parity import create
+
+    url = f"file://{tmp_path}/root"
+    create({"storage.url": url}, "d")
+    with Producer({"storage.url": url}) as p:
+        for i in range(3):
+            p.produce("d", value=f"v{i}".encode(), partition=0)
+    faulty = {"storage.url": url, "storage.options": {"storage.faults.put.timeout.rate": 1}}
+    with pytest.raises(StorageError, match="injected fault: the PUT was applied"):
+        publish(url, "d", faulty["storage.options"])
+    assert final_delta_read(faulty, "d") == [("d", 0, 0, "v0"), ("d", 0, 1, "v1"), ("d", 0, 2, "v2")]
