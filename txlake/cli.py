@@ -1400,6 +1400,9 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
     if ctx.meta.get(_META_STORAGE) is None and not os.environ.get("TXLAKE_STORAGE"):
         scratch = tempfile.TemporaryDirectory(prefix="txlake-verify-")  # not the user's default root
         conf["storage.url"] = f"file://{scratch.name}"
+    from txlake.catalog.faults import injected_totals
+
+    before = injected_totals()  # the counts are process-wide: print this command's own
     try:
         report = run_campaign(conf, trials, seed, echo=click.echo, history_dir=history_dir, serve=serve)
     finally:
@@ -1410,9 +1413,7 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
             scratch.cleanup()
     kinds = ", ".join(f"{k} {n}" for k, n in report.anomalies.items())
     click.echo(f"{report.trials} trials, {report.operations} operations; anomalies: {kinds}")
-    from txlake.catalog.faults import injected_totals
-
-    faults = injected_totals()
+    faults = {kind: n - before[kind] for kind, n in injected_totals().items()}
     if any(faults.values()):  # -O storage.faults.* (docs/reliability.md)
         click.echo("object-store faults injected: " + ", ".join(f"{k} {n}" for k, n in faults.items()))
     if not report.clean:
