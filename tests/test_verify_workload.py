@@ -139,6 +139,13 @@ def test_consume_transform_produce_group_with_rebalances_and_a_killed_member(tmp
         assert sorted((p, v.split(">")[0]) for t, p, _, v in records if t == "c4-out") == inputs, reader
     ends = {(t, p): o for t, p, o in h.of(FinalOffsets)[0].offsets}
     assert all(o < ends[("c4", p)] for t, p, o, _ in finals["consumer"] if t == "c4")
+    # the history convicts: one output dropped from DuckDB's read is a lost write and a missing output
+    out = next(r for r in finals["duckdb"] if r[0] == "c4-out")
+    src = next(r for r in finals["duckdb"] if r[0] == "c4" and r[3] == out[3].split(">")[0])
+    events = [dataclasses.replace(e, records=[r for r in e.records if r != out])
+              if isinstance(e, FinalRead) and e.reader == "duckdb" else e for e in h.events]
+    assert [(a.kind, a.where, a.records) for a in check(History(events))] == [
+        ("lost-write", "duckdb", (out,)), ("missing-output", "duckdb", (src,))]
     # every producer of the trial (writers, members, the abandoned one) is closed: its threads are gone
     # (a soak runs a thousand trials in one process)
     assert [t.name for t in threading.enumerate() if t.name in ("txlake-producer", "txlake-producer-txn")] == []
