@@ -124,7 +124,8 @@ def member_loop(conf: dict, history: History, topic_in: str, topic_out: str, gro
             commit = rng.random() >= plan.abort_fraction
             if not _transaction(k, producer, consumer, history, process, group, topic_out, txn, recs, commit,
                                 plan.kill_at == n, self_kill):
-                abandoned.append((consumer, producer)) if abandoned is not None else None
+                if abandoned is not None:
+                    abandoned.append((consumer, producer))
                 consumer = producer = None
                 return KILLED
             n += 1
