@@ -27,7 +27,7 @@ import uuid
 from .catalog import Catalog
 from .errors import CommitConflictError, WriterLeaseHeldError
 from .state import LEASE, LEASE_RELEASE
-from .storage import retry_storage
+from .storage import StorageError, retry_storage
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,14 @@ class WriterLease:
             except CommitConflictError:
                 continue  # someone committed meanwhile: look again
             self.epoch = epoch
-            self.heartbeat()
+            try:
+                self.heartbeat()
+            except StorageError as exc:
+                # the lease is committed: until a beat lands it counts from the commit's timestamp
+                # (describe_holder), and the heartbeat thread renews it. Failing here left the
+                # lease held by this process's own dead attempt: NOT_LEADER_OR_FOLLOWER until it expired
+                log.warning("first writer lease heartbeat of %s failed (%s); the lease stands from its commit",
+                            self.catalog.store.url, exc)
             if current is not None and not current.released:
                 log.warning("took over the writer lease of %s from %s (epoch %d)", self.catalog.store.url, current.owner, current.epoch)
             return epoch

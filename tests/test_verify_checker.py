@@ -7,8 +7,9 @@ import io
 
 import pytest
 
-from txlake.verify import Anomaly, Assign, FinalRead, History, Poll, Send, Txn, check, summarize
-from txlake.verify.history import SEND_INFO, SEND_OK
+from txlake.verify import (Anomaly, Assign, FinalOffsets, FinalRead, History, OffsetCommit, Poll, Send, Txn, check,
+                           summarize)
+from txlake.verify.history import SEND_FAIL, SEND_INFO, SEND_OK
 
 T = "t"
 A0, A1, B0, B1, C0, A2 = ((T, 0, 0, "a0"), (T, 0, 1, "a1"), (T, 0, 2, "b0"), (T, 0, 3, "b1"), (T, 0, 5, "c0"),
@@ -141,3 +142,52 @@ def test_g1c_write_read_cycle():
     assert check(h) == [Anomaly("G1c", "", (w, x, y))]
     h.events.remove(next(e for e in h.events if isinstance(e, Poll) and e.process == "x5"))
     assert check(h) == []
+
+
+I0, I1, I2 = ("in", 0, 0, "i0"), ("in", 0, 1, "i1"), ("in", 0, 2, "i2")
+O0, O1, O2 = ("out", 0, 0, "i0>m0-T0"), ("out", 0, 1, "i1>m0-T0"), ("out", 0, 3, "i2>m1-T0")
+
+
+def ctp(o1=SEND_OK, m1_polls=(I2,), m1_outputs=(O2,), zombie=(), final=(I0, I1, I2, O0, O1, O2)):
+    """Consume-transform-produce: p0 writes i0..i2 to "in"; member m0's transaction m0-T0 copies
+    i0, i1 to "out" (markers: 2) and commits group g's offset 2; after a rebalance m1's m1-T0
+    copies i2 (marker 4) and commits offset 3; the group ends at 3. ``zombie``: more
+    (poll, sends) of a committed transaction m0-T1."""
+    h = History()
+    for r in (I0, I1, I2):
+        h.add(Send("p0", *r[:2], r[3], SEND_OK, r[2]))
+    for txn, polls, outs, end in (("m0-T0", (I0, I1), ((O0, SEND_OK), (O1, o1)), 2),
+                                  ("m1-T0", m1_polls, ((o, SEND_OK) for o in m1_outputs), 3), *zombie):
+        h.add(Poll(txn[:2], "read_committed", list(polls), txn=txn))
+        for (t, p, off, value), outcome in outs:
+            h.add(Send(txn[:2], t, p, value, outcome, off if outcome == SEND_OK else None, txn=txn,
+                       source=value.split(">")[0]))
+        h.add(OffsetCommit(txn[:2], "g", [("in", 0, end)], txn=txn))
+        h.add(Txn(txn[:2], txn, "commit"))
+    h.add(FinalOffsets("g", [("in", 0, 3)]))
+    h.add(FinalRead("consumer", list(final)))
+    return h
+
+
+def test_consume_transform_produce_clean():
+    assert check(ctp()) == []
+
+
+def test_missing_output_offsets_committed_without_the_output():
+    """m0-T0 committed offset 2 past i1, but i1's output was refused (so no lost-write) and the
+    transaction committed anyway: i1 is never copied."""
+    h = ctp(o1=SEND_FAIL, final=(I0, I1, I2, O0, O2))
+    assert check(h) == [Anomaly("missing-output", "consumer", (I1,))]
+
+
+def test_lost_input_skipped_by_the_group():
+    """m1-T0 committed offset 3 without having read i2: the group's offsets pass a record nobody copied."""
+    h = ctp(m1_polls=(), m1_outputs=(), final=(I0, I1, I2, O0, O1))
+    assert check(h) == [Anomaly("lost-input", "consumer", (I2,))]
+
+
+def test_duplicate_output_of_a_zombie():
+    """A zombie m0 (an older generation) copies i2 too, and its transaction commits: two outputs of i2."""
+    z = ("out", 0, 5, "i2>m0-T1")
+    h = ctp(zombie=[("m0-T1", (I2,), ((z, SEND_OK),), 3)], final=(I0, I1, I2, O0, O1, O2, z))
+    assert check(h) == [Anomaly("duplicate-output", "consumer", (O2, z))]

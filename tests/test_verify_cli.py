@@ -84,7 +84,7 @@ def test_campaign_through_txlake_serve_with_a_killed_writer(tmp_path, close_engi
                          "process faults injected: server-kill 1"]
     with open(tmp_path / "h" / f"{m.group(1)}.jsonl") as fp:
         events = History.load(fp).events
-    assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "duckdb", "wire"]
+    assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "delta", "duckdb", "wire"]
     assert [e.txn for e in events if e.type == "txn" and e.error == "aborted by init_transactions"] == ["t0-T1"]
 
 
@@ -98,3 +98,19 @@ def test_process_fault_options_are_checked(tmp_path, args, message):
     result = CliRunner().invoke(main, ["verify", "--storage", f"file://{tmp_path}/root", *args])
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.stderr.split()), result.stderr
+
+
+def test_fault_counts_printed_are_the_commands_own(tmp_path, close_engines):  # noqa: F811
+    """A fault injected earlier in the process (here by another store) is not this command's:
+    a run without fault options prints no fault counts."""
+    from txlake.catalog.faults import injected_totals
+    from txlake.catalog.storage import ObjectStore
+
+    ObjectStore(f"file://{tmp_path}/other", {"storage.faults.put.delay.rate": 1,
+                                            "storage.faults.put.delay.ms": 0}).put("k", b"x")
+    assert injected_totals()["put.delay"] >= 1
+    result = CliRunner().invoke(main, ["verify", "--trials", "1", "--seed", "1", "--storage",
+                                       f"file://{tmp_path}/root"], catch_exceptions=False)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert len(result.stdout.splitlines()) == 2, result.stdout
+    assert "object-store faults injected" not in result.stdout

@@ -2,7 +2,7 @@
 did and saw, :mod:`.checker` finds the anomalies, :mod:`.workload` runs workloads."""
 
 from .checker import KINDS, Anomaly, check, summarize
-from .history import Assign, FinalRead, History, OffsetCommit, Poll, Send, Txn
+from .history import Assign, FinalOffsets, FinalRead, History, OffsetCommit, Poll, Send, Txn
 
-__all__ = ["KINDS", "Anomaly", "check", "summarize", "Assign", "FinalRead", "History", "OffsetCommit", "Poll",
-           "Send", "Txn"]
+__all__ = ["KINDS", "Anomaly", "check", "summarize", "Assign", "FinalOffsets", "FinalRead", "History", "OffsetCommit",
+           "Poll", "Send", "Txn"]

@@ -38,6 +38,23 @@ Kinds (``Anomaly.kind``):
     appends a transaction's records as they are sent, so offset order between open
     transactions implies no isolation order.
 
+``missing-output``
+    Consume-transform-produce (KIP-447): a transaction that committed read an input record
+    below the offsets it committed for the group, yet no output of that record is in a
+    final read: the group will never copy it again, its output is gone.
+``lost-input``
+    Consume-transform-produce: a committed input record below the group's final committed
+    offset (:class:`~.history.FinalOffsets`) that no committed transaction read and that has
+    no output in a final read (the group skipped it; not already a ``missing-output``).
+``duplicate-output``
+    Consume-transform-produce: one input record has more than one output in a final read
+    (copied by two transactions that both committed, e.g. a fenced zombie's and its
+    successor's: what KIP-447's generation check forbids).
+
+The three consume-transform-produce kinds follow Jepsen's Kafka workload, which checks a
+``txn`` workload's polls and sends made in one transaction; an output names its input
+(``Send.source``).
+
 Reads past the LSO by read_committed consumers show as ``precommitted-read`` (or
 ``aborted-read``) once the transaction's outcome is known.
 """
@@ -47,13 +64,14 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from .history import (SEND_FAIL, SEND_OK, TXN_ABORT, TXN_COMMIT, Assign, FinalRead, History, Poll, Record,
-                      Send, Txn)
+from .history import (SEND_FAIL, SEND_OK, TXN_ABORT, TXN_COMMIT, Assign, FinalOffsets, FinalRead, History,
+                      OffsetCommit, Poll, Record, Send, Txn)
 
 READ_COMMITTED = "read_committed"
 
 KINDS = ("lost-write", "duplicate", "inconsistent-offsets", "aborted-read", "precommitted-read", "garbage-read",
-         "divergent-read", "nonmonotonic-poll", "poll-skip", "G1c")
+         "divergent-read", "nonmonotonic-poll", "poll-skip", "G1c", "missing-output", "lost-input",
+         "duplicate-output")
 
 
 @dataclass(frozen=True, order=True)
@@ -211,7 +229,57 @@ def check(history: History) -> list[Anomaly]:
                                         f"{len(skipped)} record(s) between offsets {prev[2]} and {r[2]} unread"))
             seen[tp] = r
     out.update(_g1c(polls, sends))
+    out.update(_consume_transform_produce(history, sends, txns, finals))
     return sorted(out)
+
+
+def _consume_transform_produce(history: History, sends: dict[str, Send], txns: dict[str, Txn],
+                               finals: list[FinalRead]) -> set[Anomaly]:
+    """``missing-output``, ``lost-input`` and ``duplicate-output`` of each final read."""
+    committed_offsets: dict[str, dict[tuple, int]] = defaultdict(dict)  # txn -> (topic, partition) -> next offset
+    for c in history.of(OffsetCommit):
+        if c.txn is not None:
+            for t, p, o in c.offsets:
+                committed_offsets[c.txn][(t, p)] = max(o, committed_offsets[c.txn].get((t, p), o))
+    polled: dict[str, list] = defaultdict(list)  # committed txn -> input records its polls returned
+    for p in history.of(Poll):
+        if p.txn is not None and p.txn in txns and txns[p.txn].outcome == TXN_COMMIT:
+            polled[p.txn].extend(tuple(r) for r in p.records)
+    group_end: dict[tuple, int] = {}
+    for f in history.of(FinalOffsets):
+        for t, p, o in f.offsets:
+            group_end[(t, p)] = max(o, group_end.get((t, p), o))
+    if not polled and not group_end and not any(s.source is not None for s in sends.values()):
+        return set()
+    out: set[Anomaly] = set()
+    for f in finals:
+        outputs: dict[str, list] = defaultdict(list)  # source value -> its outputs in this read
+        for r in f.records:
+            s = sends.get(r[3])
+            if s is not None and s.source is not None:
+                outputs[s.source].append(tuple(r))
+        for source, recs in outputs.items():
+            if len(recs) > 1:
+                out.add(Anomaly("duplicate-output", f.reader, tuple(sorted(recs)),
+                                f"input {source!r} has {len(recs)} outputs in {f.reader}'s read"))
+        explained = set()
+        for txn, records in polled.items():
+            ends = committed_offsets.get(txn, {})
+            for r in records:
+                if r[2] < ends.get((r[0], r[1]), -1) and r[3] not in outputs:
+                    explained.add(r[3])
+                    out.add(Anomaly("missing-output", f.reader, (r,),
+                                    f"transaction {txn} committed offset {ends[(r[0], r[1])]} past {r[3]!r} "
+                                    f"but {f.reader} has no output of it"))
+        for r in f.records:
+            s = sends.get(r[3])
+            if (s is None or s.source is not None or _aborted(s, txns) or r[3] in outputs or r[3] in explained
+                    or r[2] >= group_end.get((r[0], r[1]), -1)):
+                continue
+            out.add(Anomaly("lost-input", f.reader, (tuple(r),),
+                            f"{r[3]!r} is below the group's committed offset {group_end[(r[0], r[1])]} "
+                            f"but {f.reader} has no output of it"))
+    return out
 
 
 def _g1c(polls: list[Poll], sends: dict[str, Send]) -> set[Anomaly]:

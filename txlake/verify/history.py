@@ -46,6 +46,9 @@ class Send:
         offset: the acknowledged offset (``SEND_OK`` only), else None.
         txn: the transaction's id in the history (``Txn.txn``) or None outside one.
         error: the error's name for ``SEND_FAIL``/``SEND_INFO``.
+        source: for the output of a consume-transform-produce loop, the value of the input
+            record it copies (outputs are named ``<source>><transaction>``, so each stays
+            unique); None for other sends.
     """
 
     process: str
@@ -59,6 +62,7 @@ class Send:
     t_start: float = 0.0
     t_end: float = 0.0
     type: str = "send"
+    source: str | None = None
 
 
 @dataclass
@@ -140,8 +144,25 @@ class FinalRead:
     type: str = "final"
 
 
-Event = Union[Send, Txn, Poll, Assign, OffsetCommit, FinalRead]
-_TYPES = {cls.__dataclass_fields__["type"].default: cls for cls in (Send, Txn, Poll, Assign, OffsetCommit, FinalRead)}
+@dataclass
+class FinalOffsets:
+    """A consumer group's committed offsets read after the run (``Consumer.committed``): the
+    consume-transform-produce group claims every input record below them as copied.
+
+    Attributes:
+        group: the group id.
+        offsets: ``[(topic, partition, next offset), ...]`` (partitions without a committed
+            offset left out).
+    """
+
+    group: str
+    offsets: list = field(default_factory=list)
+    type: str = "final_offsets"
+
+
+Event = Union[Send, Txn, Poll, Assign, OffsetCommit, FinalRead, FinalOffsets]
+_TYPES = {cls.__dataclass_fields__["type"].default: cls
+          for cls in (Send, Txn, Poll, Assign, OffsetCommit, FinalRead, FinalOffsets)}
 
 
 def event_from_json(obj: dict) -> Event:

@@ -25,7 +25,7 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Callable
 
 from .checker import Anomaly, check
@@ -44,6 +44,13 @@ class WorkloadSpec:
         abort_fraction: the share of each producer's transactions aborted (0..1, rounded).
         send_interval_ms: a transactional producer's pause after each send (ms), so that a
             kill lands inside a transaction, not in its commit.
+        ctp_members: initial members of a consume-transform-produce group copying the topic
+            to ``<topic>-out`` (:mod:`.ctp`: one killed and restarted, one joining and leaving);
+            0: no group.
+        ctp_abort_fraction / ctp_max_batch: the share of its transactions a member aborts, and
+            the most records it copies in one.
+        ctp_timeout_s: once the producers are done, how long the group may take to copy the
+            rest (s) before it is stopped anyway (what it did not copy is then reported).
     """
 
     partitions: int = 2
@@ -54,6 +61,10 @@ class WorkloadSpec:
     sends_per_txn: int = 4
     abort_fraction: float = 0.33
     send_interval_ms: int = 0
+    ctp_members: int = 0
+    ctp_abort_fraction: float = 0.2
+    ctp_max_batch: int = 10
+    ctp_timeout_s: float = 30.0
 
 
 @dataclass
@@ -64,6 +75,8 @@ class TrialResult:
     topic: str
     history: History
     anomalies: list[Anomaly]
+    #: process faults the workload injected, by kind (``ctp.member.kill``)
+    faults: dict = field(default_factory=dict)
 
     @property
     def operations(self) -> int:
@@ -89,29 +102,31 @@ def clients(conf: dict):
     return txlake
 
 
-def _record_delivery(history: History, process: str, value: str, txn: str | None, t_start: float):
+def _record_delivery(history: History, process: str, value: str, txn: str | None, t_start: float,
+                     source: str | None = None):
     def on_delivery(err, msg) -> None:
         if err is None:
             history.add(Send(process, msg.topic(), msg.partition(), value, SEND_OK, msg.offset(), txn,
-                             t_start=t_start, t_end=History.now()))
+                             t_start=t_start, t_end=History.now(), source=source))
         else:  # a delivery error may still have been appended (e.g. a timeout): unknown outcome
             history.add(Send(process, msg.topic(), msg.partition(), value, SEND_INFO, None, txn, err.name(),
-                             t_start=t_start, t_end=History.now()))
+                             t_start=t_start, t_end=History.now(), source=source))
     return on_delivery
 
 
 def _send(k, producer, history: History, process: str, topic: str, partition: int, value: str,
-          txn: str | None, attempts: bool = False) -> None:
+          txn: str | None, attempts: bool = False, source: str | None = None) -> None:
     t0 = History.now()
     if attempts:  # a process that may be killed records the attempt first; its report replaces it
-        history.add(Send(process, topic, partition, value, SEND_INFO, None, txn, "attempted", t0, t0))
+        history.add(Send(process, topic, partition, value, SEND_INFO, None, txn, "attempted", t0, t0, source=source))
     try:
         producer.produce(topic, value=value.encode(), partition=partition,
-                         on_delivery=_record_delivery(history, process, value, txn, t0))
+                         on_delivery=_record_delivery(history, process, value, txn, t0, source))
     except (k.KafkaException, BufferError) as exc:  # refused before it was queued: not written
         err = exc.args[0] if exc.args else exc
         name = err.name() if hasattr(err, "name") else type(exc).__name__
-        history.add(Send(process, topic, partition, value, SEND_FAIL, None, txn, name, t0, History.now()))
+        history.add(Send(process, topic, partition, value, SEND_FAIL, None, txn, name, t0, History.now(),
+                         source=source))
     producer.poll(0)
 
 
@@ -124,6 +139,7 @@ def _idempotent(conf: dict, history: History, topic: str, name: str, spec: Workl
         p.flush(30)
     finally:
         p.flush(30)
+        p.close()  # its threads end (a soak runs thousands of producers in one process)
 
 
 def _transactional(conf: dict, history: History, topic: str, name: str, spec: WorkloadSpec, rng: random.Random,
@@ -134,45 +150,45 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
     abort; this instance's ``init_transactions`` aborts them (KIP-98 fencing), recorded so."""
     k = clients(conf)
     p = k.Producer({**conf, "transactional.id": f"{topic}-{name}", "linger.ms": 2})
-    t0 = History.now()
     try:
-        p.init_transactions(30)
-    except k.KafkaException as exc:  # e.g. the writer fenced itself (a cas.race fault): nothing was sent
-        if not exc.args[0].fatal():
-            raise
-        return
-    for txn in unfinished:
-        history.add(Txn(name, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
-    aborts = round(spec.abort_fraction * spec.txns_per_producer)
-    outcomes = [False] * aborts + [True] * (spec.txns_per_producer - aborts)
-    rng.shuffle(outcomes)  # every producer aborts its share, in a seeded order
-    for t, commit in enumerate(outcomes):
-        partitions = [rng.randrange(spec.partitions) for _ in range(spec.sends_per_txn)]
-        if t < start:
-            continue
-        txn = f"{name}-T{t}"
-        p.begin_transaction()
-        for n, partition in enumerate(partitions):
-            _send(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
-            if spec.send_interval_ms:
-                time.sleep(spec.send_interval_ms / 1000)
         t0 = History.now()
-        if attempts:  # killed from here on, the outcome is unknown
-            history.add(Txn(name, txn, TXN_INFO, t0, t0, "invoked"))
         try:
-            _end_transaction(k, p, commit)
-            history.add(Txn(name, txn, TXN_COMMIT if commit else TXN_ABORT, t0, History.now()))
-        except k.KafkaException as exc:
-            err = exc.args[0]
-            history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
-            if err.fatal():  # e.g. the writer fenced itself (a cas.race fault): serve the delivery reports first
-                p.flush(5)
-                return
-            if err.txn_requires_abort():
-                _end_transaction(k, p, False)
+            p.init_transactions(30)
+        except k.KafkaException as exc:  # e.g. the writer fenced itself (a cas.race fault): nothing was sent
+            if not exc.args[0].fatal():
+                raise
+            return
+        for txn in unfinished:
+            history.add(Txn(name, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
+        aborts = round(spec.abort_fraction * spec.txns_per_producer)
+        outcomes = [False] * aborts + [True] * (spec.txns_per_producer - aborts)
+        rng.shuffle(outcomes)  # every producer aborts its share, in a seeded order
+        for t, commit in enumerate(outcomes):
+            partitions = [rng.randrange(spec.partitions) for _ in range(spec.sends_per_txn)]
+            if t < start:
+                continue
+            txn = f"{name}-T{t}"
+            p.begin_transaction()
+            for n, partition in enumerate(partitions):
+                _send(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
+                if spec.send_interval_ms:
+                    time.sleep(spec.send_interval_ms / 1000)
+            t0 = History.now()
+            try:
+                end_transaction(p, history, name, txn, commit, attempts, t0)
+            except k.KafkaException as exc:
+                err = exc.args[0]
+                history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
+                if err.fatal():  # e.g. the writer fenced itself (a cas.race fault): serve the delivery reports first
+                    p.flush(5)
+                    return
+                if err.txn_requires_abort():
+                    _end_transaction(p, False)
+    finally:
+        p.close()  # its threads end (a soak runs thousands of producers in one process)
 
 
-def _end_transaction(k, producer, commit: bool, calls: int = 4) -> None:
+def _end_transaction(producer, commit: bool, calls: int = 4) -> None:
     """``commit_transaction(30)`` or ``abort_transaction(30)``, called again while it raises a
     retriable error (a timeout while the server was stopped or restarting), up to ``calls``
     times: librdkafka's contract (the call resumes; another call in between is refused with
@@ -185,9 +201,23 @@ def _end_transaction(k, producer, commit: bool, calls: int = 4) -> None:
         try:
             (producer.commit_transaction if commit else producer.abort_transaction)(30)
             return
-        except k.KafkaException as exc:
-            if not exc.args[0].retriable() or call == calls - 1:
+        except Exception as exc:  # either client library's KafkaException: args[0] is its KafkaError
+            error = exc.args[0] if exc.args else None
+            if not (hasattr(error, "retriable") and error.retriable()) or call == calls - 1:
                 raise
+
+
+def end_transaction(producer, history: History, process: str, txn: str, commit: bool, invoked: bool,
+                    t0: float) -> None:
+    """``commit_transaction`` (``commit``) or ``abort_transaction`` of ``producer``'s open
+    transaction ``txn`` (30 s timeout, called again on a retriable error), its outcome recorded;
+    with ``invoked`` (a process that may be killed) the invocation is recorded first, as an
+    unknown outcome. ``t0``: the invocation time. A ``KafkaException`` of the call propagates
+    unrecorded."""
+    if invoked:  # killed from here on, the outcome is unknown
+        history.add(Txn(process, txn, TXN_INFO, t0, t0, "invoked"))
+    _end_transaction(producer, commit)
+    history.add(Txn(process, txn, TXN_COMMIT if commit else TXN_ABORT, t0, History.now()))
 
 
 def _records(k, msgs: list) -> list:
@@ -315,11 +345,108 @@ def _killed_transactional(conf: dict, history: History, topic: str, name: str, s
         history.add(e)
 
 
+def publish_table(url: str, topic: str, options: dict) -> None:
+    """:func:`txlake.tables.publish` of ``topic``, repeated (up to ``COMMIT_PUT_ATTEMPTS`` times in
+    all) when it fails with a :class:`~txlake.catalog.storage.StorageError`: a publication is
+    idempotent (it publishes the catalog's current state on the table's newest version), and
+    one whose commit PUT timed out after being applied (``storage.faults.put.timeout``) raises
+    although the version landed; the next finds it and goes on.
+
+    Raises:
+        StorageError: every attempt failed.
+    """
+    import txlake.tables
+    from txlake.catalog.catalog import COMMIT_PUT_ATTEMPTS
+    from txlake.catalog.storage import StorageError
+
+    for attempt in range(COMMIT_PUT_ATTEMPTS):
+        try:
+            txlake.tables.publish(url, topic, options)
+            return
+        except StorageError:
+            if attempt == COMMIT_PUT_ATTEMPTS - 1:
+                raise
+
+
+def final_delta_read(conf: dict, topic: str) -> list[tuple]:
+    """Every record of ``topic``'s Delta table (docs/tables.md), published now with the
+    project's publisher (:func:`publish_table`: ``txlake tables publish``, repeated on a storage
+    error) and read with delta-rs (``deltalake.DeltaTable(uri).scan()``, which applies the
+    deletion vectors); same shape as :func:`final_consumer_read`.
+
+    Raises:
+        StorageError / DeltaLogError: the publication failed (as :func:`publish_table`).
+    """
+    import deltalake
+    import pyarrow
+
+    import txlake.tables
+
+    url, options = conf["storage.url"], conf.get("storage.options") or {}
+    publish_table(url, topic, options)
+    table = deltalake.DeltaTable(txlake.tables.table_uri(url, topic, options),
+                                 storage_options=txlake.tables.delta_storage_options(options))
+    rows = pyarrow.table(table.scan(columns=["partition", "offset", "value"])).to_pylist()
+    return sorted((topic, r["partition"], r["offset"], bytes(r["value"]).decode()) for r in rows)
+
+
+class SparkReaders:
+    """Spark as a final reader (``--readers spark`` of benchmarks/soak_verify.py): one local
+    SparkSession (:func:`txlake.demo_spark.spark_session`, delta-spark loaded) started on first
+    use and reused by every trial, reading a topic through txlake's Python data source
+    (``spark.read.format("txlake")``, read_committed) and its Delta table
+    (``format("delta")``, published first as :func:`final_delta_read` does)."""
+
+    def __init__(self) -> None:
+        self._spark = None
+
+    def session(self):
+        """The shared session (started on first use: tens of seconds)."""
+        if self._spark is None:
+            from txlake.demo_spark import spark_session
+
+            self._spark = spark_session("txlake-verify", delta=True)
+        return self._spark
+
+    def readers(self, conf: dict) -> dict[str, Callable[[str, int], list[tuple]]]:
+        """``{"spark-source": ..., "spark-delta": ...}`` for the root of ``conf``."""
+        return {"spark-source": lambda topic, n: self.read_source(conf, topic),
+                "spark-delta": lambda topic, n: self.read_delta(conf, topic)}
+
+    def read_source(self, conf: dict, topic: str) -> list[tuple]:
+        from txlake.demo_spark import _flat_options
+
+        reader = self.session().read.format("txlake").option("storage.url", conf["storage.url"])
+        for key, value in _flat_options(conf.get("storage.options") or {}).items():
+            reader = reader.option(key, value)
+        rows = reader.option("subscribe", topic).load().select("partition", "offset", "value").collect()
+        return sorted((topic, r["partition"], r["offset"], bytes(r["value"]).decode()) for r in rows)
+
+    def read_delta(self, conf: dict, topic: str) -> list[tuple]:
+        import txlake.tables
+
+        url, options = conf["storage.url"], conf.get("storage.options") or {}
+        publish_table(url, topic, options)
+        rows = (self.session().read.format("delta").load(txlake.tables.table_uri(url, topic, options))
+                .select("partition", "offset", "value").collect())
+        return sorted((topic, r["partition"], r["offset"], bytes(r["value"]).decode()) for r in rows)
+
+    def stop(self) -> None:
+        if self._spark is not None:
+            self._spark.stop()
+            self._spark = None
+
+
 def default_readers(conf: dict) -> dict[str, Callable[[str, int], list[tuple]]]:
-    """The final readers of a ``storage.url`` root: ``consumer`` (in-process Consumer) and
-    ``duckdb`` (the DuckDB view), as ``{name: reader(topic, partitions) -> records}``."""
-    return {"consumer": lambda topic, n: final_consumer_read(conf, topic, n),
-            "duckdb": lambda topic, n: final_duckdb_read(conf, topic)}
+    """The final readers of a ``storage.url`` root: ``consumer`` (in-process Consumer),
+    ``duckdb`` (the DuckDB view) and ``delta`` (the topic's Delta table, published now:
+    :func:`final_delta_read`; not on ``memory://``, which lives in this process's fsspec only,
+    out of delta-rs's reach), as ``{name: reader(topic, partitions) -> records}``."""
+    readers = {"consumer": lambda topic, n: final_consumer_read(conf, topic, n),
+               "duckdb": lambda topic, n: final_duckdb_read(conf, topic)}
+    if not conf["storage.url"].startswith("memory://"):
+        readers["delta"] = lambda topic, n: final_delta_read(conf, topic)
+    return readers
 
 
 def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = None,
@@ -340,11 +467,13 @@ def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = Non
             without a record (s; longer over the wire, where a fetch takes a while).
         kill_writer: a directory: transactional writer ``t0`` then runs as a child process
             that is SIGKILLed mid-transaction after its first transaction and restarted
-            (its history file ``<topic>-t0.jsonl`` is kept there). Wire configs only: an
-            in-process root has one writer process.
+            (its history file ``<topic>-t0.jsonl`` is kept there), and so do the members of the
+            consume-transform-produce group (``spec.ctp_members``; :mod:`.ctp`). Wire configs
+            only: an in-process root has one writer process.
 
     Returns:
-        :class:`TrialResult` (anomalies empty when the trial is clean).
+        :class:`TrialResult` (anomalies empty when the trial is clean). With
+        ``spec.ctp_members`` each final read holds ``topic`` and ``<topic>-out``.
 
     Raises:
         KafkaException: the topic cannot be created, or a client fails outside what the
@@ -378,6 +507,15 @@ def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = Non
     pollers = [thread(_poller, conf, history, topic, "rc", "read_committed", spec, done, f"{topic}-g", True, drain_s),
                thread(_poller, conf, history, topic, "ru", "read_uncommitted", spec, done, f"{topic}-u", False,
                       drain_s)]
+    topics, faults = [topic], {}
+    if spec.ctp_members:  # a consume-transform-produce group copying topic to <topic>-out (.ctp)
+        from .ctp import run_group
+
+        topics.append(f"{topic}-out")
+        admin.create_topics([k.admin.NewTopic(topics[1], spec.partitions)])[topics[1]].result()
+        pollers.append(thread(run_group, conf, history, topic, topics[1], spec.partitions, seed, spec.ctp_members,
+                              spec.ctp_abort_fraction, spec.ctp_max_batch, done, spec.ctp_timeout_s, kill_writer,
+                              faults))
     for t in pollers + writers:
         t.start()
     for t in writers:
@@ -388,5 +526,5 @@ def run_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None = Non
     if errors:
         raise errors[0]
     for name, reader in (readers or default_readers(conf)).items():
-        history.add(FinalRead(name, reader(topic, spec.partitions)))
-    return TrialResult(topic, history, check(history))
+        history.add(FinalRead(name, [r for t in topics for r in reader(t, spec.partitions)]))
+    return TrialResult(topic, history, check(history), faults)
