@@ -21,6 +21,8 @@ clean_objects, drop_deleted_tables, checkpoint_tables, clean_dv_files, clean_tab
 clean_catalog_log) is wrapped: its peak RSS (``VmHWM``, reset before the phase through
 ``/proc/self/clear_refs``) over the RSS before it, and the highest Arrow pool bytes seen every
 10 ms. ``--skip PHASE`` replaces a phase with a no-op, to see what the round costs without it.
+Before each round it prints what the process holds: RSS, RssAnon, Arrow's pool, glibc malloc in
+use and its arenas' total, Python's blocks and the decoded-segment cache.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from txlake.engine.registry import close_all  # noqa: E402
 
 PHASES = ("rewrite_runs", "clean_objects", "drop_deleted_tables", "checkpoint_tables", "clean_dv_files",
           "clean_table_logs", "clean_catalog_log", "release_unused_memory")
-#: the phases that judge age by the clock (shifted from --cleanup-from on)
+#: the phases that judge age by the clock (shifted from --cleanup-from on): the index of their now_ms
 CLOCKED = {"clean_table_logs": 1, "clean_catalog_log": 2}
 
 
@@ -148,8 +150,6 @@ def main() -> None:
     producer = Producer(conf)
     broker = producer._broker
     sent = 0
-    stop = threading.Event()
-    compacting = threading.Event()
 
     def produce_for(n: int) -> None:
         nonlocal sent
@@ -163,7 +163,6 @@ def main() -> None:
             producer.poll(0)
             time.sleep(0.005)
 
-    round_rows = []
     for r in range(1, args.rounds + 1):
         produce_for(args.records)
         meter.round = r
@@ -191,7 +190,6 @@ def main() -> None:
         th.join()
         s = result["s"]
         result["peak"] = max([result["peak"]] + [x[3] for x in meter.rows if x[0] == r])
-        round_rows.append((r, result["before"], result["peak"], result["after"]))
         print(f"round {r}: {s.merges} merges, {s.catalog_commits_deleted} commits + {s.catalog_checkpoints_deleted} "
               f"checkpoints of the catalog log deleted; RSS {result['before']:.0f} -> peak {result['peak']:.0f} -> "
               f"{result['after']:.0f} MB ({result['secs']:.1f} s)", flush=True)
@@ -199,7 +197,6 @@ def main() -> None:
             _, name, before, peak, after, pool, secs = row
             print(f"    {name:22s} RSS {before:6.0f} -> peak {peak:6.0f} (+{peak - before:5.1f}) -> {after:6.0f} MB; "
                   f"Arrow pool highest {pool:6.1f} MB; {secs:5.2f} s", flush=True)
-    stop.set()
     producer.flush(60)
     producer.close()
     close_all()
