@@ -139,6 +139,20 @@ def malloc_in_use() -> int:
     return info.uordblks + info.hblkhd
 
 
+def held_now() -> str:
+    """What holds the RSS now: RssAnon, Arrow's pool (live bytes), glibc malloc in use and its
+    arenas' total (``mallinfo2``: uordblks + hblkhd, arena + hblkhd) and Python's blocks -- so a
+    step between two samples can be told apart: live memory, or memory an allocator keeps."""
+    with open("/proc/self/status") as f:
+        anon = next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
+    malloc = "n/a"
+    if _mallinfo2 is not None:
+        info = _mallinfo2()
+        malloc = f"{(info.uordblks + info.hblkhd) / 2**20:.1f} of {(info.arena + info.hblkhd) / 2**20:.1f} MB"
+    return (f"RssAnon {anon:.0f} MB, Arrow pool {pa.total_allocated_bytes() / 2**20:.1f} MB, malloc in use {malloc}, "
+            f"Python blocks {sys.getallocatedblocks()}")
+
+
 def parse_conf(items: list[str]) -> dict:
     conf = {}
     for item in items:
@@ -276,7 +290,7 @@ def main() -> None:
             kinds = stored(url)
             peak = max((s[5] or 0) for s in samples[-int(60 / args.sample) - 1:])
             print(f"  {elapsed / 60:5.1f} min: {sent} records, RSS {samples[-1][1]:.0f} MB (peak {peak:.0f}), cache "
-                  f"{samples[-1][2] / 2**20:.1f} MB in {samples[-1][3]} tables; objects "
+                  f"{samples[-1][2] / 2**20:.1f} MB in {samples[-1][3]} tables; {held_now()}; objects "
                   + ", ".join(f"{k} {v[0]}" for k, v in sorted(kinds.items())), flush=True)
             next_report += 60
         time.sleep(min(0.005, max(0.0, start + (sent + 1) / args.rate - time.monotonic())))

@@ -46,11 +46,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -66,6 +66,8 @@ from txlake.catalog.topic_names import is_internal
 from txlake.formats import delta_log as dl
 from txlake.formats.records import RECORD_SCHEMA
 from txlake.formats.versioning import open_parquet
+
+from .segment_merge import RoundWorkers, release_unused_memory
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,21 @@ def ms_duration(ms: int) -> str:
     """A Delta interval table property (``delta.logRetentionDuration`` ...) of ``ms`` milliseconds,
     in whole seconds (rounded up), as ``interval <n> seconds``."""
     return f"interval {max(1, -(-ms // 1000))} seconds"
+
+
+#: milliseconds per unit of a Delta interval property (``interval <n> <unit>``, CalendarInterval)
+_INTERVAL_UNITS_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
+                      "week": 604_800_000}
+
+
+def duration_ms(value: str | None) -> int | None:
+    """The milliseconds of a Delta interval table property (``interval 3600 seconds``, ``interval 7
+    days``: one number and a unit, as :func:`ms_duration` writes and Delta's defaults read); None for
+    None or any other form (the caller then keeps what the property would let go)."""
+    match = re.fullmatch(r"\s*interval\s+(\d+)\s+([a-z]+?)s?\s*", (value or "").lower())
+    if match is None or match.group(2) not in _INTERVAL_UNITS_MS:
+        return None
+    return int(match.group(1)) * _INTERVAL_UNITS_MS[match.group(2)]
 
 
 @dataclass(frozen=True)
@@ -165,8 +182,14 @@ class TablePublisher:
         inline_dv_max_bytes: deletion vectors bigger than this go to a deletion-vector file.
 
     Thread-safe: one publication runs at a time per publisher. Caches (per process): each
-    object's size, modification time and row-group row counts (objects are immutable), each
-    table's last snapshot, and the fingerprints of objects found to hold nothing visible.
+    object's size, modification time and row-group row counts (objects are immutable; an object
+    a publication removes from the table is forgotten), each table's last snapshot, and the
+    fingerprints of objects found to hold nothing visible. A cached snapshot keeps its tombstones
+    (``remove`` s) only as long as ``delta.deletedFileRetentionDuration`` of ``configuration``
+    (all of them without it): nothing this publisher does reads an older one (checkpoints and the
+    object cleaner's guard read the log afresh), and a long-lived writer publishing every few
+    seconds would otherwise hold every file its tables ever removed (issue 14: memory follows
+    the live state, not the history).
     """
 
     def __init__(self, store: ObjectStore, configuration: dict[str, str] | None = None,
@@ -178,6 +201,8 @@ class TablePublisher:
         self._footer_lock = threading.Lock()  # the footer cache is filled by several reading threads
         self._footers: OrderedDict[str, tuple[int, int, list[int]]] = OrderedDict()  # LRU
         self._snapshots: dict[str, dl.TableSnapshot] = {}
+        #: ms a cached snapshot keeps a tombstone after its deletionTimestamp (None: for ever)
+        self.tombstone_retention_ms = duration_ms(self.configuration.get("delta.deletedFileRetentionDuration"))
         self._empty: OrderedDict[str, None] = OrderedDict()
         #: test hook: called with a step name before that write ("dv_file", "commit") and after the
         #: commit ("committed")
@@ -423,7 +448,23 @@ class TablePublisher:
         puts += 1
         self._hook("committed")
         snap.apply(version, actions)
+        self._forget(snap, removes, now_ms)
         return PublishResult(topic, uri, version, True, len(added), len(removes), puts, state.version, lso)
+
+    def _forget(self, snap: dl.TableSnapshot, removes: list[dict[str, Any]], now_ms: int) -> None:
+        """Drop what the cached ``snap`` no longer needs after a version with ``removes``: the
+        footers of the objects it removed for good, and tombstones older than
+        :attr:`tombstone_retention_ms` (the same cut as a checkpoint's, :func:`write_checkpoint`)."""
+        prefix = self.store.url + "/"
+        gone = [r["remove"]["path"] for r in removes if r["remove"]["path"] not in snap.files]
+        with self._footer_lock:
+            for path in gone:
+                if path.startswith(prefix):
+                    self._footers.pop(path[len(prefix):], None)
+        if self.tombstone_retention_ms is not None:
+            cutoff = now_ms - self.tombstone_retention_ms
+            for key in [k for k, r in snap.tombstones.items() if (r.get("deletionTimestamp") or 0) <= cutoff]:
+                del snap.tombstones[key]
 
     def _hook(self, step: str) -> None:
         if self.before_write is not None:
@@ -444,8 +485,10 @@ class TablePublisher:
                 continue
             recompute.append((want, parts))
         if len(recompute) > 1:  # object-store latency bound: read the objects side by side
-            with ThreadPoolExecutor(min(_READ_THREADS, len(recompute)), thread_name_prefix="txlake-publish") as pool:
-                list(pool.map(lambda item: self._compute(*item), recompute))
+            # on workers that give back what they decoded before they end (segment_merge.RoundWorkers:
+            # a thread that ends without it leaves its pages in an abandoned heap -- every 5 s here)
+            with RoundWorkers(read_threads=min(_READ_THREADS, len(recompute))) as workers:
+                list(workers.read.map(lambda item: self._compute(*item), recompute))
         else:
             for want, parts in recompute:
                 self._compute(want, parts)

@@ -619,3 +619,82 @@ def test_deletion_vector_files_no_version_names_are_deleted(file_root):
         assert delta_rs_rows(result.uri) == consumer_rows(log.conf, TOPIC, 3)
     finally:
         log.close()
+
+
+def test_a_long_lived_publisher_forgets_the_files_its_tables_removed(file_root):
+    """Issue 14 (flat RSS): the writer's publisher keeps each table's snapshot for the life of the
+    process; it used to keep every ``remove`` ever made (about 1.3 KB each, 600 per compaction
+    round of a trickle) and the footer of every object ever published. Now a tombstone stays only
+    within ``delta.deletedFileRetentionDuration`` (the cut a checkpoint makes) and the footer of
+    an object a version removed is forgotten; a fresh reader of the log still finds every remove
+    (the log, not this cache, is what checkpoints and the object cleaner's guard read)."""
+    from txlake.engine.table_publisher import table_configuration
+
+    delay = 1_000
+    log = Log(file_root, {"storage.file.delete.delay.ms": delay})
+    try:
+        for _ in range(3):
+            log.produce(log.producer, 2)
+        store = file_root.object_store()
+        publisher = TablePublisher(store, table_configuration(1_800_000, delay))
+        t0 = int(time.time() * 1000)
+        assert publisher.publish(fresh_catalog(file_root).state, TOPIC, now_ms=t0).version == 0
+        flushed = set(publisher.snapshot(TOPIC).files)
+        assert len(flushed) > 1 and set(publisher._footers) == {p[len(store.url) + 1:] for p in flushed}
+        writer = writer_broker(file_root, {"storage.file.delete.delay.ms": delay})
+        assert compact(writer, now_ms=t0).merges > 0
+        result = publisher.publish(fresh_catalog(file_root).state, TOPIC, now_ms=t0 + 10)
+        assert result.version == 1 and result.removed == len(flushed)
+        snap = publisher.snapshot(TOPIC)
+        merged = set(snap.files)
+        assert not merged & flushed
+        # within the retention: the removes stay (a reader may still open version 0); footers of live objects only
+        assert {p for p, _ in snap.tombstones} == flushed
+        assert set(publisher._footers) == {p[len(store.url) + 1:] for p in merged}
+        # the next version, the retention after them: gone from the cache ...
+        log.produce(log.producer, 1)
+        result = publisher.publish(fresh_catalog(file_root).state, TOPIC, now_ms=t0 + 10 + delay)
+        assert result.version == 2 and result.removed == 0
+        assert publisher.snapshot(TOPIC).tombstones == {}
+        # ... not from the log: a fresh reader replays them, the checkpoint cuts them by the same retention
+        assert {p for p, _ in TablePublisher(store).snapshot(TOPIC).tombstones} == flushed
+        assert delta_rs_rows(result.uri) == consumer_rows(log.conf, TOPIC, 3)
+    finally:
+        log.close()
+
+
+def test_the_publications_readers_give_their_memory_back_before_they_end(file_root, monkeypatch):
+    """Issue 14 (flat RSS): a publication reads the view columns of its new objects on worker
+    threads; with per-thread heaps (pyarrow's mimalloc) a worker that ends without collecting
+    leaves its pages in an abandoned heap, and the writer publishes every 5 s. The workers are
+    now a :class:`~txlake.engine.segment_merge.RoundWorkers`: each thread that read an object
+    runs ``release_unused_memory`` before it ends (the compaction round's rule)."""
+    import threading
+
+    from txlake.engine import segment_merge, table_publisher
+
+    log = Log(file_root)
+    try:
+        for _ in range(4):
+            log.produce(log.producer, 1)
+        readers, released = set(), set()
+        compute, release = TablePublisher._compute, segment_merge.release_unused_memory
+
+        def recording_compute(self, want, parts):
+            readers.add(threading.current_thread().ident)
+            return compute(self, want, parts)
+
+        def recording_release():
+            released.add(threading.current_thread().ident)
+            release()
+
+        monkeypatch.setattr(TablePublisher, "_compute", recording_compute)
+        monkeypatch.setattr(segment_merge, "release_unused_memory", recording_release)
+        state = fresh_catalog(file_root).state
+        result = table_publisher.TablePublisher(file_root.object_store()).publish(state, TOPIC)
+        objects = {s.path for p in state.topics[TOPIC].partitions for s in p.segments}
+        assert result.version == 0 and result.added == len(objects) > 1
+        assert len(readers) > 1 and threading.current_thread().ident not in readers
+        assert readers <= released
+    finally:
+        log.close()
