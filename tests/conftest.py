@@ -100,6 +100,28 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable
 
 
+#: test files that share a costly session fixture, each to the xdist scope of the first named:
+#: ``--dist loadfile`` then runs them on one worker, so the fixture starts once per run, not
+#: once on each worker that got one of them (Apache Kafka's start: 12-27 s).
+SAME_WORKER = {"test_differential_txn.py": "test_differential_basic.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` scheduling with the files of :data:`SAME_WORKER` in one work unit
+    (pytest-xdist's LoadFileScheduling, whose ``_split_scope`` maps a test id to its file)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            head, _, name = path.rpartition("/")
+            return f"{head}/{SAME_WORKER[name]}" if name in SAME_WORKER else path
+
+    return SharedFixtureFileScheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """A running SeaweedFS S3 server (started once per session / xdist worker).

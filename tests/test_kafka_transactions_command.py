@@ -77,14 +77,17 @@ def table(proc: subprocess.CompletedProcess) -> list[dict[str, str]]:
     return [{h: cell.strip() for h, cell in zip(header, row)} for row in lines[1:]]
 
 
-def read_committed(bootstrap: str, partition: int) -> list[bytes]:
+def read_committed(bootstrap: str, partition: int, last: bytes) -> list[bytes]:
+    """The values a read_committed consumer gets from ``out-<partition>`` up to and including
+    ``last`` (the partition's last record: a partition is delivered in offset order, so nothing
+    before it can come after it), or all it got in 10 s."""
     consumer = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "reader", "isolation.level": "read_committed",
                               "enable.auto.commit": False, "log_level": 0})
     values: list[bytes] = []
     try:
         consumer.assign([KafkaTopicPartition("out", partition, 0)])
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 10
+        while last not in values and time.monotonic() < deadline:
             values += [m.value() for m in consumer.consume(100, 0.2) if m.error() is None]
     finally:
         consumer.close()
@@ -137,6 +140,6 @@ def test_kafka_transactions_command_lists_describes_finds_and_aborts(served):
         producers_0 = table(transactions_command(bootstrap, "describe-producers", "--topic", "out", "--partition", "0"))
         assert sorted((r["ProducerId"] == str(lost_pid), r["CurrentTransactionStartOffset"]) for r in producers_0) == [
             (False, "None"), (True, "None")]
-        assert read_committed(bootstrap, 0) == [b"after0"]   # the hanging records aborted, the LSO released
+        assert read_committed(bootstrap, 0, last=b"after0") == [b"after0"]   # the hanging records aborted, the LSO released
     finally:
         live.abort_transaction(30)
