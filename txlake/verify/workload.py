@@ -357,11 +357,18 @@ def publish_table(url: str, topic: str, options: dict) -> None:
     """
     import txlake.tables
     from txlake.catalog.catalog import COMMIT_PUT_ATTEMPTS
+    from txlake.catalog.faults import OPTION_PREFIX
     from txlake.catalog.storage import StorageError
 
+    seed_key = f"{OPTION_PREFIX}seed"
     for attempt in range(COMMIT_PUT_ATTEMPTS):
+        attempt_options = dict(options)
+        if attempt and seed_key in attempt_options:
+            # each attempt opens a new store, whose fault schedule restarts from its seed: the
+            # same seed would fail the same PUT again at every attempt
+            attempt_options[seed_key] = int(attempt_options[seed_key]) + attempt
         try:
-            txlake.tables.publish(url, topic, options)
+            txlake.tables.publish(url, topic, attempt_options)
             return
         except StorageError:
             if attempt == COMMIT_PUT_ATTEMPTS - 1:
