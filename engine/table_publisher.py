@@ -67,7 +67,7 @@ from txlake.formats import delta_log as dl
 from txlake.formats.records import RECORD_SCHEMA
 from txlake.formats.versioning import open_parquet
 
-from .segment_merge import RoundWorkers, release_unused_memory
+from .segment_merge import RoundWorkers
 
 log = logging.getLogger(__name__)
 
