@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from differential import CALL_TIMEOUT_S, PairedOutcomes, Run, served_txlake
+from differential import CALL_TIMEOUT_S, PairedOutcomes, Run
 from test_differential_txn import _deliver, _describe_producers, _end, _snapshot, _wait_for_state
+from test_differential_txn import txlake_server  # noqa: F401 (module fixture: txlake serve configured as the reference)
 
 #: the clients' request timeout (ms): a ProduceRequest to a stopped broker times out after it
 REQUEST_TIMEOUT_MS = 2000
@@ -121,13 +122,6 @@ def recreated_producer_scenario(bootstrap: str, pid: int) -> dict[str, Any]:
 
 
 SCENARIOS = {"purged_sequence": purged_sequence_scenario, "recreated_producer": recreated_producer_scenario}
-
-
-@pytest.fixture(scope="module")
-def txlake_server(tmp_path_factory):
-    """``txlake serve`` for this module, configured as the reference (differential.TXLAKE_SETTINGS)."""
-    with served_txlake(tmp_path_factory.mktemp("differential-faults")) as served:
-        yield served
 
 
 @pytest.fixture(scope="module")

@@ -79,8 +79,8 @@ from .history import (SEND_FAIL, SEND_INFO, SEND_OK, TXN_ABORT, TXN_COMMIT, Assi
 
 READ_COMMITTED = "read_committed"
 
-KINDS = ("lost-write", "reused-sequence", "duplicate", "inconsistent-offsets", "aborted-read", "precommitted-read", "garbage-read",
-         "divergent-read", "nonmonotonic-poll", "poll-skip", "G1c", "missing-output", "lost-input",
+KINDS = ("lost-write", "reused-sequence", "duplicate", "inconsistent-offsets", "aborted-read", "precommitted-read",
+         "garbage-read", "divergent-read", "nonmonotonic-poll", "poll-skip", "G1c", "missing-output", "lost-input",
          "duplicate-output")
 
 
@@ -198,12 +198,12 @@ def check(history: History) -> list[Anomaly]:
             if _must_exist(s, txns) and value not in values:
                 reused = _reused_by(s, at, sends, txns)
                 if reused is not None:
-                    out.add(Anomaly("reused-sequence", s.process,
-                                    ((s.topic, s.partition, s.offset, value), (s.topic, s.partition, s.offset, reused.value)),
+                    pos = (s.topic, s.partition, s.offset)
+                    out.add(Anomaly("reused-sequence", s.process, (pos + (value,), pos + (reused.value,)),
                                     f"{value!r} was {'committed' if s.txn else 'acknowledged'} at offset {s.offset}, "
-                                    f"which holds {reused.value!r} (unknown outcome {reused.error}, aborted transaction "
-                                    f"{reused.txn}) of the same producer: its sequence number was sent again and "
-                                    "answered as a duplicate"))
+                                    f"which holds {reused.value!r} (unknown outcome {reused.error}, aborted "
+                                    f"transaction {reused.txn}) of the same producer: its sequence number was sent "
+                                    "again and answered as a duplicate"))
                     continue
                 off = s.offset if s.offset is not None else -1
                 out.add(Anomaly("lost-write", f.reader, ((s.topic, s.partition, off, value),),
