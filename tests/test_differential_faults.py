@@ -13,6 +13,8 @@ record's offset (Kafka's ``ProducerStateEntry.findDuplicateBatch``; the abort ma
 epoch's batch metadata) -- so a committed transaction's record is acknowledged and never
 written. :func:`recreated_producer_scenario` is the application's way out: a new producer
 instance after such an abort (``init_transactions`` bumps the epoch) loses nothing.
+:func:`purged_pair_then_batch_scenario`: when the reused sequences do not line up with a
+retained batch, both brokers answer OUT_OF_ORDER_SEQUENCE_NUMBER (fatal in librdkafka; no loss).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from differential import CALL_TIMEOUT_S, PairedOutcomes, Run
+from differential import CALL_TIMEOUT_S, PairedOutcomes, Run, outcome
 from test_differential_txn import _deliver, _describe_producers, _end, _snapshot, _wait_for_state
 from test_differential_txn import txlake_server  # noqa: F401 (module fixture: txlake serve configured as the reference)
 
@@ -48,6 +50,7 @@ def _stopped_send(run: Run, pid: int, producer, records: list, timed_out: list[s
             producer.produce(run.name(topic), value=value, partition=partition,
                              on_delivery=lambda err, msg, i=i: reports.__setitem__(
                                  i, (None if err is None else err.name(), msg.offset() if err is None else -1001)))
+            producer.poll(0.1)  # past linger.ms: each record is a batch (a ProduceRequest) of its own
         deadline = time.monotonic() + CALL_TIMEOUT_S
         while not any("Timed out ProduceRequest in flight" in line for line in timed_out):
             assert time.monotonic() < deadline, "the ProduceRequest to the stopped broker did not time out"
@@ -97,6 +100,35 @@ def _purged_then_next(run: Run, pid: int, topic: str, producer, lines: _Lines,
     return out
 
 
+def purged_pair_then_batch_scenario(bootstrap: str, pid: int) -> dict[str, Any]:
+    """Two purged single-record batches (B1, B2: sequences 1 and 2), then the next transaction's
+    C1 and C2 in one batch with sequences 1-2: no exact duplicate of a retained batch, so the
+    broker answers OUT_OF_ORDER_SEQUENCE_NUMBER, which librdkafka makes fatal ("sequence
+    desynchronization"): nothing is lost, the client sees the error. A new producer instance
+    (InitProducerId aborts the open transaction and bumps the epoch) then commits D."""
+    run = Run(bootstrap)
+    run.create_topics({"pair": 1})
+    lines = _Lines()
+    producer = _txn_producer(run, lines)
+    out: dict[str, Any] = {}
+    producer.begin_transaction()
+    out["first"] = _deliver(run, producer, [("pair", 0, b"A")])
+    out["stopped"] = _stopped_send(run, pid, producer, [("pair", 0, b"B1"), ("pair", 0, b"B2")], lines.lines)
+    _wait_for_state(run, "t", "CompleteAbort")
+    out["producers_after_abort"] = _describe_producers(run, "pair", 1)
+    producer.begin_transaction()
+    out["next"] = _deliver(run, producer, [("pair", 0, b"C1"), ("pair", 0, b"C2")])
+    out["commit"] = outcome(lambda: producer.commit_transaction(CALL_TIMEOUT_S), flags=True)
+    producer.close()
+    successor = _txn_producer(run, _Lines())
+    successor.begin_transaction()
+    out["successor"] = _deliver(run, successor, [("pair", 0, b"D")])
+    _end(run, successor, "t", commit=True)
+    out["producers_after_commit"] = _describe_producers(run, "pair", 1)
+    out["log"] = _snapshot(run, "pair", 1, committed=1, uncommitted=4)
+    return out
+
+
 def _txn_producer(run: Run, lines: _Lines):
     producer = run.txn_producer("t", **{"socket.timeout.ms": REQUEST_TIMEOUT_MS, "reconnect.backoff.max.ms": 500,
                                         "logger": lines})
@@ -121,7 +153,8 @@ def recreated_producer_scenario(bootstrap: str, pid: int) -> dict[str, Any]:
                              successor=lambda: _txn_producer(run, _Lines()))
 
 
-SCENARIOS = {"purged_sequence": purged_sequence_scenario, "recreated_producer": recreated_producer_scenario}
+SCENARIOS = {"purged_sequence": purged_sequence_scenario, "recreated_producer": recreated_producer_scenario,
+             "purged_pair_then_batch": purged_pair_then_batch_scenario}
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +202,22 @@ def test_a_new_producer_instance_after_the_abort_loses_nothing(outcomes):
     assert kafka["producers_after_commit"] == [(0, 0, [(1, 0, -1)])]
     assert kafka["log"] == {"high_watermarks": [(0, 5)], "lso": [(0, 5)], "read_committed": [(0, 3, b"C")],
                             "read_uncommitted": [(0, 0, b"A"), (0, 1, b"B"), (0, 3, b"C")]}
+
+
+def test_a_batch_overlapping_purged_ones_is_out_of_order(outcomes):
+    """Apache Kafka's outcome when the reused sequences do not line up with a retained batch:
+    C1-C2 (epoch 0, sequences 1-2, one batch) against the purged B1 (1) and B2 (2) answers
+    OUT_OF_ORDER_SEQUENCE_NUMBER for both records, which librdkafka raises as fatal from flush
+    and commit -- no loss. The successor's InitProducerId aborts the open transaction (its
+    marker at 4, the purged pair's at 3) and gets epoch 2; D is appended at 5 and committed."""
+    kafka, _ = outcomes["purged_pair_then_batch"]
+    assert kafka["stopped"]["reports"] == [("_PURGE_QUEUE", -1001), ("_PURGE_QUEUE", -1001)]
+    assert kafka["producers_after_abort"] == [(0, 0, [(0, 2, -1)])]
+    refused = ("OUT_OF_ORDER_SEQUENCE_NUMBER", False, False, False)
+    assert kafka["next"] == {"raised": ("OUT_OF_ORDER_SEQUENCE_NUMBER", True, False, False),
+                             "reports": [(refused, 0, -1001), (refused, 0, -1001)]}
+    assert kafka["commit"] == ("error", ("OUT_OF_ORDER_SEQUENCE_NUMBER", True, False, False))
+    assert kafka["successor"]["reports"] == [(None, 0, 5)]
+    assert kafka["producers_after_commit"] == [(0, 0, [(2, 0, -1)])]
+    assert kafka["log"] == {"high_watermarks": [(0, 7)], "lso": [(0, 7)], "read_committed": [(0, 5, b"D")],
+                            "read_uncommitted": [(0, 0, b"A"), (0, 1, b"B1"), (0, 2, b"B2"), (0, 5, b"D")]}
