@@ -227,6 +227,15 @@ def test_a_lost_write_at_another_producer_s_record_stays_a_lost_write():
                                                           Anomaly("lost-write", "duckdb", ((T, 0, 1, "y0"),))]
 
 
+def _recorded(name: str) -> History:
+    """A trial's history recorded by ``txlake verify --history-dir`` (tests/data/NAME.jsonl.gz)."""
+    import gzip
+    from pathlib import Path
+
+    with gzip.open(Path(__file__).parent / "data" / f"{name}.jsonl.gz", "rt") as fp:
+        return History.load(fp)
+
+
 def test_seed_4_server_stop_history_is_classified_reused_sequence():
     """Regression (issue 20): the history of ``txlake verify --serve --seed 4 --process-faults
     server-stop`` that reported 8 lost writes (t1-T1-0 and t1-T1-1 lacking in the 4 final reads):
@@ -235,12 +244,19 @@ def test_seed_4_server_stop_history_is_classified_reused_sequence():
     and 2 (librdkafka reused their sequence numbers; Apache Kafka answers the same:
     tests/test_differential_faults.py). The checker names them reused-sequence, each with the
     purged record at its offset; nothing else in the trial is an anomaly."""
-    import gzip
-    from pathlib import Path
-
-    with gzip.open(Path(__file__).parent / "data" / "verify-seed4-server-stop.jsonl.gz", "rt") as fp:
-        history = History.load(fp)
     topic = "verify-4-16f0e6a4"
-    assert check(history) == [
+    assert check(_recorded("verify-seed4-server-stop")) == [
         Anomaly("reused-sequence", "t1", ((topic, 1, 1, "t1-T1-0"), (topic, 1, 1, "t1-T0-2"))),
         Anomaly("reused-sequence", "t1", ((topic, 1, 2, "t1-T1-1"), (topic, 1, 2, "t1-T0-3")))]
+
+
+def test_seed_3_server_kill_history_is_classified_reused_sequence():
+    """Regression (issue 20): ``txlake verify --serve --trials 5 --seed 0 --process-faults
+    server-kill``, trial seed 3. The server was SIGKILLed after writing t1-T1-0 (partition 1,
+    offset 40) and before answering; the client retried it, abort_transaction purged it, and
+    T2's first record on partition 1, t1-T2-2, got its sequence: the restarted server (producer
+    state rebuilt from the log) answered it as the duplicate, at 40. One reused-sequence (four
+    lost-writes, one per final reader, before the kind existed); nothing else."""
+    topic = "verify-3-9e80f62c"
+    assert check(_recorded("verify-seed3-server-kill")) == [
+        Anomaly("reused-sequence", "t1", ((topic, 1, 40, "t1-T2-2"), (topic, 1, 40, "t1-T1-0")))]

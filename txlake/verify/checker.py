@@ -19,7 +19,8 @@ Kinds (``Anomaly.kind``):
     epoch and sequence number, and the broker answered it as a duplicate of the appended
     one (NO_ERROR with its offset, as Kafka's ``ProducerStateEntry.findDuplicateBatch``
     does), so it was never written: librdkafka's ``abort_transaction`` purging a record
-    whose ProduceRequest timed out (docs/reliability.md, "Anomalies that are the client's").
+    whose ProduceRequest timed out or lost its connection (``server-stop``, ``server-kill``;
+    docs/reliability.md, "Anomalies that are the client's").
     Reported once per record, by the producer, with the position's other record.
 ``duplicate``
     One value was read at more than one (topic, partition, offset).
