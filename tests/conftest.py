@@ -103,7 +103,8 @@ def pytest_collection_modifyitems(config, items):
 #: test files that share a costly session fixture, each to the xdist scope of the first named:
 #: ``--dist loadfile`` then runs them on one worker, so the fixture starts once per run, not
 #: once on each worker that got one of them (Apache Kafka's start: 12-27 s).
-SAME_WORKER = {"test_differential_txn.py": "test_differential_basic.py"}
+SAME_WORKER = {"test_differential_txn.py": "test_differential_basic.py",
+               "test_differential_faults.py": "test_differential_basic.py"}
 
 
 def pytest_xdist_make_scheduler(config, log):

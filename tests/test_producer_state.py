@@ -133,3 +133,23 @@ def test_retrying_producer_lands_each_batch_exactly_once(ops, start):
     # the log holds exactly the distinct batches, contiguous, in order
     assert [s[3] for s in sent] == sorted(s[3] for s in sent)
     assert sum(s[2] for s in sent) == log_end
+
+
+def test_abort_marker_of_the_same_epoch_keeps_the_batches_for_duplicates():
+    """Kafka's ``ProducerAppendInfo.appendEndTxnMarker``: a marker of the producer's epoch
+    (transaction version 1) keeps its last batches, so a batch of the next transaction carrying
+    an aborted batch's epoch and sequence range is answered as that batch's duplicate (its
+    offsets, nothing written) -- what librdkafka's reuse of a purged record's sequence meets on
+    Apache Kafka and txlake alike (issue 20, tests/test_differential_faults.py). A marker of a
+    new epoch (transaction version 2's bump at EndTxn) forgets them: sequence 0 appends."""
+    psm = ProducerStateManager("t", 0)
+    psm.update(4, 0, 0, 0, 0, 0, 0, True)                   # A: seq 0 at offset 0, transaction open
+    assert psm.check_append(4, 0, 1, 1, True) is None
+    psm.update(4, 0, 1, 1, 1, 1, 0, True)                   # B: seq 1 at offset 1
+    assert psm.complete_txn(4, 0, 0, 0) == 0                # ABORT marker at 2, same epoch
+    dup = psm.check_append(4, 0, 1, 1, True)                # C with B's sequence
+    assert (dup.first_seq, dup.last_seq, dup.first_offset, dup.last_offset) == (1, 1, 1, 1)
+    assert psm.producers[4].current_txn_first_offset is None  # nothing appended: no transaction opened
+    psm.complete_txn(4, 1, 0, 0)                            # a marker of epoch 1
+    assert psm.check_append(4, 1, 0, 0, True) is None
+    assert list(psm.producers[4].batches) == []

@@ -191,3 +191,72 @@ def test_duplicate_output_of_a_zombie():
     z = ("out", 0, 5, "i2>m0-T1")
     h = ctp(zombie=[("m0-T1", (I2,), ((z, SEND_OK),), 3)], final=(I0, I1, I2, O0, O1, O2, z))
     assert check(h) == [Anomaly("duplicate-output", "consumer", (O2, z))]
+
+
+def _purged_then_reused(purged_by: str = "t1") -> History:
+    """Transactional t1: T0 sends x0 (offset 0) and x1, whose delivery report is _PURGE_QUEUE
+    (unknown outcome: the broker appended it at 1), and aborts; T1's y0 is acknowledged at
+    x1's offset 1, y1 at 3, T1 commits. ``purged_by``: the process x1's send is recorded for."""
+    h = History()
+    h.add(Send("t1", T, 0, "x0", SEND_OK, 0, txn="T0", t_start=1.0))
+    h.add(Send(purged_by, T, 0, "x1", SEND_INFO, txn="T0" if purged_by == "t1" else None, error="_PURGE_QUEUE",
+               t_start=2.0))
+    h.add(Txn("t1", "T0", "abort", t_start=3.0, t_end=4.0))
+    if purged_by != "t1":
+        h.add(Txn(purged_by, "U0", "abort", t_start=3.0, t_end=4.0))
+    h.add(Send("t1", T, 0, "y0", SEND_OK, 1, txn="T1", t_start=5.0))
+    h.add(Send("t1", T, 0, "y1", SEND_OK, 3, txn="T1", t_start=6.0))
+    h.add(Txn("t1", "T1", "commit", t_start=7.0, t_end=8.0))
+    h.add(Poll("u0", "read_uncommitted", [(T, 0, 0, "x0"), (T, 0, 1, "x1"), (T, 0, 3, "y1")], t_start=8.5, t_end=9.0))
+    h.add(FinalRead("consumer", [(T, 0, 3, "y1")]))
+    h.add(FinalRead("duckdb", [(T, 0, 3, "y1")]))
+    return h
+
+
+def test_reused_sequence_of_a_purged_send():
+    """A committed record missing from every final read whose acknowledged offset holds a purged
+    (unknown outcome) record of the same producer's aborted transaction: one reused-sequence
+    anomaly by the producer, naming both records, and no lost-write."""
+    assert check(_purged_then_reused()) == [Anomaly("reused-sequence", "t1", ((T, 0, 1, "y0"), (T, 0, 1, "x1")))]
+
+
+def test_a_lost_write_at_another_producer_s_record_stays_a_lost_write():
+    """The same history with the purged record another producer's: not the client's sequence
+    reuse, so each final reader's lost-write."""
+    assert check(_purged_then_reused(purged_by="t2")) == [Anomaly("lost-write", "consumer", ((T, 0, 1, "y0"),)),
+                                                          Anomaly("lost-write", "duckdb", ((T, 0, 1, "y0"),))]
+
+
+def _recorded(name: str) -> History:
+    """A trial's history recorded by ``txlake verify --history-dir`` (tests/data/NAME.jsonl.gz)."""
+    import gzip
+    from pathlib import Path
+
+    with gzip.open(Path(__file__).parent / "data" / f"{name}.jsonl.gz", "rt") as fp:
+        return History.load(fp)
+
+
+def test_seed_4_server_stop_history_is_classified_reused_sequence():
+    """Regression (issue 20): the history of ``txlake verify --serve --seed 4 --process-faults
+    server-stop`` that reported 8 lost writes (t1-T1-0 and t1-T1-1 lacking in the 4 final reads):
+    t1's T0 had t1-T0-2 and t1-T0-3 purged by abort_transaction after their ProduceRequest timed
+    out on the stopped server, and T1's first two records were acknowledged at their offsets 1
+    and 2 (librdkafka reused their sequence numbers; Apache Kafka answers the same:
+    tests/test_differential_faults.py). The checker names them reused-sequence, each with the
+    purged record at its offset; nothing else in the trial is an anomaly."""
+    topic = "verify-4-16f0e6a4"
+    assert check(_recorded("verify-seed4-server-stop")) == [
+        Anomaly("reused-sequence", "t1", ((topic, 1, 1, "t1-T1-0"), (topic, 1, 1, "t1-T0-2"))),
+        Anomaly("reused-sequence", "t1", ((topic, 1, 2, "t1-T1-1"), (topic, 1, 2, "t1-T0-3")))]
+
+
+def test_seed_3_server_kill_history_is_classified_reused_sequence():
+    """Regression (issue 20): ``txlake verify --serve --trials 5 --seed 0 --process-faults
+    server-kill``, trial seed 3. The server was SIGKILLed after writing t1-T1-0 (partition 1,
+    offset 40) and before answering; the client retried it, abort_transaction purged it, and
+    T2's first record on partition 1, t1-T2-2, got its sequence: the restarted server (producer
+    state rebuilt from the log) answered it as the duplicate, at 40. One reused-sequence (four
+    lost-writes, one per final reader, before the kind existed); nothing else."""
+    topic = "verify-3-9e80f62c"
+    assert check(_recorded("verify-seed3-server-kill")) == [
+        Anomaly("reused-sequence", "t1", ((topic, 1, 40, "t1-T2-2"), (topic, 1, 40, "t1-T1-0")))]

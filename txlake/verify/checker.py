@@ -11,6 +11,17 @@ Kinds (``Anomaly.kind``):
 ``lost-write``
     A write that must be in the log -- acknowledged outside a transaction, or sent in a
     transaction whose commit returned -- is missing from a final read.
+``reused-sequence``
+    A lost write the client caused, told apart from ``lost-write``: the missing write's
+    acknowledged position holds a record of an earlier send of the same producer whose
+    outcome was unknown (its delivery report an error such as ``_PURGE_QUEUE``) and whose
+    transaction was aborted. The producer sent the new record with that send's producer id,
+    epoch and sequence number, and the broker answered it as a duplicate of the appended
+    one (NO_ERROR with its offset, as Kafka's ``ProducerStateEntry.findDuplicateBatch``
+    does), so it was never written: librdkafka's ``abort_transaction`` purging a record
+    whose ProduceRequest timed out or lost its connection (``server-stop``, ``server-kill``;
+    docs/reliability.md, "Anomalies that are the client's").
+    Reported once per record, by the producer, with the position's other record.
 ``duplicate``
     One value was read at more than one (topic, partition, offset).
 ``inconsistent-offsets``
@@ -64,13 +75,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from .history import (SEND_FAIL, SEND_OK, TXN_ABORT, TXN_COMMIT, Assign, FinalOffsets, FinalRead, History,
+from .history import (SEND_FAIL, SEND_INFO, SEND_OK, TXN_ABORT, TXN_COMMIT, Assign, FinalOffsets, FinalRead, History,
                       OffsetCommit, Poll, Record, Send, Txn)
 
 READ_COMMITTED = "read_committed"
 
-KINDS = ("lost-write", "duplicate", "inconsistent-offsets", "aborted-read", "precommitted-read", "garbage-read",
-         "divergent-read", "nonmonotonic-poll", "poll-skip", "G1c", "missing-output", "lost-input",
+KINDS = ("lost-write", "reused-sequence", "duplicate", "inconsistent-offsets", "aborted-read", "precommitted-read",
+         "garbage-read", "divergent-read", "nonmonotonic-poll", "poll-skip", "G1c", "missing-output", "lost-input",
          "duplicate-output")
 
 
@@ -107,6 +118,20 @@ def _must_exist(send: Send, txns: dict[str, Txn]) -> bool:
 def _aborted(send: Send, txns: dict[str, Txn]) -> bool:
     txn = txns.get(send.txn) if send.txn is not None else None
     return txn is not None and txn.outcome == TXN_ABORT
+
+
+def _reused_by(send: Send, at: dict[tuple, set], sends: dict[str, Send], txns: dict[str, Txn]) -> Send | None:
+    """The earlier send whose sequence number acknowledged ``send`` (``reused-sequence``): the
+    record read at ``send``'s acknowledged position, when it is another send of the same
+    process, started before it, of unknown outcome, in an aborted transaction; else None."""
+    if send.outcome != SEND_OK or send.offset is None:
+        return None
+    for value in sorted(at.get((send.topic, send.partition, send.offset), ())):
+        other = sends.get(value)
+        if (other is not None and other is not send and other.process == send.process
+                and other.outcome == SEND_INFO and _aborted(other, txns) and other.t_start <= send.t_start):
+            return other
+    return None
 
 
 def check(history: History) -> list[Anomaly]:
@@ -172,6 +197,15 @@ def check(history: History) -> list[Anomaly]:
             bad_value(r, f.reader, True, None)
         for value, s in sends.items():
             if _must_exist(s, txns) and value not in values:
+                reused = _reused_by(s, at, sends, txns)
+                if reused is not None:
+                    pos = (s.topic, s.partition, s.offset)
+                    out.add(Anomaly("reused-sequence", s.process, (pos + (value,), pos + (reused.value,)),
+                                    f"{value!r} was {'committed' if s.txn else 'acknowledged'} at offset {s.offset}, "
+                                    f"which holds {reused.value!r} (unknown outcome {reused.error}, aborted "
+                                    f"transaction {reused.txn}) of the same producer: its sequence number was sent "
+                                    "again and answered as a duplicate"))
+                    continue
                 off = s.offset if s.offset is not None else -1
                 out.add(Anomaly("lost-write", f.reader, ((s.topic, s.partition, off, value),),
                                 f"{value!r} was {'committed' if s.txn else 'acknowledged'} but {f.reader} lacks it"))
