@@ -29,10 +29,10 @@ is two PUTs (the data object and the catalog commit). The linger alone lets a tr
 produce requests -- each alone in its client batch -- make a flush every few ms (a
 producer of 200 records/s made 95 flushes/s: 684 000 PUTs an hour). The interval bounds
 the flushes a steady stream makes to ``3600 s / interval`` an hour whatever its rate (a
-token bucket: up to :data:`FLUSH_BURST` flushes may follow one another after their linger
+token bucket: up to :data:`.flush_schedule.FLUSH_BURST` flushes may follow one another after their linger
 alone, one more is allowed every interval), while a write to an idle engine, or a short
 burst of them, still commits after the linger alone, and so does a flush of at least
-:data:`INTERVAL_EXEMPT_BYTES` (1 MiB: its PUTs cost less than storing its bytes) and a queue
+:data:`.flush_schedule.INTERVAL_EXEMPT_BYTES` (1 MiB: its PUTs cost less than storing its bytes) and a queue
 that has stopped growing because its producers wait for their acknowledgements (at most one
 every ``flush_min_interval_ms``): :mod:`.flush_schedule` decides. Urgent batches (``flush()``,
 transaction markers and coordinator records somebody waits for) and a full
@@ -61,7 +61,7 @@ from txlake.formats.producer_state import encode_snapshot
 from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, encode_segments
 
 from .errors import ApiError, Errors
-from .flush_schedule import FLUSH_BURST, INTERVAL_EXEMPT_BYTES, FlushSchedule  # noqa: F401 (re-exported)
+from .flush_schedule import FlushSchedule
 from .log_reader import SegmentCache
 from .requests import BrokerConfig, ProduceBatch, ProduceResult
 

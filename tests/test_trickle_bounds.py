@@ -29,7 +29,7 @@ from txlake.catalog.writer_lease import WriterLease
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.compaction import compact
 from txlake.engine.errors import Errors
-from txlake.engine.group_commit import FLUSH_BURST, INTERVAL_EXEMPT_BYTES
+from txlake.engine.flush_schedule import FLUSH_BURST, INTERVAL_EXEMPT_BYTES
 from txlake.engine.log_reader import SegmentCache, table_memory
 from txlake.formats.catalog_actions import CHECKPOINT_KIND, decode_actions
 from txlake.formats.records import read_row_group_sets, read_segment
