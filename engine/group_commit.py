@@ -218,6 +218,33 @@ class GroupCommitter:
         elif backlog or sooner or self.schedule.pending_bytes >= self.config.flush_max_bytes:
             self._wake.notify_all()
 
+    def answer_duplicate(self, topic: str, partition: int, answer: ProduceResult) -> Future:
+        """The answer to an exact retry of a batch (``answer``: NO_ERROR at the original's base
+        offset, ``duplicate`` True; KIP-98), given only once the original is committed: a
+        retry of a batch still queued or being flushed -- a client's ``request.timeout.ms`` (30 s)
+        ran out before the flush -- must not acknowledge records that a crash would lose
+        (Kafka's duplicate answer, too, waits for the high watermark to pass it with acks=all).
+        If the original's flush fails, the retry gets its error. The caller holds :attr:`lock`.
+
+        Returns:
+            A future set to ``answer`` once the original is committed (at once if it is), or to
+            the original's failure.
+        """
+        future: Future = Future()
+        original = next((p.future for batches in (self._pending, *self._taken.values()) for p in batches
+                         if p.base_offset == answer.base_offset and p.batch.partition == partition
+                         and p.batch.topic == topic), None)
+        if original is None:  # committed already
+            future.set_result(answer)
+            return future
+
+        def relay(done: Future) -> None:
+            result = done.result()
+            future.set_result(answer if result.error == Errors.NO_ERROR else result)
+
+        original.add_done_callback(relay)
+        return future
+
     def _backlog_bytes(self) -> int:
         """Queued bytes from which a second flusher starts beside a busy one."""
         return max(1, self.config.flush_max_bytes // 4)
