@@ -99,23 +99,22 @@ class FlushSchedule:
         if self.pending_bytes >= INTERVAL_EXEMPT_BYTES:
             return linger_end
         interval = cfg.flush_interval_ms / 1000
-        due = max(linger_end, self._interval_tat - (FLUSH_BURST - 1) * interval)
-        if self._early_flushes() and self.pending_bytes >= cfg.flush_idle_min_bytes:
-            stalled = max(linger_end, self._last_at + cfg.flush_idle_ms / 1000,
-                          self._taken_at + cfg.flush_min_interval_ms / 1000)
-            due = min(due, stalled)
-        return due
+        return min(max(linger_end, self._interval_tat - (FLUSH_BURST - 1) * interval), self._stalled_at())
 
-    def _early_flushes(self) -> bool:
-        return self.config.flush_min_interval_ms < self.config.flush_interval_ms
+    def _stalled_at(self) -> float:
+        """When the queue may go as a stalled one (monotonic s; inf: it may not): its linger over,
+        ``flush_idle_ms`` after its last batch, ``flush_min_interval_ms`` after the previous flush."""
+        cfg = self.config
+        if cfg.flush_min_interval_ms >= cfg.flush_interval_ms or self.pending_bytes < cfg.flush_idle_min_bytes:
+            return float("inf")
+        return max(self._first_at + cfg.flush_linger_ms / 1000, self._last_at + cfg.flush_idle_ms / 1000,
+                   self._taken_at + cfg.flush_min_interval_ms / 1000)
 
     def governed(self) -> bool:
         """Whether a flush taking the queue now is one the interval governs: it takes a token of
-        the bucket (False: a big or a stalled queue, :meth:`taken` leaves the bucket alone)."""
-        if self.pending_bytes >= INTERVAL_EXEMPT_BYTES:
-            return False
-        return not (self._early_flushes() and self.pending_bytes >= self.config.flush_idle_min_bytes
-                    and self.clock() >= self._last_at + self.config.flush_idle_ms / 1000)
+        the bucket (False: a big queue, or a stalled one the minimum interval lets go now;
+        :meth:`taken` leaves the bucket alone for them)."""
+        return self.pending_bytes < INTERVAL_EXEMPT_BYTES and self.clock() < self._stalled_at()
 
     def taken(self) -> int:
         """A flush took the queue (whatever made it due: the caller also takes urgent and full

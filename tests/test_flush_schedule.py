@@ -209,6 +209,18 @@ def test_a_stalled_queue_flush_waits_for_the_idle_time_past_the_minimum_interval
     assert tail.count(0.085) <= 80 * 0.090 / 0.5 + 1
 
 
+def test_a_linger_longer_than_the_idle_time_does_not_bypass_the_minimum_interval():
+    """``storage.flush.linger.ms`` 20 > idle 10 ms, a 5 ms round trip: each window's linger ends
+    before the minimum interval (25 ms after the previous flush), when the queue is already idle.
+    Such a flush is the bucket's, and takes its token: 20 a second from the early flush, 2 from
+    the bucket, the burst -- at most 230 in 10 s (it made 400, one every 25 ms, when a flush
+    was counted as stalled by its idle time alone and took no token)."""
+    schedule, clock = _schedule(flush_linger_ms=20)
+    flushes = _simulate(schedule, clock, _blocked_producer(5, 64 * KIB, 5), 10.0)
+    assert len(flushes) <= FLUSH_BURST + 10 / 0.5 + 10 / 0.050
+    assert _spacings(flushes)[-20:].count(0.050) >= 18
+
+
 @pytest.mark.parametrize("every_ms, nbytes", [(5, 50), (5, 1000), (100, 1000), (1, 100)])
 def test_a_trickle_makes_exactly_the_flushes_it_made_without_the_early_flush(every_ms, nbytes):
     """Trickles under 64 KiB per interval -- 200 batches/s of 50 B (bench_trickle.py) or of 1 KB,
