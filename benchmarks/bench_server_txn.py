@@ -1,7 +1,10 @@
 """``txlake serve`` with transactions and Kafka's own tools, against Apache Kafka (issue 18).
 
 Run:  .venv/bin/python benchmarks/bench_server_txn.py [--records 100000] [--value-bytes 1000]
-          [--copy-records 100000] [--profile prof.txt] [--no-reference]
+          [--copy-records 100000] [--profile prof.txt] [--no-reference] [--only PART ...]
+
+``--only`` (repeatable) runs only some parts: ``txn``, ``perf``, ``perf-big``, ``e2e``, ``copy``
+(Apache Kafka is not started when only ``txn`` runs: it has no reference part).
 
 * txn vs idempotent: confluent-kafka through ``txlake serve``, ``--records`` records of
   ``--value-bytes`` B over ``--partitions`` partitions, ``linger.ms=5``, acks=all: an idempotent
