@@ -1,7 +1,10 @@
 """``txlake serve`` with transactions and Kafka's own tools, against Apache Kafka (issue 18).
 
 Run:  .venv/bin/python benchmarks/bench_server_txn.py [--records 100000] [--value-bytes 1000]
-          [--copy-records 100000] [--profile prof.txt] [--no-reference]
+          [--copy-records 100000] [--profile prof.txt] [--no-reference] [--only PART ...]
+
+``--only`` (repeatable) runs only some parts: ``txn``, ``perf``, ``perf-big``, ``e2e``, ``copy``
+(Apache Kafka is not started when only ``txn`` runs: it has no reference part).
 
 * txn vs idempotent: confluent-kafka through ``txlake serve``, ``--records`` records of
   ``--value-bytes`` B over ``--partitions`` partitions, ``linger.ms=5``, acks=all: an idempotent
@@ -185,6 +188,27 @@ def copy_run(bootstrap: str, records: int, transaction_size: int = 500) -> dict:
     return {"seed_s": seeded - start, "copy_s": time.perf_counter() - seeded}
 
 
+def run_tools(bootstrap: str, pid: int, name: str, label: str, what: str, args, parts: set, results: dict) -> None:
+    """Kafka's tools against one broker (``name``: the results' prefix), the parts asked for."""
+    if "perf" in parts:
+        cpu0 = cpu_seconds(pid)
+        results[f"{name}_perf"] = producer_performance(bootstrap, "perf", args.perf_records, args.value_bytes)
+        results[f"{name}_perf_cpu_ms_per_mb"] = ((cpu_seconds(pid) - cpu0)
+                                                 / (args.perf_records * args.value_bytes / 1e6) * 1000)
+        print(f"ProducerPerformance -> {label}: {results[f'{name}_perf']}; {what} CPU "
+              f"{results[f'{name}_perf_cpu_ms_per_mb']:.1f} ms/MB")
+    if "perf-big" in parts:
+        results[f"{name}_perf_big"] = producer_performance(bootstrap, "perf", args.perf_big_records, args.value_bytes,
+                                                           BIG_BATCHES)
+        print(f"ProducerPerformance {BIG_BATCHES} -> {label}: {results[f'{name}_perf_big']}")
+    if "e2e" in parts:
+        results[f"{name}_e2e"] = end_to_end_latency(bootstrap, "e2e", args.latency_records, args.value_bytes)
+        print(f"EndToEndLatency -> {label}: {results[f'{name}_e2e']}")
+    if "copy" in parts:
+        results[f"{name}_copy"] = copy_run(bootstrap, args.copy_records)
+        print(f"TransactionalMessageCopier, {args.copy_records} records -> {label}: {results[f'{name}_copy']}")
+
+
 # ---------------------------------------------------------------------------- the profile
 #: stacks through these frames are the server's start-up (imports, taking the lease), not the run
 STARTUP_FRAMES = ("_find_and_load", "Broker.ensure_writer")
@@ -228,6 +252,11 @@ def summarise_profile(path: str, top: int = 15) -> None:
         print(f"#     {n / total:6.1%}  {f}")
 
 
+#: the parts of a run (``--only``): txn vs idempotent, ProducerPerformance with the Java client's
+#: defaults and with bigger batches, EndToEndLatency, TransactionalMessageCopier
+PARTS = ("txn", "perf", "perf-big", "e2e", "copy")
+
+
 def main() -> None:
     parser = workload_parser()
     parser.add_argument("--rounds", type=int, default=2)
@@ -241,7 +270,10 @@ def main() -> None:
     parser.add_argument("--copy-records", type=int, default=100_000)
     parser.add_argument("--server-config", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--profile", metavar="PATH", help="profile the server with py-spy during ProducerPerformance")
+    parser.add_argument("--only", action="append", choices=PARTS, metavar="PART",
+                        help=f"run only these parts (repeatable; of {', '.join(PARTS)}; default all)")
     args = parser.parse_args()
+    parts = set(args.only or PARTS)
     ensure_kafka_jars()
     keys, values = payloads(args.records, args.value_bytes)
     mb = sum(len(k) + len(v) for k, v in zip(keys, values)) / 1e6
@@ -253,60 +285,42 @@ def main() -> None:
     create(url, args.partitions)
     proc, pid, bootstrap = start_server(url, args.server_config)
     try:
-        idem, txn, commits = [], [], []
-        for _ in range(args.rounds):
-            idem.append(produce_idempotent(bootstrap, keys, values, args.partitions))
-            t, c = produce_transactional(bootstrap, keys, values, args.partitions, args.commit_ms)
-            txn.append(t)
-            commits.append(c)
-        results["idempotent_mb_s"] = [mb / t for t in idem]
-        results["transactional_mb_s"] = [mb / t for t in txn]
-        results["transactional_commits"] = commits
-        results["ratio_txn_vs_idempotent"] = [i / t for i, t in zip(idem, txn)]
-        print(f"txn/idem  idempotent {', '.join(f'{mb / t:.1f}' for t in idem)} MB/s; transactional (commit every "
-              f"{args.commit_ms} ms) {', '.join(f'{mb / t:.1f}' for t in txn)} MB/s in {commits} commits; ratio "
-              f"{', '.join(f'{i / t:.2f}' for i, t in zip(idem, txn))}")
+        if "txn" in parts:
+            idem, txn, commits = [], [], []
+            for _ in range(args.rounds):
+                idem.append(produce_idempotent(bootstrap, keys, values, args.partitions))
+                t, c = produce_transactional(bootstrap, keys, values, args.partitions, args.commit_ms)
+                txn.append(t)
+                commits.append(c)
+            results["idempotent_mb_s"] = [mb / t for t in idem]
+            results["transactional_mb_s"] = [mb / t for t in txn]
+            results["transactional_commits"] = commits
+            results["ratio_txn_vs_idempotent"] = [i / t for i, t in zip(idem, txn)]
+            print(f"txn/idem  idempotent {', '.join(f'{mb / t:.1f}' for t in idem)} MB/s; transactional (commit every "
+                  f"{args.commit_ms} ms) {', '.join(f'{mb / t:.1f}' for t in txn)} MB/s in {commits} commits; ratio "
+                  f"{', '.join(f'{i / t:.2f}' for i, t in zip(idem, txn))}")
         create_topics(bootstrap, {"perf": args.partitions, "e2e": 1})
-        cpu0 = cpu_seconds(pid)
-        results["txlake_perf"] = producer_performance(bootstrap, "perf", args.perf_records, args.value_bytes)
-        results["txlake_perf_cpu_ms_per_mb"] = (cpu_seconds(pid) - cpu0) / (args.perf_records * args.value_bytes / 1e6) * 1000
-        print(f"ProducerPerformance -> txlake serve: {results['txlake_perf']}; server CPU "
-              f"{results['txlake_perf_cpu_ms_per_mb']:.1f} ms/MB")
-        results["txlake_perf_big"] = producer_performance(bootstrap, "perf", args.perf_big_records, args.value_bytes,
-                                                          BIG_BATCHES)
-        print(f"ProducerPerformance {BIG_BATCHES} -> txlake serve: {results['txlake_perf_big']}")
-        results["txlake_e2e"] = end_to_end_latency(bootstrap, "e2e", args.latency_records, args.value_bytes)
-        print(f"EndToEndLatency -> txlake serve: {results['txlake_e2e']}")
-        results["txlake_copy"] = copy_run(bootstrap, args.copy_records)
-        print(f"TransactionalMessageCopier, {args.copy_records} records -> txlake serve: {results['txlake_copy']}")
+        run_tools(bootstrap, pid, "txlake", "txlake serve", "server", args, parts, results)
     finally:
         stop_server(proc, pid)
 
-    kafka = start_reference(args)
+    kafka = start_reference(args) if parts - {"txn"} else None  # the txn part has no reference
     if kafka is not None:
         try:
             create_topics(kafka.bootstrap, {"perf": args.partitions, "e2e": 1})
-            k0 = cpu_seconds(kafka.pid)
-            results["kafka_perf"] = producer_performance(kafka.bootstrap, "perf", args.perf_records, args.value_bytes)
-            results["kafka_perf_cpu_ms_per_mb"] = (cpu_seconds(kafka.pid) - k0) / (args.perf_records * args.value_bytes / 1e6) * 1000
-            print(f"ProducerPerformance -> Apache Kafka: {results['kafka_perf']}; broker CPU "
-                  f"{results['kafka_perf_cpu_ms_per_mb']:.1f} ms/MB")
-            results["kafka_perf_big"] = producer_performance(kafka.bootstrap, "perf", args.perf_big_records,
-                                                             args.value_bytes, BIG_BATCHES)
-            print(f"ProducerPerformance {BIG_BATCHES} -> Apache Kafka: {results['kafka_perf_big']}")
-            results["kafka_e2e"] = end_to_end_latency(kafka.bootstrap, "e2e", args.latency_records, args.value_bytes)
-            print(f"EndToEndLatency -> Apache Kafka: {results['kafka_e2e']}")
-            results["kafka_copy"] = copy_run(kafka.bootstrap, args.copy_records)
-            print(f"TransactionalMessageCopier, {args.copy_records} records -> Apache Kafka: {results['kafka_copy']}")
+            run_tools(kafka.bootstrap, kafka.pid, "kafka", "Apache Kafka", "broker", args, parts, results)
         finally:
             kafka.stop()
-        results["ratio_perf_txlake_vs_kafka"] = results["txlake_perf"]["records_s"] / results["kafka_perf"]["records_s"]
-        results["ratio_perf_big_txlake_vs_kafka"] = (results["txlake_perf_big"]["records_s"]
-                                                     / results["kafka_perf_big"]["records_s"])
-        results["ratio_copy_kafka_vs_txlake"] = results["kafka_copy"]["copy_s"] / results["txlake_copy"]["copy_s"]
-        print(f"ratios: ProducerPerformance txlake / Kafka {results['ratio_perf_txlake_vs_kafka']:.2f} "
-              f"(bigger batches {results['ratio_perf_big_txlake_vs_kafka']:.2f}); "
-              f"copy time Kafka / txlake {results['ratio_copy_kafka_vs_txlake']:.2f}")
+        ratios = [("ratio_perf_txlake_vs_kafka", "perf", "records_s", False, "ProducerPerformance txlake / Kafka"),
+                  ("ratio_perf_big_txlake_vs_kafka", "perf_big", "records_s", False, "bigger batches txlake / Kafka"),
+                  ("ratio_copy_kafka_vs_txlake", "copy", "copy_s", True, "copy time Kafka / txlake")]
+        shown = []
+        for name, part, figure, inverse, label in ratios:
+            if f"txlake_{part}" in results and f"kafka_{part}" in results:
+                t, k = results[f"txlake_{part}"][figure], results[f"kafka_{part}"][figure]
+                results[name] = k / t if inverse else t / k
+                shown.append(f"{label} {results[name]:.2f}")
+        print(f"ratios: {'; '.join(shown)}")
 
     if args.profile:
         url = fresh_root()

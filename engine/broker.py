@@ -538,6 +538,8 @@ class Broker:
             return _done(ProduceResult(Errors.INVALID_TOPIC_EXCEPTION,
                                        message=f"Cannot append to internal topic {batch.topic}"))
         appended = log_.append(batch, effective_config(topic.config), self.txn_verifier)
+        if isinstance(appended, ProduceResult) and appended.duplicate:
+            return self._committer.answer_duplicate(batch.topic, batch.partition, appended)
         if isinstance(appended, ProduceResult):
             return _done(appended)
         self._committer.enqueue(appended, batch.records.nbytes)

@@ -29,11 +29,13 @@ is two PUTs (the data object and the catalog commit). The linger alone lets a tr
 produce requests -- each alone in its client batch -- make a flush every few ms (a
 producer of 200 records/s made 95 flushes/s: 684 000 PUTs an hour). The interval bounds
 the flushes a steady stream makes to ``3600 s / interval`` an hour whatever its rate (a
-token bucket: up to :data:`FLUSH_BURST` flushes may follow one another after their linger
+token bucket: up to :data:`.flush_schedule.FLUSH_BURST` flushes may follow one another after their linger
 alone, one more is allowed every interval), while a write to an idle engine, or a short
 burst of them, still commits after the linger alone, and so does a flush of at least
-:data:`INTERVAL_EXEMPT_BYTES` (1 MiB: its PUTs cost less than storing its bytes). Urgent batches
-(``flush()``, transaction markers and coordinator records somebody waits for) and a full
+:data:`.flush_schedule.INTERVAL_EXEMPT_BYTES` (1 MiB: its PUTs cost less than storing its bytes) and a queue
+that has stopped growing because its producers wait for their acknowledgements (at most one
+every ``flush_min_interval_ms``): :mod:`.flush_schedule` decides. Urgent batches (``flush()``,
+transaction markers and coordinator records somebody waits for) and a full
 ``flush_max_bytes`` never wait for it.
 """
 
@@ -59,6 +61,7 @@ from txlake.formats.producer_state import encode_snapshot
 from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, encode_segments
 
 from .errors import ApiError, Errors
+from .flush_schedule import FlushSchedule
 from .log_reader import SegmentCache
 from .requests import BrokerConfig, ProduceBatch, ProduceResult
 
@@ -68,17 +71,6 @@ DATA_PREFIX = "data/"
 SNAPSHOT_PREFIX = "producer-state/"
 #: flusher threads (encoding flushes side by side when a backlog has built up)
 FLUSH_THREADS = 2
-#: flushes that may follow one another after their linger alone before ``flush_interval_ms``
-#: spaces them (a token bucket of this many flushes, one more every interval): a burst of
-#: writes -- a script, a test, a batch every minute -- is not held back; a steady stream is
-#: held to one flush per interval, so at most ``3600 s / interval + FLUSH_BURST`` an hour
-FLUSH_BURST = 10
-#: payload bytes from which a queued flush no longer waits for ``flush_interval_ms`` (only for its
-#: linger): from 1 MiB a flush's two PUTs cost less than storing what it writes for a month
-#: (S3 list prices: $0.005 per 1 000 PUTs, $0.023 per GB-month), and a fast stream -- whose
-#: idempotent producers keep at most 5 batches in flight per partition -- is not slowed to 5
-#: batches per interval
-INTERVAL_EXEMPT_BYTES = 1024 * 1024
 #: flushes taken from the queue and not yet committed, at most (bounds the pipeline's memory
 #: to about this many flushes of ``flush_max_bytes``, plus the one being uploaded)
 MAX_FLUSHES_IN_PIPELINE = 3
@@ -183,12 +175,8 @@ class GroupCommitter:
         self._extra: list[tuple[list[dict[str, Any]], Future]] = []
         #: batches taken from the queue by a flush that has not finished (flush() waits for them too)
         self._taken: dict[int, list[PendingBatch]] = {}
-        self._pending_bytes = 0
-        self._first_pending_at = 0.0
-        #: the flush interval's bucket (GCRA's "theoretical arrival time", monotonic s): a flush
-        #: that only its linger ends may take the queue from ``_interval_tat - (FLUSH_BURST - 1)
-        #: * interval`` on; each flush taking the queue moves it one interval on
-        self._interval_tat = float("-inf")
+        #: when the queue's flush is due (the linger, the interval's bucket, a stalled queue)
+        self.schedule = FlushSchedule(config)
         self._flush_requested = False
         #: flushes and payload bytes since the last producer-state snapshot, and its size (bytes)
         self._flushes_since_snapshot = 0
@@ -220,17 +208,42 @@ class GroupCommitter:
         """Queue a batch for the next flush; an ``urgent`` batch ends the linger at once.
         The caller holds :attr:`lock`."""
         if not self._pending:
-            self._first_pending_at = time.monotonic()
             self._wake.notify_all()  # the flusher sleeps without a timeout while nothing is queued
         self._pending.append(pending)
-        crossed = any(self._pending_bytes < threshold <= self._pending_bytes + nbytes
-                      for threshold in (self._backlog_bytes(), INTERVAL_EXEMPT_BYTES))
-        self._pending_bytes += nbytes
+        backlog = self.schedule.pending_bytes < self._backlog_bytes() <= self.schedule.pending_bytes + nbytes
+        sooner = self.schedule.queued(nbytes)
         if pending.batch.urgent:
             self._flush_requested = True
             self._wake.notify_all()
-        elif crossed or self._pending_bytes >= self.config.flush_max_bytes:
+        elif backlog or sooner or self.schedule.pending_bytes >= self.config.flush_max_bytes:
             self._wake.notify_all()
+
+    def answer_duplicate(self, topic: str, partition: int, answer: ProduceResult) -> Future:
+        """The answer to an exact retry of a batch (``answer``: NO_ERROR at the original's base
+        offset, ``duplicate`` True; KIP-98), given only once the original is committed: a
+        retry of a batch still queued or being flushed -- a client's ``request.timeout.ms`` (30 s)
+        ran out before the flush -- must not acknowledge records that a crash would lose
+        (Kafka's duplicate answer, too, waits for the high watermark to pass it with acks=all).
+        If the original's flush fails, the retry gets its error. The caller holds :attr:`lock`.
+
+        Returns:
+            A future set to ``answer`` once the original is committed (at once if it is), or to
+            the original's failure.
+        """
+        future: Future = Future()
+        original = next((p.future for batches in (self._pending, *self._taken.values()) for p in batches
+                         if p.base_offset == answer.base_offset and p.batch.partition == partition
+                         and p.batch.topic == topic), None)
+        if original is None:  # committed already
+            future.set_result(answer)
+            return future
+
+        def relay(done: Future) -> None:
+            result = done.result()
+            future.set_result(answer if result.error == Errors.NO_ERROR else result)
+
+        original.add_done_callback(relay)
+        return future
 
     def _backlog_bytes(self) -> int:
         """Queued bytes from which a second flusher starts beside a busy one."""
@@ -293,7 +306,7 @@ class GroupCommitter:
                     if self._due():  # due, but held back: woken when a flush ends or a backlog builds up
                         timeout = 0.05
                     elif self._pending:
-                        timeout = max(0.0, self._due_at() - time.monotonic())
+                        timeout = max(0.0, self.schedule.due_at() - self.schedule.clock())
                     else:
                         timeout = None
                     self._wake.wait(timeout)
@@ -304,7 +317,7 @@ class GroupCommitter:
         pipeline has room, and either no flush is being encoded or a backlog has built up."""
         if not self._due() or self._next_seq - self._next_commit >= MAX_FLUSHES_IN_PIPELINE:
             return False
-        return self._preparing == 0 or self._flush_requested or self._pending_bytes >= self._backlog_bytes()
+        return self._preparing == 0 or self._flush_requested or self.schedule.pending_bytes >= self._backlog_bytes()
 
     def _deliver(self, seq: int, work: _FlushWork | None) -> None:
         """Hand an encoded flush (None: nothing to commit) to the uploader, in its commit place."""
@@ -328,20 +341,11 @@ class GroupCommitter:
                 self._next_commit += 1
                 self._wake.notify_all()  # the pipeline has room again
 
-    def _due_at(self) -> float:
-        """When (monotonic s) the queued batches' flush is due if nobody asks for it sooner: the
-        linger after the first of them, and -- under :data:`INTERVAL_EXEMPT_BYTES` queued -- no
-        sooner than the flush interval's bucket allows (:data:`FLUSH_BURST`)."""
-        linger_end = self._first_pending_at + self.config.flush_linger_ms / 1000
-        if self._pending_bytes >= INTERVAL_EXEMPT_BYTES:
-            return linger_end
-        return max(linger_end, self._interval_tat - (FLUSH_BURST - 1) * self.config.flush_interval_ms / 1000)
-
     def _due(self) -> bool:
         if not self._pending:
             return bool(self._extra)
-        return (self._flush_requested or self._pending_bytes >= self.config.flush_max_bytes
-                or time.monotonic() >= self._due_at())
+        return (self._flush_requested or self.schedule.pending_bytes >= self.config.flush_max_bytes
+                or self.schedule.clock() >= self.schedule.due_at())
 
     def flush_once(self, force_snapshot: bool = False) -> None:
         """Flush everything queued now (with a producer-state snapshot if forced) and wait for its commit."""
@@ -389,17 +393,8 @@ class GroupCommitter:
         """Take the queued batches, with the producer-state snapshot and first unstable offsets
         that match them exactly (caller holds :attr:`lock`)."""
         pending, self._pending = self._pending, []
-        if self._pending_bytes < INTERVAL_EXEMPT_BYTES:
-            # a flush the interval governs takes a token of the bucket; one of at least
-            # INTERVAL_EXEMPT_BYTES does not (its PUTs are worth their bytes), so a fast stream's
-            # big flushes never make its small tail wait: the bucket is never more than
-            # FLUSH_BURST intervals ahead of now (a fast stream of 20 big flushes used to push it
-            # 10 s ahead, and the stream's last, small flush waited those 10 s)
-            now = time.monotonic()
-            interval = self.config.flush_interval_ms / 1000
-            self._interval_tat = min(max(self._interval_tat, now) + interval, now + FLUSH_BURST * interval)
         self._taken[id(pending)] = pending
-        taken_bytes, self._pending_bytes = self._pending_bytes, 0
+        taken_bytes = self.schedule.taken()
         self._flush_requested = False
         live = [p for p in pending if self._is_live(p.batch.topic, p.batch.partition)]
         dropped = [p for p in pending if p not in live] if len(live) != len(pending) else []

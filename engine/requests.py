@@ -20,6 +20,18 @@ from .producer_state import NO_PRODUCER_ID
 #: 200 records/s trickle made 684 000 with the 5 ms linger alone; acks of such a stream wait
 #: about 0.75 s (median; docs/storage-layout.md "Group commit", docs/benchmarks.md "Trickle")
 DEFAULT_FLUSH_INTERVAL_MS = 500
+#: default ``storage.flush.min.interval.ms``: a queue whose producers wait for their acknowledgements
+#: is flushed early, at most this often -- at most 20 flushes a second (WarpStream's lowest
+#: ``batchTimeout``), 144 000 PUTs an hour at the very most, for a stream that queues at least
+#: ``storage.flush.idle.min.bytes`` every 50 ms (docs/storage-layout.md "The flush interval")
+DEFAULT_FLUSH_MIN_INTERVAL_MS = 50
+#: default ``storage.flush.idle.ms``: a queue that received no batch for this long has stopped growing
+#: (more than a client's 5 ms ``linger.ms``, so a producer still sending never looks stalled)
+DEFAULT_FLUSH_IDLE_MS = 10
+#: default ``storage.flush.idle.min.bytes``: a stalled queue smaller than this waits for the interval
+#: (a trickle's PUTs stay the interval's); 64 KiB is less than one full window of the Java
+#: client's defaults (5 requests of a 16 KB batch)
+DEFAULT_FLUSH_IDLE_MIN_BYTES = 64 * 1024
 
 
 @dataclass
@@ -33,6 +45,12 @@ class BrokerConfig:
         flush_interval_ms: the shortest time (ms) from one flush taking the queue to the next
             one that only its linger ends (urgent batches and a full ``flush_max_bytes`` do
             not wait): a steady stream makes at most ``3600 s / interval`` flushes an hour.
+        flush_min_interval_ms / flush_idle_ms / flush_idle_min_bytes: a queue of at least
+            ``flush_idle_min_bytes`` payload bytes that received no batch for ``flush_idle_ms``
+            (its producers wait for their acknowledgements) is flushed without waiting for the
+            interval, but no sooner than ``flush_min_interval_ms`` after the previous flush took
+            the queue; off unless ``flush_min_interval_ms < flush_interval_ms``
+            (:mod:`.flush_schedule`).
         flush_max_bytes: flush at once when this many payload bytes are queued.
         num_partitions: partitions of a topic created with ``num_partitions=-1`` (Kafka's ``num.partitions``).
         lease_ms / lease_force: writer lease duration, and whether to take it over at once.
@@ -65,6 +83,9 @@ class BrokerConfig:
 
     flush_linger_ms: int = 5
     flush_interval_ms: int = DEFAULT_FLUSH_INTERVAL_MS
+    flush_min_interval_ms: int = DEFAULT_FLUSH_MIN_INTERVAL_MS
+    flush_idle_ms: int = DEFAULT_FLUSH_IDLE_MS
+    flush_idle_min_bytes: int = DEFAULT_FLUSH_IDLE_MIN_BYTES
     flush_max_bytes: int = 64 * 1024 * 1024
     num_partitions: int = 1
     lease_ms: int = 15_000

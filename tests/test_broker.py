@@ -8,8 +8,10 @@ import pytest
 from txlake.catalog.storage import ObjectStore
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.errors import Errors
+from txlake.engine.flush_schedule import FLUSH_BURST
 from txlake.engine.producer_state import INT32_MAX
-from helpers import payload, simulate_crash
+from txlake.engine.requests import ProduceResult
+from helpers import broker_past_its_burst, payload, simulate_crash
 
 
 @pytest.fixture
@@ -51,6 +53,31 @@ def test_idempotent_produce_duplicates_gaps_epochs(broker):
     assert fetched.records.column("offset").to_pylist() == list(range(9))
     assert fetched.records.column("base_sequence").to_pylist() == [0] * 5 + [5] * 3 + [0]
     assert fetched.records.column("producer_epoch").to_pylist() == [0] * 8 + [1]
+
+
+def test_a_retry_of_a_batch_not_yet_committed_is_answered_after_its_commit(storage):
+    """An idempotent batch waits in the queue (60 s flush interval, the burst spent); its exact
+    retry -- a client whose request.timeout.ms ran out -- is a duplicate (KIP-98), and its
+    answer waits for the original's commit: not done after 300 ms, then, once a flush commits
+    the queue, NO_ERROR at the original's base offset with ``duplicate`` True. Before, the
+    retry was answered NO_ERROR at once, acknowledging records a crash would lose (Kafka's
+    duplicate answer waits for the high watermark too, acks=all)."""
+    with broker_past_its_burst(storage) as (broker, version, small):
+        _, pid, _ = broker.init_producer_id()
+        batch = ProduceBatch("t", 0, payload(2, 100), pid, 0, 0)
+        (original,) = broker.produce_async([batch])
+        (retry,) = broker.produce_async([batch])
+        with pytest.raises(TimeoutError):
+            retry.result(timeout=0.3)
+        assert not original.done()
+        broker.flush(timeout_ms=20_000)
+        base = FLUSH_BURST + 1
+        assert original.result(timeout=0) == ProduceResult(Errors.NO_ERROR, base, -1)
+        assert retry.result(timeout=5) == ProduceResult(Errors.NO_ERROR, base, -1, duplicate=True)
+        assert broker.fetch("t", 0, 0).high_watermark == base + 2
+        # a retry of a committed batch is answered at once, as before
+        (again,) = broker.produce_async([batch])
+        assert again.result(timeout=0) == ProduceResult(Errors.NO_ERROR, base, -1, duplicate=True)
 
 
 def test_sequence_wraps_around(broker):

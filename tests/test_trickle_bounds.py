@@ -22,14 +22,14 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from helpers import client_conf, close_engines, payload  # noqa: F401
+from helpers import broker_past_its_burst, client_conf, close_engines, payload  # noqa: F401
 from txlake.catalog.catalog import Catalog, checkpoint_key, checkpoint_versions, version_of
 from txlake.catalog.state import CREATE_TOPIC
 from txlake.catalog.writer_lease import WriterLease
 from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
 from txlake.engine.compaction import compact
 from txlake.engine.errors import Errors
-from txlake.engine.group_commit import FLUSH_BURST, INTERVAL_EXEMPT_BYTES
+from txlake.engine.flush_schedule import FLUSH_BURST, INTERVAL_EXEMPT_BYTES
 from txlake.engine.log_reader import SegmentCache, table_memory
 from txlake.formats.catalog_actions import CHECKPOINT_KIND, decode_actions
 from txlake.formats.records import read_row_group_sets, read_segment
@@ -312,23 +312,12 @@ def test_past_the_burst_a_small_flush_waits_for_the_interval_and_a_mebibyte_does
     """A 60 s flush interval: ten one-record produce calls in a row each commit after the linger
     (the burst); the eleventh waits for the interval (its 300 ms produce times out); a batch
     of 1 MiB queued behind it ends the wait: the queue commits after the linger, both batches."""
-    broker = Broker(storage.object_store(), BrokerConfig(flush_linger_ms=1, flush_interval_ms=60_000, lease_ms=60_000))
-    try:
-        broker.create_topics([("t", 1, {})])
-        for i in range(FLUSH_BURST):
-            assert broker.produce([ProduceBatch("t", 0, payload(1, i))], timeout_ms=20_000)[0].base_offset == i
-        version = broker.catalog.version
-        (small,) = broker.produce_async([ProduceBatch("t", 0, payload(1, FLUSH_BURST))])
-        with pytest.raises(TimeoutError):
-            small.result(timeout=0.3)
-        assert broker.catalog.version == version
+    with broker_past_its_burst(storage) as (broker, version, small):
         half = INTERVAL_EXEMPT_BYTES // 2  # two batches: one of 1 MiB is over max.message.bytes
         big = [ProduceBatch("t", 0, payload(1, FLUSH_BURST + 1 + i, size=half)) for i in range(2)]
         assert [r.base_offset for r in broker.produce(big, timeout_ms=20_000)] == [FLUSH_BURST + 1, FLUSH_BURST + 2]
         assert small.result(timeout=0).base_offset == FLUSH_BURST
         assert broker.catalog.version == version + 1  # one flush holding all three
-    finally:
-        broker.close()
 
 
 def test_flush_interval_setting():

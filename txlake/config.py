@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping
 from txlake.catalog.catalog import MIN_LOG_RETENTION_MS
 from txlake.catalog.log_cleanup import DEFAULT_LOG_RETENTION_MS
 from txlake.catalog.redaction import redact_config, redact_url, redact_value
-from txlake.engine.requests import DEFAULT_FLUSH_INTERVAL_MS, BrokerConfig
+from txlake.engine.requests import (DEFAULT_FLUSH_IDLE_MIN_BYTES, DEFAULT_FLUSH_IDLE_MS, DEFAULT_FLUSH_INTERVAL_MS,
+                                    DEFAULT_FLUSH_MIN_INTERVAL_MS, BrokerConfig)
 
 from .error import KafkaError, kafka_exception
 from .librdkafka_config import LIBRDKAFKA_PROPERTIES
@@ -109,6 +110,10 @@ COMMON: dict[str, tuple[Callable, Any]] = {
     "storage.options": (_any, None),
     "storage.flush.linger.ms": (_int(0, 60_000), 5),
     "storage.flush.interval.ms": (_int(0, 60_000), DEFAULT_FLUSH_INTERVAL_MS),
+    # the early flush of a queue whose producers wait for their acks (engine/flush_schedule.py)
+    "storage.flush.min.interval.ms": (_int(0, 60_000), DEFAULT_FLUSH_MIN_INTERVAL_MS),
+    "storage.flush.idle.ms": (_int(0, 60_000), DEFAULT_FLUSH_IDLE_MS),
+    "storage.flush.idle.min.bytes": (_int(0), DEFAULT_FLUSH_IDLE_MIN_BYTES),
     "storage.flush.max.bytes": (_int(1024), 64 * 1024 * 1024),
     "storage.lease.ms": (_int(100), 15_000),
     "storage.lease.force": (_bool, False),
@@ -283,6 +288,8 @@ class ClientConfig:
         return BrokerConfig(
             flush_linger_ms=v["storage.flush.linger.ms"], flush_max_bytes=v["storage.flush.max.bytes"],
             flush_interval_ms=v["storage.flush.interval.ms"],
+            flush_min_interval_ms=v["storage.flush.min.interval.ms"], flush_idle_ms=v["storage.flush.idle.ms"],
+            flush_idle_min_bytes=v["storage.flush.idle.min.bytes"],
             num_partitions=v["num.partitions"], lease_ms=v["storage.lease.ms"], lease_force=v["storage.lease.force"],
             checkpoint_interval=v["storage.checkpoint.interval"],
             producer_snapshot_interval=v["storage.producer.snapshot.interval"],

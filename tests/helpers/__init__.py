@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -351,3 +352,29 @@ def hang_data_puts(monkeypatch, store, limit_s: float = 30, armed: threading.Eve
 
     monkeypatch.setattr(store, "put", hanging_put)
     return gate
+
+
+@contextmanager
+def broker_past_its_burst(storage, interval_ms: int = 60_000):
+    """An embedded broker (flush linger 1 ms, ``storage.flush.interval.ms`` = ``interval_ms``)
+    with topic ``t`` (one partition) whose interval bucket is spent: FLUSH_BURST one-record
+    produce calls committed offsets 0..FLUSH_BURST-1 after their linger, and a one-record
+    produce at offset FLUSH_BURST now waits for the interval (checked: its 300 ms wait times
+    out). Yields ``(broker, catalog version before that record, its future)``; closes the broker."""
+    from txlake.engine.broker import Broker, BrokerConfig, ProduceBatch
+    from txlake.engine.flush_schedule import FLUSH_BURST
+
+    broker = Broker(storage.object_store(), BrokerConfig(flush_linger_ms=1, flush_interval_ms=interval_ms,
+                                                         lease_ms=60_000))
+    try:
+        broker.create_topics([("t", 1, {})])
+        for i in range(FLUSH_BURST):
+            assert broker.produce([ProduceBatch("t", 0, payload(1, i))], timeout_ms=20_000)[0].base_offset == i
+        version = broker.catalog.version
+        (small,) = broker.produce_async([ProduceBatch("t", 0, payload(1, FLUSH_BURST))])
+        with pytest.raises(TimeoutError):
+            small.result(timeout=0.3)
+        assert broker.catalog.version == version
+        yield broker, version, small
+    finally:
+        broker.close()
