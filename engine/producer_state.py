@@ -5,7 +5,14 @@ metadata of its last 5 batches (KIP-98). A new batch is checked against it befor
 appended:
 
 * an exact retry of one of the last 5 batches (same epoch, same sequence range) is a
-  *duplicate*: the original offsets are returned and nothing is written;
+  *duplicate*: the original offsets are returned and nothing is written -- unless the batch
+  is transactional and the retained one belongs to a transaction that has already ended
+  (a COMMIT/ABORT marker followed it): no client retries a batch of an ended transaction,
+  so that is a producer reusing sequence numbers without an epoch bump (librdkafka does
+  after an abort purged records of unknown outcome, docs/reliability.md), and the answer
+  is OUT_OF_ORDER_SEQUENCE_NUMBER. Kafka answers it as a duplicate, so the new records are
+  acknowledged at the old, aborted ones' offsets and never written (a silent loss); this
+  is txlake's one deliberate difference in duplicate detection (docs/server.md);
 * an older epoch -> INVALID_PRODUCER_EPOCH;
 * a newer epoch must start at sequence 0 -> else OUT_OF_ORDER_SEQUENCE_NUMBER;
 * the same epoch must continue at ``last_seq + 1`` (with wrap-around from 2^31-1 to 0)
@@ -101,6 +108,11 @@ class ProducerStateEntry:
                 return batch
         return None
 
+    def in_current_txn(self, batch: BatchMetadata) -> bool:
+        """True if ``batch`` (one of :attr:`batches`) belongs to the producer's transaction
+        still open on this partition; False once a COMMIT/ABORT marker has followed it."""
+        return self.current_txn_first_offset is not None and batch.first_offset >= self.current_txn_first_offset
+
     def add_batch(self, epoch: int, batch: BatchMetadata) -> None:
         """Record an appended batch; a new epoch forgets the old epoch's batches."""
         if epoch != self.producer_epoch:
@@ -135,10 +147,16 @@ class ProducerStateManager:
         entry = self.producers.get(producer_id)
         if entry is None:
             return None  # unknown producer: any sequence is accepted (KIP-360)
+        tp = f"{self.topic}-{self.partition}"
         duplicate = entry.find_duplicate(epoch, first_seq, last_seq)
         if duplicate is not None:
+            if is_transactional and not entry.in_current_txn(duplicate):
+                raise ApiError(Errors.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                               f"Sequence numbers {first_seq}..{last_seq} of producer {producer_id} (epoch {epoch}) "
+                               f"in partition {tp} were used by the batch at offsets {duplicate.first_offset}.."
+                               f"{duplicate.last_offset}, in a transaction that has ended: the producer reused them "
+                               f"without bumping its epoch (expected sequence {increment_sequence(entry.last_seq, 1)})")
             return duplicate
-        tp = f"{self.topic}-{self.partition}"
         if not is_transactional and entry.current_txn_first_offset is not None:
             raise ApiError(Errors.INVALID_TXN_STATE,
                            f"Expected transactional write from producer {producer_id} at offset {entry.last_offset + 1} "

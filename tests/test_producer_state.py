@@ -135,21 +135,36 @@ def test_retrying_producer_lands_each_batch_exactly_once(ops, start):
     assert sum(s[2] for s in sent) == log_end
 
 
-def test_abort_marker_of_the_same_epoch_keeps_the_batches_for_duplicates():
-    """Kafka's ``ProducerAppendInfo.appendEndTxnMarker``: a marker of the producer's epoch
-    (transaction version 1) keeps its last batches, so a batch of the next transaction carrying
-    an aborted batch's epoch and sequence range is answered as that batch's duplicate (its
-    offsets, nothing written) -- what librdkafka's reuse of a purged record's sequence meets on
-    Apache Kafka and txlake alike (issue 20, tests/test_differential_faults.py). A marker of a
-    new epoch (transaction version 2's bump at EndTxn) forgets them: sequence 0 appends."""
+def test_a_sequence_of_an_ended_transaction_reused_at_the_same_epoch_is_out_of_order():
+    """A marker of the producer's epoch (transaction version 1) keeps its last batches (Kafka's
+    ``ProducerAppendInfo.appendEndTxnMarker``), and a retry of a batch of the still open
+    transaction is a duplicate. But a transactional batch that carries the epoch and sequence
+    range of a batch of an ENDED transaction is no retry: it is librdkafka reusing a purged
+    record's sequence (issue 20, docs/reliability.md). Kafka answers it as that batch's
+    duplicate (its offsets, nothing written: the record is lost); txlake answers
+    OUT_OF_ORDER_SEQUENCE_NUMBER, naming the batch and the expected sequence
+    (tests/test_differential_faults.py shows both brokers). A marker of a new epoch
+    (transaction version 2's bump at EndTxn) forgets the batches: sequence 0 appends."""
     psm = ProducerStateManager("t", 0)
     psm.update(4, 0, 0, 0, 0, 0, 0, True)                   # A: seq 0 at offset 0, transaction open
     assert psm.check_append(4, 0, 1, 1, True) is None
     psm.update(4, 0, 1, 1, 1, 1, 0, True)                   # B: seq 1 at offset 1
-    assert psm.complete_txn(4, 0, 0, 0) == 0                # ABORT marker at 2, same epoch
-    dup = psm.check_append(4, 0, 1, 1, True)                # C with B's sequence
+    dup = psm.check_append(4, 0, 1, 1, True)                # B retried inside its transaction: a duplicate
     assert (dup.first_seq, dup.last_seq, dup.first_offset, dup.last_offset) == (1, 1, 1, 1)
+    assert psm.complete_txn(4, 0, 0, 0) == 0                # ABORT marker at 2, same epoch
+    with pytest.raises(ApiError) as raised:                 # C with B's sequence
+        psm.check_append(4, 0, 1, 1, True)
+    assert raised.value.error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert str(raised.value) == ("Sequence numbers 1..1 of producer 4 (epoch 0) in partition t-0 were used by the "
+                                 "batch at offsets 1..1, in a transaction that has ended: the producer reused them "
+                                 "without bumping its epoch (expected sequence 2)")
     assert psm.producers[4].current_txn_first_offset is None  # nothing appended: no transaction opened
+    assert psm.check_append(4, 0, 2, 2, True) is None       # the next sequence still appends
+    psm.update(4, 0, 2, 2, 3, 3, 0, True)                   # at offset 3: a new transaction
+    with pytest.raises(ApiError):                           # A's range, of the ended transaction
+        psm.check_append(4, 0, 0, 0, True)
+    dup = psm.check_append(4, 0, 2, 2, True)                # the open transaction's batch retried
+    assert (dup.first_offset, dup.last_offset) == (3, 3)
     psm.complete_txn(4, 1, 0, 0)                            # a marker of epoch 1
     assert psm.check_append(4, 1, 0, 0, True) is None
     assert list(psm.producers[4].batches) == []
