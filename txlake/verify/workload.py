@@ -169,15 +169,18 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
                 continue
             txn = f"{name}-T{t}"
             p.begin_transaction()
-            for n, partition in enumerate(partitions):
-                _send(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
-                if spec.send_interval_ms:
-                    time.sleep(spec.send_interval_ms / 1000)
-            t0 = History.now()
+            t0, ending = History.now(), False
             try:
+                for n, partition in enumerate(partitions):
+                    _send(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
+                    if spec.send_interval_ms:
+                        time.sleep(spec.send_interval_ms / 1000)
+                t0, ending = History.now(), True
                 end_transaction(p, history, name, txn, commit, attempts, t0)
-            except k.KafkaException as exc:
+            except k.KafkaException as exc:  # the commit/abort's error, or a fatal one a send's poll raised
                 err = exc.args[0]
+                if not ending and not err.fatal():
+                    raise
                 history.add(Txn(name, txn, TXN_INFO, t0, History.now(), err.name()))
                 if err.fatal():  # e.g. the writer fenced itself (a cas.race fault): serve the delivery reports first
                     p.flush(5)
