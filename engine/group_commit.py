@@ -56,7 +56,7 @@ from txlake.catalog.errors import WriterFencedError
 from txlake.catalog.state import PRODUCER_SNAPSHOT, AbortedTxn, SegmentInfo
 from txlake.catalog.storage import ObjectStore, retry_storage
 from txlake.formats.producer_state import encode_snapshot
-from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, encode_segments
+from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, encode_buffer_size, encode_segments
 
 from .errors import ApiError, Errors
 from .log_reader import SegmentCache
@@ -82,6 +82,9 @@ INTERVAL_EXEMPT_BYTES = 1024 * 1024
 #: flushes taken from the queue and not yet committed, at most (bounds the pipeline's memory
 #: to about this many flushes of ``flush_max_bytes``, plus the one being uploaded)
 MAX_FLUSHES_IN_PIPELINE = 3
+#: seconds the flushers keep their encode buffers while idle (a bulk load leaves them idle
+#: between its slices; after that, the memory goes back to the allocator)
+BUFFER_KEEP_S = 2.0
 
 #: attempts of each object PUT of a flush before the flush fails (:func:`_put_retrying`)
 OBJECT_PUT_ATTEMPTS = 6
@@ -112,6 +115,8 @@ class _FlushWork:
     pending: list[PendingBatch]
     path: str = ""
     data: bytes | pa.Buffer = b""
+    #: the reusable buffer ``data`` was encoded into (:meth:`GroupCommitter._encode_buffer`), until its PUT ends
+    buffer: pa.Buffer | None = None
     segments: list[SegmentInfo] = field(default_factory=list)
     tables: list[pa.Table] = field(default_factory=list)
     unstable: dict[tuple[str, int], int | None] = field(default_factory=dict)
@@ -206,6 +211,10 @@ class GroupCommitter:
         self._preparing = 0
         self._flushers = 0
         self._threads: list[threading.Thread] = []
+        # encode buffers whose objects are PUT, for the next flushes (under :attr:`lock`):
+        # see :meth:`_encode_buffer`
+        self._buffers: list[pa.Buffer] = []
+        self._buffers_used_at = 0.0  # time.monotonic() a buffer was last taken or kept
 
     def start(self) -> None:
         """Start the flusher and uploader threads."""
@@ -281,6 +290,8 @@ class GroupCommitter:
             self._wake.notify_all()
         for thread in self._threads:
             thread.join(timeout=30)
+        with self.lock:
+            self._buffers.clear()
 
     def _loop(self) -> None:
         while True:
@@ -294,6 +305,11 @@ class GroupCommitter:
                         timeout = 0.05
                     elif self._pending:
                         timeout = max(0.0, self._due_at() - time.monotonic())
+                    elif self._buffers:  # idle: the kept encode buffers go after BUFFER_KEEP_S of it
+                        timeout = self._buffers_used_at + BUFFER_KEEP_S - time.monotonic()
+                        if timeout <= 0:
+                            self._buffers.clear()
+                            timeout = None
                     else:
                         timeout = None
                     self._wake.wait(timeout)
@@ -377,13 +393,47 @@ class GroupCommitter:
         an earlier one failed -- is an orphan, deleted after ``storage.orphan.grace.ms``."""
         try:
             if work.segments:
-                _put_retrying(self.store, work.path, work.data)
-                work.data = b""  # its size is in the segments; the bytes are not needed any more
+                try:
+                    _put_retrying(self.store, work.path, work.data)
+                finally:  # its size is in the segments; the bytes are not needed any more
+                    work.data = b""
+                    if work.buffer is not None:
+                        self._release_buffer(work.buffer)
+                        work.buffer = None
             if work.snapshot_key is not None:
                 _put_retrying(self.store, work.snapshot_key, work.snapshot_data)
                 work.snapshot_data = None
         except Exception as exc:
             work.put_error = exc
+
+    def _encode_buffer(self, size: int) -> pa.Buffer:
+        """A buffer of at least ``size`` bytes to encode a flush's object into: one a previous
+        flush's PUT is done with when one fits, else a new one. Reused pages are already mapped:
+        a fresh buffer's pages fault in and are zeroed by the kernel on first touch, which cost as
+        much CPU as the encoding into them (``encode_buffer_size``'s measurement). The kept
+        buffers go once the flushers have been idle for :data:`BUFFER_KEEP_S`; one more than 4x
+        (+8 MiB) too big for a flush is dropped (a trickle after a bulk load does not hold the
+        load's buffers)."""
+        with self.lock:
+            self._buffers_used_at = time.monotonic()
+            self._buffers = [b for b in self._buffers if b.size <= 4 * size + (8 << 20)]
+            fits = [b for b in self._buffers if b.size >= size]
+            if fits:
+                chosen = min(fits, key=lambda b: b.size)
+                self._buffers = [b for b in self._buffers if b is not chosen]
+                return chosen
+        # a quarter more, in whole MiB: the next flushes, a little bigger or smaller, fit it too
+        # (pages never written cost address space, not memory)
+        return pa.allocate_buffer(-(-(size * 5 // 4) // (1 << 20)) << 20)
+
+    def _release_buffer(self, buffer: pa.Buffer) -> None:
+        """Keep ``buffer`` (its object's PUT is done) for a next flush: at most one per flusher,
+        the biggest."""
+        with self.lock:
+            self._buffers_used_at = time.monotonic()
+            self._buffers.append(buffer)
+            self._buffers.sort(key=lambda b: b.size, reverse=True)
+            del self._buffers[FLUSH_THREADS:]
 
     def _take(self, force_snapshot: bool) -> _Taken:
         """Take the queued batches, with the producer-state snapshot and first unstable offsets
@@ -441,8 +491,13 @@ class GroupCommitter:
             if keys:
                 work.path = f"{DATA_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
                 work.tables = [record_table(topic, partition, by_tp[(topic, partition)]) for topic, partition in keys]
+                buffer = self._encode_buffer(encode_buffer_size(work.tables))
                 work.data, ranges = encode_segments(work.tables, self.config.compression, self.config.row_group_rows,
-                                                   as_buffer=True)
+                                                   as_buffer=True, target=buffer)
+                if work.data.address == buffer.address:
+                    work.buffer = buffer
+                else:  # outgrew the estimate: encoded into a stream of its own
+                    self._release_buffer(buffer)
                 memory = [t.nbytes for t in work.tables]
                 total_memory = sum(memory) or 1
                 for (topic, partition), table, (rg_start, rg_count), mem in zip(keys, work.tables, ranges, memory):

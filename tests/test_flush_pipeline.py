@@ -147,3 +147,61 @@ def test_a_failed_put_fails_its_flush_in_commit_order(storage):
         assert [(s.base_offset, s.last_offset) for s in broker.catalog.state.partition("t", 0).segments] == [(0, 9)]
     finally:
         broker.close()
+
+
+def test_encode_buffers_are_reused_one_per_flusher_and_dropped_when_far_too_big(storage):
+    """A flush encodes its object into a buffer a previous flush's PUT is done with (its pages
+    are mapped already); at most one per flusher is kept, and one more than 4x (+8 MiB) too big
+    for a flush is dropped rather than held."""
+    broker = open_broker(storage)
+    try:
+        committer = broker._committer
+        # a quarter more than asked, in whole MiB (a slightly bigger next flush fits it too)
+        a, b, c = (committer._encode_buffer(size) for size in (100, 2 << 20, 3 << 20))
+        assert [x.size for x in (a, b, c)] == [1 << 20, 3 << 20, 4 << 20]
+        for x in (a, b, c):
+            committer._release_buffer(x)
+        assert [x.size for x in committer._buffers] == [4 << 20, 3 << 20]  # FLUSH_THREADS, the biggest
+        assert committer._encode_buffer(1 << 20) is b  # the smallest that fits
+        assert committer._encode_buffer(5 << 20).size == 7 << 20  # none fits: a new one
+        big = committer._encode_buffer(64 << 20)
+        committer._release_buffer(big)
+        assert [x.size for x in committer._buffers] == [80 << 20, 4 << 20]
+        assert committer._encode_buffer(1 << 20) is c and committer._buffers == []  # big is > 4x + 8 MiB: dropped
+    finally:
+        broker.close()
+
+
+def test_objects_encoded_into_reused_buffers_are_intact(storage, monkeypatch):
+    """Flush after flush reuses one encode buffer (released when its object's PUT ends), and
+    every object in storage holds exactly its flush's records, also under a backlog (two
+    flushers); after BUFFER_KEEP_S idle, the buffers are let go."""
+    from txlake.formats.records import read_segment
+
+    targets = []
+    real = group_commit.encode_segments
+
+    def recording(tables, *args, **kwargs):
+        targets.append(kwargs["target"].address)
+        return real(tables, *args, **kwargs)
+
+    monkeypatch.setattr(group_commit, "encode_segments", recording)
+    monkeypatch.setattr(group_commit, "BUFFER_KEEP_S", 0.5)
+    broker = open_broker(storage, flush_max_bytes=64)  # every queued batch is a backlog
+    try:
+        for i in range(4):  # one flush at a time: each encodes into the buffer the one before used
+            assert broker.produce([ProduceBatch("t", 0, payload(50, 50 * i, size=2_000))])[0].base_offset == 50 * i
+        assert len(targets) == 4 and len(set(targets)) == 1
+        futures = [broker.produce_async([ProduceBatch("t", 0, payload(50, 50 * i, size=2_000))])[0] for i in range(4, 30)]
+        assert [f.result(30).base_offset for f in futures] == [50 * i for i in range(4, 30)]
+        values = []
+        for seg in broker.catalog.state.partition("t", 0).segments:
+            data = broker.store.get(seg.path)
+            values += read_segment(data, seg.path, seg.row_groups).column("value").to_pylist()
+        assert values == [(b"v%d-" % i).ljust(2_000, b"x") for i in range(1_500)]
+        deadline = time.monotonic() + 10
+        while broker._committer._buffers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broker._committer._buffers == []
+    finally:
+        broker.close()
