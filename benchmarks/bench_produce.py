@@ -19,13 +19,12 @@ import io
 import os
 import subprocess
 import sys
-import tempfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import fresh_root, machine, records_table, timed  # noqa: E402
+from common import fresh_root, machine, records_table, scratch_dir, timed  # noqa: E402
 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
@@ -48,7 +47,7 @@ def bench_served(n: int, results: dict, repeat: int = 1) -> None:
 
     table = records_table(n)
     keys, values = table.column("key").to_pylist(), table.column("value").to_pylist()
-    folder = tempfile.mkdtemp()
+    folder = scratch_dir("txlake-bench-raw-")  # removed at exit (600 MB of raw files per run)
     for name, extra in (("served", {}), ("served_big_requests", BIG_REQUESTS)):
         raw, wire, cpu = [], [], []
         for i in range(repeat):
@@ -78,7 +77,7 @@ def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
     import time
 
     table = records_table(n)
-    folder = tempfile.mkdtemp()
+    folder = scratch_dir("txlake-bench-raw-")  # removed at exit (600 MB of raw files per run)
     raw, raw_fsync, lake, raw_cpu, lake_cpu = [], [], [], [], []
     for i in range(repeat):
         cpu0, start = os.times(), time.perf_counter()
