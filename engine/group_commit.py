@@ -106,6 +106,8 @@ class PendingBatch:
     future: Future
     #: for an ABORT marker: the first offset of the transaction it aborts here (else None)
     aborted_first_offset: int | None = None
+    #: payload bytes counted for the flush (set by :meth:`GroupCommitter.enqueue`)
+    nbytes: int = 0
 
 
 @dataclass
@@ -231,6 +233,7 @@ class GroupCommitter:
         if not self._pending:
             self._first_pending_at = time.monotonic()
             self._wake.notify_all()  # the flusher sleeps without a timeout while nothing is queued
+        pending.nbytes = nbytes
         self._pending.append(pending)
         crossed = any(self._pending_bytes < threshold <= self._pending_bytes + nbytes
                       for threshold in (self._backlog_bytes(), INTERVAL_EXEMPT_BYTES))
@@ -313,7 +316,7 @@ class GroupCommitter:
                     else:
                         timeout = None
                     self._wake.wait(timeout)
-            self._prepare(force_snapshot=False)
+            self._prepare(force_snapshot=False, may_split=True)
 
     def _may_start(self) -> bool:
         """Whether a flusher takes the queue now (caller holds :attr:`lock`): a flush is due, the
@@ -365,9 +368,10 @@ class GroupCommitter:
         if work is not None:
             work.done.wait()
 
-    def _prepare(self, force_snapshot: bool) -> _FlushWork | None:
+    def _prepare(self, force_snapshot: bool, may_split: bool = False) -> _FlushWork | None:
         """Stage 1 (flusher): take the queue, build the partition tables, encode the objects;
-        then hand the flush to the uploader (:meth:`_deliver`). Returns it (None: nothing to commit)."""
+        then hand the flush to the uploader (:meth:`_deliver`). Returns it (None: nothing to commit).
+        ``may_split``: the flusher loop's flushes may take half of a backlog (:meth:`_take`)."""
         work = None
         with self.lock:
             # the commit order is the order of taking the queue: the two happen under one lock
@@ -375,7 +379,7 @@ class GroupCommitter:
             self._next_seq += 1
             self._preparing += 1
             try:
-                taken = self._take(force_snapshot)
+                taken = self._take(force_snapshot, may_split)
             except BaseException:
                 self._deliver(seq, None)
                 raise
@@ -435,10 +439,14 @@ class GroupCommitter:
             self._buffers.sort(key=lambda b: b.size, reverse=True)
             del self._buffers[FLUSH_THREADS:]
 
-    def _take(self, force_snapshot: bool) -> _Taken:
+    def _take(self, force_snapshot: bool, may_split: bool = False) -> _Taken:
         """Take the queued batches, with the producer-state snapshot and first unstable offsets
-        that match them exactly (caller holds :attr:`lock`)."""
+        that match them exactly (caller holds :attr:`lock`): all of them, or under a backlog the
+        first half (:meth:`_half_to_leave`) for another flusher to encode the rest beside this one."""
         pending, self._pending = self._pending, []
+        cut = self._half_to_leave(pending, force_snapshot) if may_split else 0
+        if cut:
+            pending, self._pending = pending[:cut], pending[cut:]
         if self._pending_bytes < INTERVAL_EXEMPT_BYTES:
             # a flush the interval governs takes a token of the bucket; one of at least
             # INTERVAL_EXEMPT_BYTES does not (its PUTs are worth their bytes), so a fast stream's
@@ -449,8 +457,14 @@ class GroupCommitter:
             interval = self.config.flush_interval_ms / 1000
             self._interval_tat = min(max(self._interval_tat, now) + interval, now + FLUSH_BURST * interval)
         self._taken[id(pending)] = pending
-        taken_bytes, self._pending_bytes = self._pending_bytes, 0
-        self._flush_requested = False
+        if cut:
+            taken_bytes = sum(p.nbytes for p in pending)
+            self._pending_bytes -= taken_bytes
+            self._flush_requested = True  # the rest is due now: the other flusher takes it
+            self._wake.notify_all()
+        else:
+            taken_bytes, self._pending_bytes = self._pending_bytes, 0
+            self._flush_requested = False
         live = [p for p in pending if self._is_live(p.batch.topic, p.batch.partition)]
         dropped = [p for p in pending if p not in live] if len(live) != len(pending) else []
         extra, self._extra = self._extra, []
@@ -465,6 +479,33 @@ class GroupCommitter:
         for tp in unstable:
             unstable[tp] = self._first_unstable_offset(*tp)
         return _Taken(pending, live, dropped, extra, snapshot, unstable)
+
+    def _half_to_leave(self, pending: list[PendingBatch], force_snapshot: bool) -> int:
+        """Where to cut ``pending`` so this flush takes its first half and leaves the rest to
+        another flusher (0: take it all). Under a backlog (:meth:`_backlog_bytes` queued) with a
+        flusher idle, one flush of everything queued left the other flusher idle while the
+        producer waited for the commit (a bulk load's 30 MB slices were encoded one at a time);
+        halves are encoded side by side. Only when nothing else must match the batches taken
+        exactly: no producer-state snapshot is due and no actions wait to be committed (each
+        describes everything appended so far), and no control batch is left behind -- a
+        marker already ended its transaction in the producer state, so the first unstable
+        offset this flush commits would pass the transaction's records before the marker is
+        committed. Caller holds :attr:`lock`."""
+        if (force_snapshot or self._extra or self._preparing >= FLUSH_THREADS
+                or self._pending_bytes < self._backlog_bytes() or len(pending) < 2):
+            return 0
+        total, half = 0, self._pending_bytes / 2
+        for cut, p in enumerate(pending, 1):
+            total += p.nbytes
+            if total >= half:
+                break
+        if cut >= len(pending) or any(p.batch.is_control for p in pending[cut:]):
+            return 0
+        # a snapshot that the first half alone would make due covers the rest too: take it all
+        if (self._flushes_since_snapshot + 1 >= self.config.producer_snapshot_interval
+                and self._bytes_since_snapshot + total >= self.snapshot_bytes):
+            return 0
+        return cut
 
     def snapshot_due(self) -> bool:
         """Whether a periodic producer-state snapshot is due (the rule of the module docstring):

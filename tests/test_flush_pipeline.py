@@ -205,3 +205,55 @@ def test_objects_encoded_into_reused_buffers_are_intact(storage, monkeypatch):
         assert broker._committer._buffers == []
     finally:
         broker.close()
+
+
+def test_a_flusher_takes_half_of_a_backlog_and_leaves_the_rest_to_the_idle_one(storage):
+    """Under a backlog, with the other flusher idle, a flush takes the first half of the queued
+    batches and the other flusher encodes the rest beside it (one flush of everything left the
+    second flusher idle while a bulk load waited for the commit): two objects, in offset order."""
+    broker = open_broker(storage, flush_max_bytes=64 * 1024)  # a backlog from 16 KiB queued
+    try:
+        # four 20 KB batches queued under one lock: the flush is due (64 KiB) once all are queued
+        # (keys k10..k49: batches of equal bytes)
+        futures = broker.produce_async([ProduceBatch("t", 0, payload(10, 10 + 10 * i, size=2_000)) for i in range(4)])
+        assert [f.result(30).base_offset for f in futures] == [0, 10, 20, 30]
+        segments = broker.catalog.state.partition("t", 0).segments
+        assert [(s.base_offset, s.last_offset) for s in segments] == [(0, 19), (20, 39)]
+        assert len({s.path for s in segments}) == 2
+        assert broker.fetch("t", 0, 0).records.column("offset").to_pylist() == list(range(40))
+    finally:
+        broker.close()
+
+
+def test_a_backlog_is_taken_whole_when_a_marker_snapshot_or_busy_flusher_needs_it():
+    """The half a flush leaves behind may hold no control batch (the marker already ended its
+    transaction in the producer state: the first unstable offset committed with the first half
+    would pass the transaction's records), and the backlog is taken whole when a producer-state
+    snapshot or committed actions must match everything appended, or no flusher is idle."""
+    from concurrent.futures import Future
+
+    from txlake.engine.group_commit import GroupCommitter, PendingBatch
+
+    committer = GroupCommitter.__new__(GroupCommitter)  # the rule alone: no threads, no storage
+    committer.config = BrokerConfig(flush_max_bytes=64 * 1024, producer_snapshot_interval=10)
+    committer._extra, committer._preparing = [], 1
+    committer._flushes_since_snapshot, committer._bytes_since_snapshot, committer.snapshot_bytes = 0, 0, 0
+
+    def queue(*controls):
+        batches = [PendingBatch(ProduceBatch("t", 0, payload(1), is_control=c), i, 0, 0, Future(), nbytes=10_000)
+                   for i, c in enumerate(controls)]
+        committer._pending_bytes = 10_000 * len(batches)
+        return batches
+
+    assert committer._half_to_leave(queue(False, False, False, False), False) == 2
+    assert committer._half_to_leave(queue(False, False, False, True), False) == 0  # a marker left behind
+    assert committer._half_to_leave(queue(False, True, False, False), False) == 2  # a marker taken: fine
+    assert committer._half_to_leave(queue(False), False) == 0  # one batch: nothing to halve
+    assert committer._half_to_leave(queue(False, False, False, False), True) == 0  # a snapshot forced
+    committer._flushes_since_snapshot = 9  # the next flush makes a periodic snapshot due
+    assert committer._half_to_leave(queue(False, False, False, False), False) == 0
+    committer._flushes_since_snapshot = 0
+    committer._extra = [([{"action": "x"}], Future())]
+    assert committer._half_to_leave(queue(False, False, False, False), False) == 0
+    committer._extra, committer._preparing = [], 2  # both flushers busy: nobody takes the rest
+    assert committer._half_to_leave(queue(False, False, False, False), False) == 0
