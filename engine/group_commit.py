@@ -22,7 +22,8 @@ a second starts encoding beside it only when a backlog has built up (``flush_max
 light load every flush still holds everything that accumulated while the previous one
 was encoded (as few objects as with one flusher), and under a backlog -- a bulk load,
 the tail of a transaction its commit waits for -- Parquet encoding, which runs without
-the GIL, uses two cores.
+the GIL, uses two cores: a flush then takes half of the queue when the other flusher is
+idle (:meth:`GroupCommitter._half_to_leave` says when it may not).
 
 Why an interval as well as a linger: object storage bills per request, and every flush
 is two PUTs (the data object and the catalog commit). The linger alone lets a trickle of
