@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import shutil
 import subprocess
 import sys
 
@@ -73,7 +72,9 @@ def bench_served(n: int, results: dict, repeat: int = 1) -> None:
 def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
     """Best of ``repeat`` runs each: raw write_table (with and without fsync) vs produce_arrow,
     after one untimed warm-up round; each round runs the three side by side, so the median of
-    the rounds' own ratios (``bulk_ratio_median``) compares them under the same load. Also the
+    the rounds' own ratios (``bulk_ratio_median``) compares them under the same load. Both
+    sides' files stay until the process exits (as a real load's do: the page cache fills up
+    alike). Also the
     process CPU seconds (user + system, median) of the raw write and of the load: on a machine
     shared with other work the wall times swing with the load, the CPU less."""
     import statistics
@@ -104,10 +105,6 @@ def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
         assert r.records == n
         p.close()
         close_all()
-        # each round's files go, both sides' alike (the page cache then holds the same for each)
-        os.remove(os.path.join(folder, f"raw{i}.parquet"))
-        os.remove(os.path.join(folder, f"raw-fsync{i}.parquet"))
-        shutil.rmtree(url.removeprefix("file://"), ignore_errors=True)
         if i == 0:  # the warm-up round
             raw, raw_fsync, lake, raw_cpu, lake_cpu = [], [], [], [], []
     results["raw_write_table_s"] = min(raw)
