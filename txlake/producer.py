@@ -1335,9 +1335,12 @@ def _split_by_partition(payload: pa.Table, parts: np.ndarray,
         return
     keys = parts.astype(np.int16) if len(counts) <= np.iinfo(np.int16).max else parts
     order = pa.array(np.argsort(keys, kind="stable").astype(np.int32, copy=False))
+    varying = [name for name, column in zip(payload.column_names, payload.columns)
+               if name not in uniform and column.null_count < n]
+    taken = payload.select(varying).take(order) if varying else payload  # one call: each releases and retakes the GIL
     grouped = pa.Table.from_arrays(
-        [column if name in uniform or column.null_count == n else column.take(order)
-         for name, column in zip(payload.column_names, payload.columns)], schema=payload.schema)
+        [taken.column(name) if name in varying else payload.column(name) for name in payload.column_names],
+        schema=payload.schema)
     start = 0
     for p in present.tolist():
         yield p, grouped.slice(start, int(counts[p]))
