@@ -192,7 +192,8 @@ def test_objects_encoded_into_reused_buffers_are_intact(storage, monkeypatch):
         for i in range(4):  # one flush at a time: each encodes into the buffer the one before used
             assert broker.produce([ProduceBatch("t", 0, payload(50, 50 * i, size=2_000))])[0].base_offset == 50 * i
         assert len(targets) == 4 and len(set(targets)) == 1
-        futures = [broker.produce_async([ProduceBatch("t", 0, payload(50, 50 * i, size=2_000))])[0] for i in range(4, 30)]
+        futures = [broker.produce_async([ProduceBatch("t", 0, payload(50, 50 * i, size=2_000))])[0]
+                   for i in range(4, 30)]
         assert [f.result(30).base_offset for f in futures] == [50 * i for i in range(4, 30)]
         values = []
         for seg in broker.catalog.state.partition("t", 0).segments:
@@ -218,8 +219,11 @@ def test_a_flusher_takes_half_of_a_backlog_and_leaves_the_rest_to_the_idle_one(s
         futures = broker.produce_async([ProduceBatch("t", 0, payload(10, 10 + 10 * i, size=2_000)) for i in range(4)])
         assert [f.result(30).base_offset for f in futures] == [0, 10, 20, 30]
         segments = broker.catalog.state.partition("t", 0).segments
-        assert [(s.base_offset, s.last_offset) for s in segments] == [(0, 19), (20, 39)]
-        assert len({s.path for s in segments}) == 2
+        # the first flush took the first two batches; the rest went in one flush, or in two when
+        # the first had ended before the second flusher took them (the split's rule again)
+        assert [(s.base_offset, s.last_offset) for s in segments] in (
+            [(0, 19), (20, 39)], [(0, 19), (20, 29), (30, 39)])
+        assert len({s.path for s in segments}) == len(segments)
         assert broker.fetch("t", 0, 0).records.column("offset").to_pylist() == list(range(40))
     finally:
         broker.close()
