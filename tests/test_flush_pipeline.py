@@ -186,7 +186,7 @@ def test_objects_encoded_into_reused_buffers_are_intact(storage, monkeypatch):
         return real(tables, *args, **kwargs)
 
     monkeypatch.setattr(group_commit, "encode_segments", recording)
-    monkeypatch.setattr(group_commit, "BUFFER_KEEP_S", 0.5)
+    monkeypatch.setattr(group_commit, "BUFFER_KEEP_S", 600)  # kept between the produce calls below
     broker = open_broker(storage, flush_max_bytes=64)  # every queued batch is a backlog
     try:
         for i in range(4):  # one flush at a time: each encodes into the buffer the one before used
@@ -200,6 +200,8 @@ def test_objects_encoded_into_reused_buffers_are_intact(storage, monkeypatch):
             data = broker.store.get(seg.path)
             values += read_segment(data, seg.path, seg.row_groups).column("value").to_pylist()
         assert values == [(b"v%d-" % i).ljust(2_000, b"x") for i in range(1_500)]
+        monkeypatch.setattr(group_commit, "BUFFER_KEEP_S", 0.05)  # the flush below idles the flushers again
+        assert broker.produce([ProduceBatch("t", 0, payload(1, 1_500))])[0].base_offset == 1_500
         deadline = time.monotonic() + 10
         while broker._committer._buffers and time.monotonic() < deadline:
             time.sleep(0.05)
