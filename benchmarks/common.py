@@ -32,12 +32,17 @@ def timed(results: dict, name: str):
     results[name] = time.perf_counter() - start
 
 
-def fresh_root(keep: bool = False) -> str:
-    """A new empty local storage root (file:// URL), removed when the process exits unless ``keep``."""
-    path = tempfile.mkdtemp(prefix="txlake-bench-")
+def scratch_dir(prefix: str = "txlake-bench-", keep: bool = False) -> str:
+    """A new empty local folder, removed when the process exits unless ``keep``."""
+    path = tempfile.mkdtemp(prefix=prefix)
     if not keep:
         atexit.register(shutil.rmtree, path, True)
-    return "file://" + path
+    return path
+
+
+def fresh_root(keep: bool = False) -> str:
+    """A new empty local storage root (file:// URL), removed when the process exits unless ``keep``."""
+    return "file://" + scratch_dir(keep=keep)
 
 
 def peak_rss_mb() -> float:

@@ -22,7 +22,8 @@ a second starts encoding beside it only when a backlog has built up (``flush_max
 light load every flush still holds everything that accumulated while the previous one
 was encoded (as few objects as with one flusher), and under a backlog -- a bulk load,
 the tail of a transaction its commit waits for -- Parquet encoding, which runs without
-the GIL, uses two cores.
+the GIL, uses two cores: a flush then takes half of the queue when the other flusher is
+idle (:meth:`GroupCommitter._half_to_leave` says when it may not).
 
 Why an interval as well as a linger: object storage bills per request, and every flush
 is two PUTs (the data object and the catalog commit). The linger alone lets a trickle of
@@ -58,7 +59,7 @@ from txlake.catalog.errors import WriterFencedError
 from txlake.catalog.state import PRODUCER_SNAPSHOT, AbortedTxn, SegmentInfo
 from txlake.catalog.storage import ObjectStore, retry_storage
 from txlake.formats.producer_state import encode_snapshot
-from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, encode_segments
+from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, encode_buffer_size, encode_segments
 
 from .errors import ApiError, Errors
 from .flush_schedule import FlushSchedule
@@ -74,6 +75,9 @@ FLUSH_THREADS = 2
 #: flushes taken from the queue and not yet committed, at most (bounds the pipeline's memory
 #: to about this many flushes of ``flush_max_bytes``, plus the one being uploaded)
 MAX_FLUSHES_IN_PIPELINE = 3
+#: seconds the flushers keep their encode buffers while idle (a bulk load leaves them idle
+#: between its slices; after that, the memory goes back to the allocator)
+BUFFER_KEEP_S = 2.0
 
 #: attempts of each object PUT of a flush before the flush fails (:func:`_put_retrying`)
 OBJECT_PUT_ATTEMPTS = 6
@@ -95,6 +99,8 @@ class PendingBatch:
     future: Future
     #: for an ABORT marker: the first offset of the transaction it aborts here (else None)
     aborted_first_offset: int | None = None
+    #: payload bytes counted for the flush (set by :meth:`GroupCommitter.enqueue`)
+    nbytes: int = 0
 
 
 @dataclass
@@ -104,6 +110,8 @@ class _FlushWork:
     pending: list[PendingBatch]
     path: str = ""
     data: bytes | pa.Buffer = b""
+    #: the reusable buffer ``data`` was encoded into (:meth:`GroupCommitter._encode_buffer`), until its PUT ends
+    buffer: pa.Buffer | None = None
     segments: list[SegmentInfo] = field(default_factory=list)
     tables: list[pa.Table] = field(default_factory=list)
     unstable: dict[tuple[str, int], int | None] = field(default_factory=dict)
@@ -194,6 +202,10 @@ class GroupCommitter:
         self._preparing = 0
         self._flushers = 0
         self._threads: list[threading.Thread] = []
+        # encode buffers whose objects are PUT, for the next flushes (under :attr:`lock`):
+        # see :meth:`_encode_buffer`
+        self._buffers: list[pa.Buffer] = []
+        self._buffers_used_at = 0.0  # time.monotonic() a buffer was last taken or kept
 
     def start(self) -> None:
         """Start the flusher and uploader threads."""
@@ -209,6 +221,7 @@ class GroupCommitter:
         The caller holds :attr:`lock`."""
         if not self._pending:
             self._wake.notify_all()  # the flusher sleeps without a timeout while nothing is queued
+        pending.nbytes = nbytes
         self._pending.append(pending)
         backlog = self.schedule.pending_bytes < self._backlog_bytes() <= self.schedule.pending_bytes + nbytes
         sooner = self.schedule.queued(nbytes)
@@ -294,6 +307,8 @@ class GroupCommitter:
             self._wake.notify_all()
         for thread in self._threads:
             thread.join(timeout=30)
+        with self.lock:
+            self._buffers.clear()
 
     def _loop(self) -> None:
         while True:
@@ -307,10 +322,15 @@ class GroupCommitter:
                         timeout = 0.05
                     elif self._pending:
                         timeout = max(0.0, self.schedule.due_at() - self.schedule.clock())
+                    elif self._buffers:  # idle: the kept encode buffers go after BUFFER_KEEP_S of it
+                        timeout = self._buffers_used_at + BUFFER_KEEP_S - time.monotonic()
+                        if timeout <= 0:
+                            self._buffers.clear()
+                            timeout = None
                     else:
                         timeout = None
                     self._wake.wait(timeout)
-            self._prepare(force_snapshot=False)
+            self._prepare(force_snapshot=False, may_split=True)
 
     def _may_start(self) -> bool:
         """Whether a flusher takes the queue now (caller holds :attr:`lock`): a flush is due, the
@@ -353,9 +373,10 @@ class GroupCommitter:
         if work is not None:
             work.done.wait()
 
-    def _prepare(self, force_snapshot: bool) -> _FlushWork | None:
+    def _prepare(self, force_snapshot: bool, may_split: bool = False) -> _FlushWork | None:
         """Stage 1 (flusher): take the queue, build the partition tables, encode the objects;
-        then hand the flush to the uploader (:meth:`_deliver`). Returns it (None: nothing to commit)."""
+        then hand the flush to the uploader (:meth:`_deliver`). Returns it (None: nothing to commit).
+        ``may_split``: the flusher loop's flushes may take half of a backlog (:meth:`_take`)."""
         work = None
         with self.lock:
             # the commit order is the order of taking the queue: the two happen under one lock
@@ -363,7 +384,7 @@ class GroupCommitter:
             self._next_seq += 1
             self._preparing += 1
             try:
-                taken = self._take(force_snapshot)
+                taken = self._take(force_snapshot, may_split)
             except BaseException:
                 self._deliver(seq, None)
                 raise
@@ -381,21 +402,65 @@ class GroupCommitter:
         an earlier one failed -- is an orphan, deleted after ``storage.orphan.grace.ms``."""
         try:
             if work.segments:
-                _put_retrying(self.store, work.path, work.data)
-                work.data = b""  # its size is in the segments; the bytes are not needed any more
+                try:
+                    _put_retrying(self.store, work.path, work.data)
+                finally:  # its size is in the segments; the bytes are not needed any more
+                    work.data = b""
+                    if work.buffer is not None:
+                        self._release_buffer(work.buffer)
+                        work.buffer = None
             if work.snapshot_key is not None:
                 _put_retrying(self.store, work.snapshot_key, work.snapshot_data)
                 work.snapshot_data = None
         except Exception as exc:
             work.put_error = exc
 
-    def _take(self, force_snapshot: bool) -> _Taken:
+    def _encode_buffer(self, size: int) -> pa.Buffer:
+        """A buffer of at least ``size`` bytes to encode a flush's object into: one a previous
+        flush's PUT is done with when one fits, else a new one. Reused pages are already mapped:
+        a fresh buffer's pages fault in and are zeroed by the kernel on first touch, which cost as
+        much CPU as the encoding into them (``encode_buffer_size``'s measurement). The kept
+        buffers go once the flushers have been idle for :data:`BUFFER_KEEP_S`; one more than 4x
+        (+8 MiB) too big for a flush is dropped (a trickle after a bulk load does not hold the
+        load's buffers)."""
+        with self.lock:
+            self._buffers_used_at = time.monotonic()
+            self._buffers = [b for b in self._buffers if b.size <= 4 * size + (8 << 20)]
+            fits = [b for b in self._buffers if b.size >= size]
+            if fits:
+                chosen = min(fits, key=lambda b: b.size)
+                self._buffers = [b for b in self._buffers if b is not chosen]
+                return chosen
+        # a quarter more, in whole MiB: the next flushes, a little bigger or smaller, fit it too
+        # (pages never written cost address space, not memory)
+        return pa.allocate_buffer(-(-(size * 5 // 4) // (1 << 20)) << 20)
+
+    def _release_buffer(self, buffer: pa.Buffer) -> None:
+        """Keep ``buffer`` (its object's PUT is done) for a next flush: at most one per flusher,
+        the biggest."""
+        with self.lock:
+            self._buffers_used_at = time.monotonic()
+            self._buffers.append(buffer)
+            self._buffers.sort(key=lambda b: b.size, reverse=True)
+            del self._buffers[FLUSH_THREADS:]
+
+    def _take(self, force_snapshot: bool, may_split: bool = False) -> _Taken:
         """Take the queued batches, with the producer-state snapshot and first unstable offsets
-        that match them exactly (caller holds :attr:`lock`)."""
+        that match them exactly (caller holds :attr:`lock`): all of them, or under a backlog the
+        first half (:meth:`_half_to_leave`) for another flusher to encode the rest beside this one."""
         pending, self._pending = self._pending, []
+        cut = self._half_to_leave(pending, force_snapshot) if may_split else 0
+        if cut:
+            pending, self._pending = pending[:cut], pending[cut:]
         self._taken[id(pending)] = pending
         taken_bytes = self.schedule.taken()
         self._flush_requested = False
+        if cut:  # the rest stays queued, due now: the other flusher takes it
+            taken_bytes = sum(p.nbytes for p in pending)
+            for p in self._pending:
+                self.schedule.queued(p.nbytes)
+            self._flush_requested = True
+            self._wake.notify_all()
         live = [p for p in pending if self._is_live(p.batch.topic, p.batch.partition)]
         dropped = [p for p in pending if p not in live] if len(live) != len(pending) else []
         extra, self._extra = self._extra, []
@@ -410,6 +475,33 @@ class GroupCommitter:
         for tp in unstable:
             unstable[tp] = self._first_unstable_offset(*tp)
         return _Taken(pending, live, dropped, extra, snapshot, unstable)
+
+    def _half_to_leave(self, pending: list[PendingBatch], force_snapshot: bool) -> int:
+        """Where to cut ``pending`` so this flush takes its first half and leaves the rest to
+        another flusher (0: take it all). Under a backlog (:meth:`_backlog_bytes` queued) with a
+        flusher idle, one flush of everything queued left the other flusher idle while the
+        producer waited for the commit (a bulk load's 30 MB slices were encoded one at a time);
+        halves are encoded side by side. Only when nothing else must match the batches taken
+        exactly: no producer-state snapshot is due and no actions wait to be committed (each
+        describes everything appended so far), and no control batch is left behind -- a
+        marker already ended its transaction in the producer state, so the first unstable
+        offset this flush commits would pass the transaction's records before the marker is
+        committed. Caller holds :attr:`lock`."""
+        if (force_snapshot or self._extra or self._preparing >= FLUSH_THREADS
+                or self.schedule.pending_bytes < self._backlog_bytes() or len(pending) < 2):
+            return 0
+        total, half = 0, self.schedule.pending_bytes / 2
+        for cut, p in enumerate(pending, 1):
+            total += p.nbytes
+            if total >= half:
+                break
+        if cut >= len(pending) or any(p.batch.is_control for p in pending[cut:]):
+            return 0
+        # a snapshot that the first half alone would make due covers the rest too: take it all
+        if (self._flushes_since_snapshot + 1 >= self.config.producer_snapshot_interval
+                and self._bytes_since_snapshot + total >= self.snapshot_bytes):
+            return 0
+        return cut
 
     def snapshot_due(self) -> bool:
         """Whether a periodic producer-state snapshot is due (the rule of the module docstring):
@@ -436,8 +528,13 @@ class GroupCommitter:
             if keys:
                 work.path = f"{DATA_PREFIX}{now_ms():013d}-{uuid.uuid4().hex}.parquet"
                 work.tables = [record_table(topic, partition, by_tp[(topic, partition)]) for topic, partition in keys]
+                buffer = self._encode_buffer(encode_buffer_size(work.tables))
                 work.data, ranges = encode_segments(work.tables, self.config.compression, self.config.row_group_rows,
-                                                   as_buffer=True)
+                                                   as_buffer=True, target=buffer)
+                if work.data.address == buffer.address:
+                    work.buffer = buffer
+                else:  # outgrew the estimate: encoded into a stream of its own
+                    self._release_buffer(buffer)
                 memory = [t.nbytes for t in work.tables]
                 total_memory = sum(memory) or 1
                 for (topic, partition), table, (rg_start, rg_count), mem in zip(keys, work.tables, ranges, memory):

@@ -285,6 +285,35 @@ def test_bulk_arrow_load_by_partition_column_keeps_row_order(conf, grouped):
         assert [m.offset() for m in msgs if m.partition() == part] == list(range(3_000))
 
 
+@pytest.mark.parametrize("with_headers", [True, False], ids=["headers", "no-headers"])
+def test_split_by_partition_copies_only_the_columns_that_vary(with_headers):
+    """The bulk load groups interleaved rows by partition with one take per column, except for
+    columns whose rows are all equal (all null, or named uniform: the load time standing in for
+    absent timestamps), which are kept as they are: every partition still gets exactly its rows,
+    in table order, with their own timestamp, key, value and headers."""
+    import numpy as np
+    import pyarrow as pa
+
+    from txlake.formats.records import HEADER_TYPE, PAYLOAD_SCHEMA
+    from txlake.producer import _split_by_partition
+
+    n = 1_000
+    parts = np.array([(i * 7) % 3 for i in range(n)], dtype=np.int32)
+    headers = ([[{"key": "h", "value": b"%d" % i}] if i % 4 == 0 else None for i in range(n)] if with_headers
+               else [None] * n)
+    payload = pa.table({"timestamp": pa.array(range(1_000, 1_000 + n), pa.int64()),
+                        "key": [b"k%d" % i for i in range(n)], "value": [b"v%d" % i for i in range(n)],
+                        "headers": pa.array(headers, HEADER_TYPE)}, schema=PAYLOAD_SCHEMA)
+    got = {p: t.to_pylist() for p, t in _split_by_partition(payload, parts)}
+    rows = payload.to_pylist()
+    assert got == {p: [rows[i] for i in range(n) if parts[i] == p] for p in range(3)}
+    # a uniform timestamp column is kept, not taken: every row still has the one time
+    now = payload.set_column(0, "timestamp", pa.array(np.full(n, 5, dtype=np.int64)))
+    got = {p: t.to_pylist() for p, t in _split_by_partition(now, parts, uniform=("timestamp",))}
+    rows = now.to_pylist()
+    assert got == {p: [rows[i] for i in range(n) if parts[i] == p] for p in range(3)}
+
+
 def test_kafka_error_api():
     err = KafkaError(KafkaError.CONCURRENT_TRANSACTIONS)
     assert (err.code(), err.name(), err.retriable(), err.fatal()) == (51, "CONCURRENT_TRANSACTIONS", True, False)

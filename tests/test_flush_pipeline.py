@@ -147,3 +147,121 @@ def test_a_failed_put_fails_its_flush_in_commit_order(storage):
         assert [(s.base_offset, s.last_offset) for s in broker.catalog.state.partition("t", 0).segments] == [(0, 9)]
     finally:
         broker.close()
+
+
+def test_encode_buffers_are_reused_one_per_flusher_and_dropped_when_far_too_big(storage):
+    """A flush encodes its object into a buffer a previous flush's PUT is done with (its pages
+    are mapped already); at most one per flusher is kept, and one more than 4x (+8 MiB) too big
+    for a flush is dropped rather than held."""
+    broker = open_broker(storage)
+    try:
+        committer = broker._committer
+        # a quarter more than asked, in whole MiB (a slightly bigger next flush fits it too)
+        a, b, c = (committer._encode_buffer(size) for size in (100, 2 << 20, 3 << 20))
+        assert [x.size for x in (a, b, c)] == [1 << 20, 3 << 20, 4 << 20]
+        for x in (a, b, c):
+            committer._release_buffer(x)
+        assert [x.size for x in committer._buffers] == [4 << 20, 3 << 20]  # FLUSH_THREADS, the biggest
+        assert committer._encode_buffer(1 << 20) is b  # the smallest that fits
+        assert committer._encode_buffer(5 << 20).size == 7 << 20  # none fits: a new one
+        big = committer._encode_buffer(64 << 20)
+        committer._release_buffer(big)
+        assert [x.size for x in committer._buffers] == [80 << 20, 4 << 20]
+        assert committer._encode_buffer(1 << 20) is c and committer._buffers == []  # big is > 4x + 8 MiB: dropped
+    finally:
+        broker.close()
+
+
+def test_objects_encoded_into_reused_buffers_are_intact(storage, monkeypatch):
+    """Flush after flush reuses one encode buffer (released when its object's PUT ends), and
+    every object in storage holds exactly its flush's records, also under a backlog (two
+    flushers); after BUFFER_KEEP_S idle, the buffers are let go."""
+    from txlake.formats.records import read_segment
+
+    targets = []
+    real = group_commit.encode_segments
+
+    def recording(tables, *args, **kwargs):
+        targets.append(kwargs["target"].address)
+        return real(tables, *args, **kwargs)
+
+    monkeypatch.setattr(group_commit, "encode_segments", recording)
+    monkeypatch.setattr(group_commit, "BUFFER_KEEP_S", 600)  # kept between the produce calls below
+    broker = open_broker(storage, flush_max_bytes=64)  # every queued batch is a backlog
+    try:
+        for i in range(4):  # one flush at a time: each encodes into the buffer the one before used
+            assert broker.produce([ProduceBatch("t", 0, payload(50, 50 * i, size=2_000))])[0].base_offset == 50 * i
+        assert len(targets) == 4 and len(set(targets)) == 1
+        futures = [broker.produce_async([ProduceBatch("t", 0, payload(50, 50 * i, size=2_000))])[0]
+                   for i in range(4, 30)]
+        assert [f.result(30).base_offset for f in futures] == [50 * i for i in range(4, 30)]
+        values = []
+        for seg in broker.catalog.state.partition("t", 0).segments:
+            data = broker.store.get(seg.path)
+            values += read_segment(data, seg.path, seg.row_groups).column("value").to_pylist()
+        assert values == [(b"v%d-" % i).ljust(2_000, b"x") for i in range(1_500)]
+        monkeypatch.setattr(group_commit, "BUFFER_KEEP_S", 0.05)  # the flush below idles the flushers again
+        assert broker.produce([ProduceBatch("t", 0, payload(1, 1_500))])[0].base_offset == 1_500
+        deadline = time.monotonic() + 10
+        while broker._committer._buffers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broker._committer._buffers == []
+    finally:
+        broker.close()
+
+
+def test_a_flusher_takes_half_of_a_backlog_and_leaves_the_rest_to_the_idle_one(storage):
+    """Under a backlog, with the other flusher idle, a flush takes the first half of the queued
+    batches and the other flusher encodes the rest beside it (one flush of everything left the
+    second flusher idle while a bulk load waited for the commit): two objects, in offset order."""
+    broker = open_broker(storage, flush_max_bytes=64 * 1024)  # a backlog from 16 KiB queued
+    try:
+        # four 20 KB batches queued under one lock: the flush is due (64 KiB) once all are queued
+        # (keys k10..k49: batches of equal bytes)
+        futures = broker.produce_async([ProduceBatch("t", 0, payload(10, 10 + 10 * i, size=2_000)) for i in range(4)])
+        assert [f.result(30).base_offset for f in futures] == [0, 10, 20, 30]
+        segments = broker.catalog.state.partition("t", 0).segments
+        # the first flush took the first two batches; the rest went in one flush, or in two when
+        # the first had ended before the second flusher took them (the split's rule again)
+        assert [(s.base_offset, s.last_offset) for s in segments] in (
+            [(0, 19), (20, 39)], [(0, 19), (20, 29), (30, 39)])
+        assert len({s.path for s in segments}) == len(segments)
+        assert broker.fetch("t", 0, 0).records.column("offset").to_pylist() == list(range(40))
+    finally:
+        broker.close()
+
+
+def test_a_backlog_is_taken_whole_when_a_marker_snapshot_or_busy_flusher_needs_it():
+    """The half a flush leaves behind may hold no control batch (the marker already ended its
+    transaction in the producer state: the first unstable offset committed with the first half
+    would pass the transaction's records), and the backlog is taken whole when a producer-state
+    snapshot or committed actions must match everything appended, or no flusher is idle."""
+    from concurrent.futures import Future
+
+    from txlake.engine.flush_schedule import FlushSchedule
+    from txlake.engine.group_commit import GroupCommitter, PendingBatch
+
+    committer = GroupCommitter.__new__(GroupCommitter)  # the rule alone: no threads, no storage
+    committer.config = BrokerConfig(flush_max_bytes=64 * 1024, producer_snapshot_interval=10)
+    committer.schedule = FlushSchedule(committer.config)
+    committer._extra, committer._preparing = [], 1
+    committer._flushes_since_snapshot, committer._bytes_since_snapshot, committer.snapshot_bytes = 0, 0, 0
+
+    def queue(*controls):
+        batches = [PendingBatch(ProduceBatch("t", 0, payload(1), is_control=c), i, 0, 0, Future(), nbytes=10_000)
+                   for i, c in enumerate(controls)]
+        committer.schedule.pending_bytes = 10_000 * len(batches)
+        return batches
+
+    assert committer._half_to_leave(queue(False, False, False, False), False) == 2
+    assert committer._half_to_leave(queue(False, False, False, True), False) == 0  # a marker left behind
+    assert committer._half_to_leave(queue(False, True, False, False), False) == 2  # a marker taken: fine
+    assert committer._half_to_leave(queue(False), False) == 0  # one batch: nothing to halve
+    assert committer._half_to_leave(queue(False, False, False, False), True) == 0  # a snapshot forced
+    committer._flushes_since_snapshot = 9  # the next flush makes a periodic snapshot due
+    assert committer._half_to_leave(queue(False, False, False, False), False) == 0
+    committer._flushes_since_snapshot = 0
+    committer._extra = [([{"action": "x"}], Future())]
+    assert committer._half_to_leave(queue(False, False, False, False), False) == 0
+    committer._extra, committer._preparing = [], 2  # both flushers busy: nobody takes the rest
+    assert committer._half_to_leave(queue(False, False, False, False), False) == 0

@@ -46,7 +46,15 @@ def test_segment_encoded_into_a_presized_buffer_equals_the_growing_stream_and_fa
     expected = growing.getvalue().to_pybytes()
     data, ranges = records.encode_segments([a, b], row_group_rows=64)
     assert data == expected and ranges == [(0, 5), (5, 8)]
-    monkeypatch.setattr(records, "_presized_buffer", lambda tables: pa.allocate_buffer(100))
+    # a target buffer given (the flushers reuse theirs): the object is written into it, same bytes
+    target = pa.allocate_buffer(records.encode_buffer_size([a, b]))
+    data, ranges = records.encode_segments([a, b], row_group_rows=64, as_buffer=True, target=target)
+    assert data.address == target.address and data.to_pybytes() == expected and ranges == [(0, 5), (5, 8)]
+    # one smaller than the estimate is not used
+    small = pa.allocate_buffer(records.encode_buffer_size([a, b]) - 1)
+    data, _ = records.encode_segments([a, b], row_group_rows=64, as_buffer=True, target=small)
+    assert data.address != small.address and data.to_pybytes() == expected
+    monkeypatch.setattr(records, "encode_buffer_size", lambda tables: 100)
     data, ranges = records.encode_segments([a, b], row_group_rows=64, as_buffer=True)
     assert data.to_pybytes() == expected and ranges == [(0, 5), (5, 8)]
 

@@ -288,6 +288,10 @@ def test_put_takes_any_bytes_like_object(storage):
     with pytest.raises(TypeError, match="bytes-like, got str"):
         store.put("d", "text")
     assert store.exists("d") is False
+    # bigger than one write of the local backend (WRITE_CHUNK_BYTES): every byte, in order
+    big = bytes(range(256)) * (3 * 4096 + 7)
+    store.put("e", pa.py_buffer(big))
+    assert store.get("e") == big
 
 
 def test_put_if_absent_thread_race(storage):
