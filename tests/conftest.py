@@ -64,7 +64,7 @@ class StorageTarget:
 
 #: the test files that take longest, longest first (seconds on the shared, loaded 2-core
 #: machine, 2026-11-25: a full run's ``--durations``, or the file run alone). ``dev/test.sh``
-#: runs files whole on 2 workers (``--dist loadfile``) in collection order
+#: runs files whole on 3 workers (``--dist loadfile``) in collection order
 #: (``--no-loadscope-reorder``): these go first, so the run does not end with one worker alone
 #: on a long file. xdist's default order (most tests
 #: first) put every one of them but test_spark_write last: they hold 1 or 2 tests each.
