@@ -36,12 +36,13 @@ import time
 import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_trickle import _mallinfo2  # noqa: E402
+from bench_trickle import _mallinfo2, add_writer_memory_options  # noqa: E402
 from common import fresh_root, peak_rss_mb, rss_mb  # noqa: E402
 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.catalog.catalog import MIN_LOG_RETENTION_MS  # noqa: E402
 from txlake.engine import compaction as compaction_module  # noqa: E402
+from txlake.engine.compaction import configure_writer_memory  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
 
 PHASES = ("rewrite_runs", "clean_objects", "drop_deleted_tables", "checkpoint_tables", "clean_dv_files",
@@ -133,7 +134,9 @@ def main() -> None:
     ap.add_argument("--no-publish", action="store_true", help="lake.publish.interval.ms=0")
     ap.add_argument("--cleanup-from", type=int, default=8, help="first round whose cleanups see the shifted clock")
     ap.add_argument("--shift", type=float, default=31.0, help="minutes the cleanups' clock is ahead")
+    add_writer_memory_options(ap)
     args = ap.parse_args()
+    memory = configure_writer_memory(args.memory_pool, args.malloc_arenas)
 
     url = fresh_root()
     conf = {"storage.url": url, "storage.file.delete.delay.ms": 0, "storage.orphan.grace.ms": 60_000,
@@ -143,7 +146,7 @@ def main() -> None:
         conf["lake.publish.interval.ms"] = 0
     print(f"bench_round_memory: {args.rounds} rounds of {args.records} records at {args.rate:g}/s, flush "
           f"{args.flush_ms} ms, publish {'off' if args.no_publish else 'on'}, skip {args.skip or 'nothing'}; "
-          f"Arrow pool {pa.default_memory_pool().backend_name}", flush=True)
+          f"{memory}", flush=True)
     with AdminClient(conf) as admin:
         admin.create_topics([NewTopic("trickle", 1)])["trickle"].result()
     meter = PhaseMeter(set(args.skip), int(args.shift * 60_000))

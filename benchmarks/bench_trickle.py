@@ -47,7 +47,7 @@ from common import fresh_root, machine, peak_rss_mb, root_path, rss_mb  # noqa: 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.catalog.catalog import MIN_LOG_RETENTION_MS  # noqa: E402
 from txlake.catalog.storage import ObjectStore  # noqa: E402
-from txlake.engine.compaction import MEMORY_POOL_BACKENDS, compact, use_memory_pool  # noqa: E402
+from txlake.engine.compaction import MEMORY_POOL_BACKENDS, compact, configure_writer_memory  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
 
 #: object kinds by key prefix
@@ -169,6 +169,16 @@ def fmt_table(rows: list[list], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def add_writer_memory_options(ap: argparse.ArgumentParser) -> None:
+    """``--memory-pool`` and ``--malloc-arenas``: the process's allocators, set up as ``txlake serve``
+    sets up its own (``configure_writer_memory``), with the same defaults."""
+    ap.add_argument("--memory-pool", choices=("auto", "default") + MEMORY_POOL_BACKENDS, default="auto",
+                    help="the process's Arrow memory pool, as `txlake serve --memory-pool` (auto: jemalloc when "
+                         "pyarrow has it; default: pyarrow's, mimalloc)")
+    ap.add_argument("--malloc-arenas", type=int, default=2,
+                    help="the most glibc malloc arenas, as `txlake serve --malloc-arenas` (0: glibc's default)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=200.0, help="records per second")
@@ -176,18 +186,15 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3600.0, help="seconds of producing")
     ap.add_argument("--sample", type=float, default=10.0, help="seconds between RSS samples")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="client setting override")
-    ap.add_argument("--memory-pool", choices=("default",) + MEMORY_POOL_BACKENDS, default="default",
-                    help="the process's Arrow memory pool, as `txlake serve --memory-pool` (default: pyarrow's)")
+    add_writer_memory_options(ap)
     ap.add_argument("--keep", action="store_true", help="keep the storage root (its path is printed)")
     args = ap.parse_args()
 
-    if args.memory_pool != "default":
-        use_memory_pool(args.memory_pool)
+    memory = configure_writer_memory(args.memory_pool, args.malloc_arenas)
     url = fresh_root(keep=args.keep)
     conf = {"storage.url": url, "storage.file.delete.delay.ms": 0, "storage.orphan.grace.ms": 60_000,
             "storage.catalog.retention.ms": MIN_LOG_RETENTION_MS, **parse_conf(args.conf)}
-    print(f"bench_trickle: {args.rate:g} records/s of {args.record_bytes} B for {args.duration:g} s; Arrow pool "
-          f"{pa.default_memory_pool().backend_name}; {machine()}")
+    print(f"bench_trickle: {args.rate:g} records/s of {args.record_bytes} B for {args.duration:g} s; {memory}; {machine()}")
     print(f"root {url}; settings: " + ", ".join(f"{k}={v}" for k, v in conf.items() if k != "storage.url"))
     puts = PutCounter()
     with AdminClient(conf) as admin:

@@ -63,7 +63,7 @@ from .object_cleaner import Committer
 __all__ = ["COALESCE_PIECES", "DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS",
            "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "TIER_SLACK",
            "MergeCancelled", "MergeRun", "RoundWorkers", "RowFilter", "SegmentRewrite", "StaleRewriteError",
-           "commit_rewrite", "discard_rewrite", "in_batches", "plan_merges", "release_unused_memory",
+           "commit_rewrite", "discard_rewrite", "glibc_function", "in_batches", "plan_merges", "release_unused_memory",
            "replace_segments", "rewrite_runs", "rewrite_segments", "swap_actions"]
 
 T = TypeVar("T")
@@ -134,16 +134,18 @@ def release_unused_memory() -> None:
         _malloc_trim(0)
 
 
-def _find_malloc_trim():
+def glibc_function(name: str):
+    """glibc's function ``name`` through ctypes, or None when the C library is not glibc (or
+    lacks it): ``malloc_trim`` here, ``mallopt`` for :func:`~.compaction.limit_malloc_arenas`."""
     try:
         import ctypes
 
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):  # not glibc
         return None
 
 
-_malloc_trim = _find_malloc_trim()
+_malloc_trim = glibc_function("malloc_trim")
 
 
 class RoundWorkers:

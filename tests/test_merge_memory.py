@@ -284,3 +284,84 @@ def test_use_memory_pool_refuses_a_backend_pyarrow_lacks_and_leaves_the_pool():
                                          r"mimalloc, jemalloc, system"):
         use_memory_pool("tcmalloc")
     assert pa.default_memory_pool().backend_name == before
+
+
+#: a writer process's allocators in a fresh interpreter: ``configure_writer_memory(argv[1],
+#: argv[2])``, then 8 threads allocate (glibc's malloc, through ctypes) while all of them hold
+#: their chunks; prints the Arrow pool in use and the arenas glibc made (``malloc_info``'s
+#: ``<heap nr=...>`` elements)
+WRITER_MEMORY_CHILD = r"""
+import ctypes, json, os, sys, tempfile, threading
+import pyarrow as pa
+from txlake.engine.compaction import configure_writer_memory
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.fopen.restype = ctypes.c_void_p
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+said = configure_writer_memory(sys.argv[1], int(sys.argv[2]))
+held = threading.Barrier(8)
+
+def allocate():
+    chunks = [libc.malloc(1024) for _ in range(100)]
+    held.wait()
+    for chunk in chunks:
+        libc.free(chunk)
+
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+path = os.path.join(tempfile.mkdtemp(), "malloc_info.xml")
+fp = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, fp)
+libc.fclose(fp)
+print(json.dumps({"said": said, "pool": pa.default_memory_pool().backend_name,
+                  "arenas": open(path).read().count("<heap nr=")}))
+"""
+
+
+def _writer_memory(*args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", WRITER_MEMORY_CHILD, *args], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or "jemalloc" not in pa.supported_memory_backends(),
+                    reason="glibc's malloc arenas, pyarrow's jemalloc")
+def test_a_writer_process_runs_on_jemalloc_with_two_malloc_arenas():
+    # what `txlake serve` sets up at its start (issue 14: RSS grew between compaction rounds
+    # with nothing alive). mimalloc gives a page back only when the thread that allocated it
+    # collects; glibc gives a thread that allocates while the others hold their arenas one of
+    # its own (up to 8 per core) and a freed chunk goes back only to its arena.
+    assert _writer_memory("auto", "2") == {"said": "Arrow memory pool jemalloc, malloc arenas at most 2",
+                                           "pool": "jemalloc", "arenas": 2}
+    # the control: pyarrow's and glibc's defaults (main arena + one per thread here)
+    default = _writer_memory("default", "0")
+    assert default["said"] == "Arrow memory pool mimalloc, malloc arenas glibc's default"
+    assert default["pool"] == "mimalloc" and default["arenas"] > 2, default
+
+
+def test_writer_memory_settings_refuse_fewer_than_one_arena():
+    from txlake.engine.compaction import configure_writer_memory, limit_malloc_arenas
+
+    with pytest.raises(ValueError, match=r"^malloc arenas must be at least 1, got 0$"):
+        limit_malloc_arenas(0)
+    with pytest.raises(ValueError, match=r"^malloc arenas must be at least 1 \(0: glibc's default\), got -1$"):
+        configure_writer_memory("default", -1)
+
+
+@pytest.mark.skipif("jemalloc" not in pa.supported_memory_backends(), reason="this pyarrow has no jemalloc")
+@pytest.mark.parametrize("serve_root", ["file"], indirect=True)
+def test_txlake_serve_sets_up_its_allocators_as_a_writer_process(serve_root):
+    # the log line is configure_writer_memory's account of what is in effect (the pool's
+    # backend_name, mallopt's answer)
+    served = serve_root.start()
+    assert "txlake serve: Arrow memory pool jemalloc, malloc arenas at most 2 " in served.log_text()
+    assert served.stop() == 0
+    served.start(["--memory-pool", "default", "--malloc-arenas", "0"])  # pyarrow's and glibc's own choices
+    assert "txlake serve: Arrow memory pool mimalloc, malloc arenas glibc's default " in served.log_text()

@@ -1180,15 +1180,18 @@ def _print_compaction_summary(console, summary, elapsed: float) -> None:
 @click.option("--config", "-c", "settings", multiple=True, metavar="KEY=VALUE",
               help="An engine setting (the storage.* keys of a client config, e.g. "
                    "storage.flush.interval.ms=100; docs/server.md). Repeatable.")
-@click.option("--memory-pool", type=click.Choice(["default", "mimalloc", "jemalloc", "system"]), default="default",
-              show_default=True,
-              help="The process's Arrow memory pool: pyarrow's default (mimalloc), or another allocator "
-                   "pyarrow was built with (docs/server.md, \"Memory\").")
+@click.option("--memory-pool", type=click.Choice(["auto", "default", "mimalloc", "jemalloc", "system"]),
+              default="auto", show_default=True,
+              help="The process's Arrow memory pool: auto (jemalloc when pyarrow has it, else pyarrow's "
+                   "default), default (pyarrow's: mimalloc), or another allocator pyarrow was built with "
+                   "(docs/server.md, \"Memory\").")
+@click.option("--malloc-arenas", type=click.IntRange(min=0), default=2, show_default=True,
+              help="The most glibc malloc arenas of the process (M_ARENA_MAX; 0: glibc's default, 8 per core).")
 @storage_options
 @writer_options
 @click.pass_context
 def serve_command(ctx: click.Context, listen: str, advertised_listener: str | None, settings: tuple[str, ...],
-                  memory_pool: str) -> None:
+                  memory_pool: str, malloc_arenas: int) -> None:
     """Run the engine as a single-node Kafka-compatible broker over the storage root: any Kafka
     client connects with bootstrap.servers=HOST:PORT (docs/server.md). Prints "txlake serve:
     listening on HOST:PORT" once it accepts connections; SIGTERM or Ctrl-C stops it cleanly
@@ -1212,15 +1215,15 @@ def serve_command(ctx: click.Context, listen: str, advertised_listener: str | No
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     cfg = parse_config(client_conf(ctx, **extra), "admin")
-    if memory_pool != "default":
-        from txlake.engine.compaction import use_memory_pool
+    from txlake.engine.compaction import configure_writer_memory
 
-        try:
-            use_memory_pool(memory_pool)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--memory-pool") from None
+    try:
+        memory = configure_writer_memory(memory_pool, malloc_arenas)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory-pool") from None
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("txlake.serve").info("txlake serve: %s (docs/server.md, \"Memory\")", memory)
     try:
         serve(cfg.storage_url, cfg.storage_options, listen, advertised_listener, cfg.broker_config())
     except ApiError as exc:
