@@ -232,12 +232,20 @@ def test_a_rounds_workers_give_back_the_memory_other_threads_freed():
     # thread. mimalloc returns such a page only when the thread that allocated it collects:
     # without the workers' release the process kept ~150 MB it no longer used after the rounds
     # (measured 68 -> 215 MB); with it, ~10 MB (68 -> 78 MB).
+    # The control (the same rounds without the release) keeps the memory in most runs, but
+    # mimalloc's own delayed purge sometimes returns it anyway on a loaded machine (+6.6 MB,
+    # twice in about 6 runs): the control is run up to 3 times and must keep it once.
     kept = _round_memory(release=True)
-    lost = _round_memory(release=False)
-    assert kept["backend"] == "mimalloc"  # pyarrow's default pool: the one a writer runs on
+    assert kept["backend"] == "mimalloc"  # pyarrow's default pool: the one an embedding process runs on
     assert kept["peak"] - kept["start"] > 100, kept  # the buffers were there
     assert kept["end"] - kept["start"] < 40, kept
-    assert lost["end"] - lost["start"] > 100, lost  # the control: the same rounds without the release
+    controls = []
+    for _ in range(3):
+        controls.append(_round_memory(release=False))
+        if controls[-1]["end"] - controls[-1]["start"] > 100:
+            break
+    else:
+        raise AssertionError(f"the rounds without the release never kept the memory: {controls}")
 
 
 @FILE_ONLY
