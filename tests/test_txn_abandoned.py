@@ -77,6 +77,27 @@ def wait_until_stable(storage, topic: str, deadline: float, what: str, transacti
         time.sleep(0.1)
 
 
+def cached_metadata_matching_log(coordinator, transactional_id: str, log_state: str, deadline: float, what: str):
+    """The coordinator's cached metadata of ``transactional_id`` once it has caught up with its
+    log: no transition in progress and its state is ``log_state``, the last state durable in
+    ``__transaction_state``; fail once ``deadline`` (``time.time()``) has passed.
+
+    The cache lags the log by design (Kafka's ``TransactionStateManager`` completes a transition
+    in the append callback, after the record is durable): ending a transaction commits
+    PrepareCommit/PrepareAbort, the markers and CompleteCommit/CompleteAbort in one group commit,
+    and only then does the ending thread apply PrepareAbort, then CompleteAbort, to the cache. A
+    view of storage can thus show CompleteAbort while the cache still says Ongoing, the pending
+    transition in progress."""
+    while True:
+        metadata = coordinator.state.get_transaction_state(transactional_id).transaction_metadata
+        with metadata.lock:
+            state, pending = metadata.state.state_name, metadata.pending_state
+        if pending is None and state == log_state:
+            return metadata
+        assert time.time() < deadline, f"{what}: cached state {state} (pending {pending}), log state {log_state}"
+        time.sleep(0.05)
+
+
 def produce_idempotent(producer: Producer, topic: str) -> list[tuple[int, int, str]]:
     """Write N records ``i-<k>`` round robin over the partitions, flush, and return the delivery
     reports ``(partition, offset, value)`` (acks=all: durable)."""
@@ -160,7 +181,9 @@ def test_abandoned_transaction_times_out_under_a_plain_writer(storage, txn_procs
         assert view.aborted_index("out") == {p: [(pid, 0, marker_at)] for p in range(PARTS)}
         states = view.txn_log_states("abandoned")
         assert states[-3:] == ["Ongoing", "PrepareAbort", "CompleteAbort"], states
-        md = producer._broker.transaction_coordinator().state.get_transaction_state("abandoned").transaction_metadata
+        # the aborting thread applies the durable records to the coordinator's cache right after
+        md = cached_metadata_matching_log(producer._broker.transaction_coordinator(), "abandoned", states[-1],
+                                          time.time() + SLACK_S, "the coordinator's cache did not catch up")
         assert (md.state.state_name, md.producer_id, md.producer_epoch) == ("CompleteAbort", pid, epoch + 1)
 
         idempotent = [(k % PARTS, TXN_PER_PARTITION + k // PARTS, f"i-{k}") for k in range(N)]
