@@ -38,7 +38,18 @@ def test_short_campaign_finds_no_anomaly(storage, close_engines, tmp_path):  # n
         assert m, line
         ops.append(int(m.group(2)))
         with open(tmp_path / "h" / f"{m.group(1)}.jsonl") as fp:
-            assert sum(1 for e in History.load(fp).events if e.type not in ("final", "assign")) == ops[-1]
+            events = History.load(fp).events
+        assert (len({e.value for e in events if e.type == "send"}) + len({e.txn for e in events if e.type == "txn"})
+                + sum(1 for e in events if e.type in ("poll", "offset_commit"))) == ops[-1]
+        # the consume-transform-produce group ran (issue 20): its members' outputs to <topic>-out,
+        # its killed member restarted, its final committed offsets, every final reader read both topics
+        outputs = [e for e in events if e.type == "send" and e.source is not None]
+        assert outputs and {e.topic for e in outputs} == {f"{m.group(1)}-out"}
+        assert {e.process.split(".")[0] for e in outputs} <= {"m0", "m1", "m2"}
+        assert [e.group for e in events if e.type == "final_offsets"] == [f"{m.group(1)}-ctp"]
+        assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "delta", "duckdb"]
+        for e in (e for e in events if e.type == "final"):
+            assert {r[0] for r in e.records} == {m.group(1), f"{m.group(1)}-out"}
     assert lines[3] == f"3 trials, {sum(ops)} operations; anomalies: {ZEROS}"
 
 
