@@ -248,8 +248,8 @@ def report(totals: Totals, args: argparse.Namespace, command: str, started: str,
     """The markdown report of the soak so far."""
     from txlake.verify import KINDS
 
-    def row(counter: Counter) -> str:
-        return ", ".join(f"{k} {n}" for k, n in sorted(counter.items())) or "-"
+    def row(counter: Counter, sep: str = ", ") -> str:
+        return sep.join(f"{k} {n}" for k, n in sorted(counter.items()) if n) or "-"
 
     state = "complete" if done else f"**partial: {totals.trials + len(totals.errors)} of {args.trials} trials so far**"
     lines = [
@@ -272,7 +272,7 @@ def report(totals: Totals, args: argparse.Namespace, command: str, started: str,
         f"| time in trials | {totals.seconds:.0f} s ({totals.seconds / max(totals.trials + len(totals.errors), 1):.1f} s "
         "per trial) |",
         f"| operations (sends, transactions, polls, offset commits) | {totals.operations} |",
-        f"| trials by mode | {row(totals.modes)} |",
+        f"| trials by mode | {row(totals.modes, '; ')} |",
         f"| final reads by reader | {row(totals.readers)} |",
         f"| object-store faults injected (in-process trials, counted) | {row(totals.injected)} |",
         f"| served trials with each fault kind enabled (server-side, not counted) | {row(totals.served_fault_trials)} |",
@@ -345,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
             if (i + 1) % args.report_every == 0:
                 write(False)
         write(True)
+    except KeyboardInterrupt:  # stopped early (SIGINT): the report says how far it got
+        write(False)
+        print(f"interrupted after {totals.trials + len(totals.errors)} trials; partial report {args.report}")
     finally:
         if spark_readers is not None:
             spark_readers.stop()
