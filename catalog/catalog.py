@@ -462,7 +462,11 @@ class Catalog:
             self._next_known = version + 1
             self._apply(version, list(actions), len(data))
             if self.checkpoint_due():
-                self.write_checkpoint()
+                try:
+                    self.write_checkpoint()
+                except StorageError as exc:  # the commit landed: not its failure; the next commit tries again
+                    log.warning("checkpoint of catalog version %d not written (%s); the next commit writes one",
+                                version, exc)
             return version
 
     def _put_commit(self, key: str, data: bytes) -> bool:
@@ -495,14 +499,23 @@ class Catalog:
             )
 
     def write_checkpoint(self) -> str | None:
-        """Write the checkpoint of the current version (idempotent). Returns its key, or None if the state is empty."""
+        """Write the checkpoint of the current version (idempotent). Returns its key, or None if the state is empty.
+
+        The PUT is :func:`~.storage.put_if_absent_confirmed` (a PUT of unknown outcome is read
+        back, a failed one retried, up to :data:`COMMIT_PUT_ATTEMPTS`); a checkpoint of this
+        version already there (another process's) stands.
+
+        Raises:
+            StorageError: every attempt failed (:meth:`commit` logs it and goes on: the commit
+                landed, and the checkpoint stays due for the next commit).
+        """
         with self.lock:
             actions = self.state.checkpoint_actions()
             if not actions:
                 return None
             key = checkpoint_key(self.state.version)
             data = encode_actions(actions, CHECKPOINT_KIND, self.state.version)
-            self.store.put_if_absent(key, data)
+            put_if_absent_confirmed(self.store, key, data, "catalog checkpoint", COMMIT_PUT_ATTEMPTS)
             self.checkpoint_version, self.checkpoint_bytes, self.log_bytes_since_checkpoint = \
                 self.state.version, len(data), 0
             return key
