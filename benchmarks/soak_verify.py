@@ -201,6 +201,8 @@ def run_one(p: Plan, root_dir: str, spark_readers, s3: S3Store, totals: Totals) 
     except Exception as exc:  # noqa: BLE001 - a trial that could not run is reported, the soak goes on
         totals.errors.append((p.seed, p.mode, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
         traceback.print_exc()
+        if p.s3:  # e.g. a store-restart that did not come back: the next S3 trial starts a fresh server
+            s3.stop()
         return
     finally:
         registry.close_all()
