@@ -232,7 +232,8 @@ class Catalog:
         for version in sorted((v for v in versions if v > self.state.version), reverse=True):
             key = checkpoint_key(version)
             try:
-                data = self.store.get(key)
+                data = retry_storage(lambda: self.store.get(key), self.store.uri(key), "reading catalog checkpoint",
+                                     COMMIT_GET_ATTEMPTS)
                 actions = decode_actions(data, CHECKPOINT_KIND, self.store.uri(key))
             except FormatError as exc:
                 log.warning("skipping unreadable catalog checkpoint %s: %s", self.store.uri(key), exc)

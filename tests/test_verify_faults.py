@@ -156,6 +156,29 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_commit_committed(tmp_pat
     assert catalog.checkpoint_version == 3 and ObjectStore(f"file://{tmp_path}").get_or_none(checkpoint_key(3))
 
 
+def test_opening_a_catalog_retries_a_failed_checkpoint_get(tmp_path):
+    """Opening a root whose newest checkpoint's GET fails once (503 SlowDown, the ``get.error``
+    fault's error) reads it again. Found by the soak (seed 1054: ``AdminClient: cannot open
+    storage.url ...: storage get failed for .../_catalog/checkpoints/...102.parquet: 503``)."""
+    from txlake.catalog.catalog import checkpoint_key
+
+    catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"), checkpoint_interval=1)
+    epoch = WriterLease(catalog, lease_ms=60_000).acquire()
+    catalog.checkpoint_bytes = 0  # a checkpoint at the next commit
+    assert catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch) == 2
+    store = ObjectStore(f"file://{tmp_path}")
+    failing = _store(tmp_path, get_error_rate=1)
+    calls = []
+
+    def get(key):
+        calls.append(key)
+        return (failing.get if len(calls) == 1 else ObjectStore.get.__get__(store))(key)
+    store.get = get
+    opened = Catalog.open(store)
+    assert calls[:2] == [checkpoint_key(2)] * 2 and failing.faults.injected["get.error"] == 1
+    assert (opened.version, opened.checkpoint_version, sorted(opened.state.topics)) == (2, 2, ["t"])
+
+
 def test_catalog_commit_that_never_lands_raises_and_writes_nothing(tmp_path):
     catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"))
     epoch = WriterLease(catalog, lease_ms=60_000).acquire()
