@@ -76,7 +76,7 @@ from txlake.formats.errors import CorruptObjectError, FormatError
 
 from .errors import CatalogGapError, CommitConflictError, WriterFencedError
 from .state import CatalogState
-from .storage import ObjectNotFoundError, ObjectStore, StorageError, retry_storage
+from .storage import ObjectNotFoundError, ObjectStore, StorageError, put_if_absent_confirmed, retry_storage
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,8 @@ class Catalog:
         for version in sorted((v for v in versions if v > self.state.version), reverse=True):
             key = checkpoint_key(version)
             try:
-                data = self.store.get(key)
+                data = retry_storage(lambda: self.store.get(key), self.store.uri(key), "reading catalog checkpoint",
+                                     COMMIT_GET_ATTEMPTS)
                 actions = decode_actions(data, CHECKPOINT_KIND, self.store.uri(key))
             except FormatError as exc:
                 log.warning("skipping unreadable catalog checkpoint %s: %s", self.store.uri(key), exc)
@@ -462,47 +463,23 @@ class Catalog:
             self._next_known = version + 1
             self._apply(version, list(actions), len(data))
             if self.checkpoint_due():
-                self.write_checkpoint()
+                try:
+                    self.write_checkpoint()
+                except StorageError as exc:  # the commit landed: not its failure; the next commit tries again
+                    log.warning("checkpoint of catalog version %d not written (%s); the next commit writes one",
+                                version, exc)
             return version
 
     def _put_commit(self, key: str, data: bytes) -> bool:
         """``put_if_absent(key, data)`` that survives an unknown outcome: True if this call's
-        bytes are at ``key``, False if another writer's are.
-
-        A PUT that failed with a StorageError (a timeout or a reset after the store may have
-        applied it) is retried up to :data:`COMMIT_PUT_ATTEMPTS` times in all: repeating the
-        create-if-absent of the same bytes is safe, and when a retry finds the key taken the
-        object is read back -- the same bytes as this commit mean an earlier attempt of this
-        call created it (the S3 backend's own retries answer that with a PUT token,
-        storage.py). A first attempt that finds the key taken is a plain conflict, as before.
+        bytes are at ``key``, False if another writer's are (:func:`~.storage.put_if_absent_confirmed`,
+        up to :data:`COMMIT_PUT_ATTEMPTS` PUTs).
 
         Raises:
             StorageError: every attempt failed (the outcome stays unknown: the next commit of
                 this writer at this number finds out).
         """
-        failure: StorageError | None = None
-        for attempt in range(COMMIT_PUT_ATTEMPTS):
-            if attempt:
-                time.sleep(0.05 * attempt)
-            try:  # a store that refuses connections (restarting) is waited for; other failures count here
-                if retry_storage(lambda: self.store.put_if_absent(key, data), self.store.uri(key), "catalog commit", 1):
-                    return True
-            except ObjectNotFoundError:
-                raise
-            except StorageError as exc:
-                failure = exc
-                log.warning("catalog commit %s failed (%s); retrying (it may have been applied)", self.store.uri(key), exc)
-                continue
-            if failure is None:
-                return False
-            try:
-                return self.store.get(key) == data
-            except StorageError:
-                if attempt == COMMIT_PUT_ATTEMPTS - 1:
-                    raise
-                continue
-        assert failure is not None
-        raise failure
+        return put_if_absent_confirmed(self.store, key, data, "catalog commit", COMMIT_PUT_ATTEMPTS)
 
     def checkpoint_due(self) -> bool:
         """Whether the current version gets a checkpoint (the rule of the module docstring): at
@@ -523,14 +500,23 @@ class Catalog:
             )
 
     def write_checkpoint(self) -> str | None:
-        """Write the checkpoint of the current version (idempotent). Returns its key, or None if the state is empty."""
+        """Write the checkpoint of the current version (idempotent). Returns its key, or None if the state is empty.
+
+        The PUT is :func:`~.storage.put_if_absent_confirmed` (a PUT of unknown outcome is read
+        back, a failed one retried, up to :data:`COMMIT_PUT_ATTEMPTS`); a checkpoint of this
+        version already there (another process's) stands.
+
+        Raises:
+            StorageError: every attempt failed (:meth:`commit` logs it and goes on: the commit
+                landed, and the checkpoint stays due for the next commit).
+        """
         with self.lock:
             actions = self.state.checkpoint_actions()
             if not actions:
                 return None
             key = checkpoint_key(self.state.version)
             data = encode_actions(actions, CHECKPOINT_KIND, self.state.version)
-            self.store.put_if_absent(key, data)
+            put_if_absent_confirmed(self.store, key, data, "catalog checkpoint", COMMIT_PUT_ATTEMPTS)
             self.checkpoint_version, self.checkpoint_bytes, self.log_bytes_since_checkpoint = \
                 self.state.version, len(data), 0
             return key

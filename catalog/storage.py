@@ -319,6 +319,55 @@ def _s3_error_code(exc: BaseException) -> tuple[str | None, int | None]:
     return None, None
 
 
+def put_if_absent_confirmed(store: "ObjectStore", key: str, data: bytes, what: str, attempts: int) -> bool:
+    """``store.put_if_absent(key, data)`` that survives an unknown outcome: True if this call's
+    bytes are at ``key``, False if another writer's are (a lost create-if-absent race).
+
+    A PUT that fails with a :class:`StorageError` -- a timeout or a reset after the store may
+    have applied it (fault kind ``put.timeout``, catalog/faults.py) -- is followed by a read of
+    ``key``: our own bytes there mean the PUT was applied (committed); other bytes mean another
+    writer created it (False); no object means it was not applied, and the create-if-absent of
+    the same bytes is repeated (safe: it can only create them), up to ``attempts`` PUTs in all,
+    ``50 ms * n`` apart. A read that fails too counts as a failed attempt. A store that refuses
+    connections (restarting) is waited for as by :func:`retry_storage`. Used for the commits of
+    the catalog (:meth:`~.catalog.Catalog.commit`) and of the Delta tables (the table publisher).
+
+    Args:
+        key / data: as :meth:`ObjectStore.put_if_absent` (``data``: the commit's exact bytes).
+        what: what is committed (``"catalog commit"``, ``"Delta commit"``), for the warnings logged.
+        attempts: PUTs in all (>= 1).
+
+    Raises:
+        StorageError: every attempt failed and the read-back found nothing (the outcome stays
+            unknown only if the last read failed too; the error names the key).
+        ObjectNotFoundError: as :meth:`ObjectStore.put_if_absent`, at once.
+    """
+    url = store.uri(key)
+    failure: StorageError | None = None
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(0.05 * attempt)
+        try:
+            created = retry_storage(lambda: store.put_if_absent(key, data), url, what, 1)
+        except ObjectNotFoundError:
+            raise
+        except StorageError as exc:
+            failure = exc
+            log.warning("%s %s failed (%s); reading it back (it may have been applied)", what, url, exc)
+        else:
+            if created or failure is None:  # a first attempt that finds the key taken: a plain race lost
+                return created
+        try:  # the outcome of an earlier attempt is unknown: whose bytes are there?
+            found = retry_storage(lambda: store.get_or_none(key), url, f"reading back {what}", 1)
+        except StorageError as exc:
+            failure = exc
+            continue
+        if found is not None:
+            return found == data
+    assert failure is not None
+    raise failure
+
+
 def retry_storage(call: Callable[[], _T], url: str, what: str, attempts: int = STORAGE_ATTEMPTS) -> _T:
     """``call()``, repeated on a :class:`StorageError` (a 503 SlowDown, a connection reset, a
     timeout) up to ``attempts`` times in all, ``50 ms * n`` after the n-th failure (so about

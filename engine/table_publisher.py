@@ -59,9 +59,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
-from txlake.catalog.catalog import Catalog
+from txlake.catalog.catalog import COMMIT_PUT_ATTEMPTS, Catalog
 from txlake.catalog.state import CatalogState, PartitionState, SegmentInfo, TopicState
-from txlake.catalog.storage import ObjectStore
+from txlake.catalog.storage import ObjectStore, put_if_absent_confirmed
 from txlake.catalog.topic_names import is_internal
 from txlake.formats import delta_log as dl
 from txlake.formats.records import RECORD_SCHEMA
@@ -443,7 +443,10 @@ class TablePublisher:
             self.store.put(f"{table_key(topic)}/{dl.dv_file_name(dv_uuid)}", body)
             puts += 1
         self._hook("commit")
-        if not self.store.put_if_absent(f"{table_key(topic)}/{dl.commit_key(version)}", dl.encode_commit(actions)):
+        # a PUT of unknown outcome (a timeout after the store applied it) is read back: our bytes
+        # there are our commit (issue 20); another publisher's bytes are a race lost
+        if not put_if_absent_confirmed(self.store, f"{table_key(topic)}/{dl.commit_key(version)}",
+                                       dl.encode_commit(actions), "Delta commit", COMMIT_PUT_ATTEMPTS):
             return None
         puts += 1
         self._hook("committed")

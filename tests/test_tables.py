@@ -698,3 +698,26 @@ def test_the_publications_readers_give_their_memory_back_before_they_end(file_ro
         assert readers <= released
     finally:
         log.close()
+
+
+def test_a_commit_put_of_unknown_outcome_is_read_back_and_counts_as_committed(file_root):
+    """A Delta commit PUT the store applied but answered with a timeout (fault ``put.timeout``,
+    issue 20): ``txlake.tables.publish`` reads ``_delta_log/<version>.json`` back, finds its own
+    commit and returns it as committed (it used to raise the StorageError). At rate 1 every PUT
+    of the publication times out, retries included: the read-back alone decides."""
+    from txlake.catalog.faults import injected_totals
+    from txlake.tables import publish
+
+    log = Log(file_root)
+    try:
+        log.produce(log.producer, 2)
+        before = injected_totals()["put.timeout"]
+        faults = {**file_root.options, "storage.faults.put.timeout.rate": 1.0, "storage.faults.seed": 3}
+        [result] = publish(file_root.url, TOPIC, faults)
+        assert injected_totals()["put.timeout"] - before == 1  # the commit's PUT, read back at once
+        assert (result.version, result.committed) == (0, True)
+        assert delta_rs_rows(result.uri) == consumer_rows(log.conf, TOPIC, 3)
+        [again] = publish(file_root.url, TOPIC, file_root.options)  # the version is current: nothing to commit
+        assert (again.version, again.committed) == (0, False)
+    finally:
+        log.close()

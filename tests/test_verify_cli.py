@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from helpers import close_engines  # noqa: F401 (fixture)
 from txlake.cli import main
 from txlake.verify import KINDS, History
+from txlake.verify.ctp import plans
 
 ZEROS = ", ".join(f"{k} 0" for k in KINDS)
 
@@ -38,7 +39,18 @@ def test_short_campaign_finds_no_anomaly(storage, close_engines, tmp_path):  # n
         assert m, line
         ops.append(int(m.group(2)))
         with open(tmp_path / "h" / f"{m.group(1)}.jsonl") as fp:
-            assert sum(1 for e in History.load(fp).events if e.type not in ("final", "assign")) == ops[-1]
+            events = History.load(fp).events
+        assert (len({e.value for e in events if e.type == "send"}) + len({e.txn for e in events if e.type == "txn"})
+                + sum(1 for e in events if e.type in ("poll", "offset_commit"))) == ops[-1]
+        # the consume-transform-produce group ran (issue 20): its members' outputs to <topic>-out,
+        # its killed member restarted, its final committed offsets, every final reader read both topics
+        outputs = [e for e in events if e.type == "send" and e.source is not None]
+        assert outputs and {e.topic for e in outputs} == {f"{m.group(1)}-out"}
+        assert {e.process.split(".")[0] for e in outputs} <= {"m0", "m1", "m2"}
+        assert [e.group for e in events if e.type == "final_offsets"] == [f"{m.group(1)}-ctp"]
+        assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "delta", "duckdb"]
+        for e in (e for e in events if e.type == "final"):
+            assert {r[0] for r in e.records} == {m.group(1), f"{m.group(1)}-out"}
     assert lines[3] == f"3 trials, {sum(ops)} operations; anomalies: {ZEROS}"
 
 
@@ -47,7 +59,8 @@ def test_anomaly_exits_1_and_names_the_seed(tmp_path, monkeypatch, close_engines
     import txlake.verify.workload as workload
 
     real = workload.final_duckdb_read
-    monkeypatch.setattr(workload, "final_duckdb_read", lambda conf, topic: real(conf, topic)[:-1])
+    monkeypatch.setattr(workload, "final_duckdb_read",  # of the trial's topic, not of the group's output topic
+                        lambda conf, topic: real(conf, topic)[:-1] if topic.count("-") == 2 else real(conf, topic))
     result = CliRunner().invoke(main, ["verify", "--trials", "1", "--seed", "4", "--storage",
                                        f"file://{tmp_path}/root"], catch_exceptions=False)
     assert result.exit_code == 1
@@ -85,7 +98,11 @@ def test_campaign_through_txlake_serve_with_a_killed_writer(tmp_path, close_engi
     with open(tmp_path / "h" / f"{m.group(1)}.jsonl") as fp:
         events = History.load(fp).events
     assert sorted({e.reader for e in events if e.type == "final"}) == ["consumer", "delta", "duckdb", "wire"]
-    assert [e.txn for e in events if e.type == "txn" and e.error == "aborted by init_transactions"] == ["t0-T1"]
+    # the killed writer's open transaction, and the killed group member's (seed 2: m1 inside its transaction 0)
+    [victim] = [m for m in plans(2, 2, 0.2, 10)[0] if m.kill_at is not None]
+    assert (victim.name, victim.kill_at) == ("m1", 0)
+    assert sorted(e.txn for e in events if e.type == "txn" and e.error == "aborted by init_transactions") \
+        == ["m1-T0", "t0-T1"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -115,6 +115,70 @@ def test_catalog_commit_with_unknown_outcome_continues(tmp_path):
     assert sorted(Catalog.open(ObjectStore(f"file://{tmp_path}")).state.topics) == ["t", "u"]
 
 
+@pytest.mark.parametrize("faults,injected", [({"put_timeout_rate": 1}, {"put.timeout": 2}),
+                                             ({"put_error_rate": 0.5, "seed": 2}, {"put.error": 1})])
+def test_a_failed_checkpoint_put_does_not_fail_the_commit_before_it(tmp_path, faults, injected):
+    """The checkpoint a commit writes when one is due (here every commit) is put with the commit's
+    unknown-outcome handling: a timeout (the PUT applied) is read back, an error is retried, and
+    a checkpoint that cannot be written is not the commit's failure (the commit landed; the next
+    commit writes the checkpoint). Found by the soak (seed 1084: the checkpoint PUT at version
+    100 timed out, commit() raised although its commit had landed, the writer stopped)."""
+    from txlake.catalog.catalog import checkpoint_key
+
+    catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"), checkpoint_interval=1)
+    epoch = WriterLease(catalog, lease_ms=60_000).acquire()
+    catalog.checkpoint_bytes = 0  # a checkpoint is due at every commit, however small
+    catalog.store = _store(tmp_path, **faults)
+    version = catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    assert version == 2 and catalog.checkpoint_version == 2
+    assert {k: n for k, n in catalog.store.faults.injected.items() if n} == injected
+    assert ObjectStore(f"file://{tmp_path}").get_or_none(checkpoint_key(2)) is not None
+    assert sorted(Catalog.open(ObjectStore(f"file://{tmp_path}")).state.topics) == ["t"]
+
+
+def test_a_checkpoint_that_cannot_be_written_leaves_the_commit_committed(tmp_path):
+    from txlake.catalog.catalog import checkpoint_key
+
+    catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"), checkpoint_interval=1)
+    epoch = WriterLease(catalog, lease_ms=60_000).acquire()
+    catalog.checkpoint_bytes = 0  # a checkpoint is due at every commit, however small
+    store = catalog.store
+    failing = _store(tmp_path, put_error_rate=1)
+    store.put_if_absent_real = store.put_if_absent
+    store.put_if_absent = lambda key, data: (failing.put_if_absent if "checkpoints/" in key
+                                             else store.put_if_absent_real)(key, data)
+    version = catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch)
+    assert version == 2 and catalog.checkpoint_version < 2 and catalog.checkpoint_due()
+    assert failing.faults.injected["put.error"] == COMMIT_PUT_ATTEMPTS
+    assert ObjectStore(f"file://{tmp_path}").get_or_none(checkpoint_key(2)) is None
+    store.put_if_absent = store.put_if_absent_real  # the store is back: the next commit writes its checkpoint
+    assert catalog.commit([{"action": CREATE_TOPIC, "topic": "u", "topic_id": "y", "num_partitions": 1}], epoch) == 3
+    assert catalog.checkpoint_version == 3 and ObjectStore(f"file://{tmp_path}").get_or_none(checkpoint_key(3))
+
+
+def test_opening_a_catalog_retries_a_failed_checkpoint_get(tmp_path):
+    """Opening a root whose newest checkpoint's GET fails once (503 SlowDown, the ``get.error``
+    fault's error) reads it again. Found by the soak (seed 1054: ``AdminClient: cannot open
+    storage.url ...: storage get failed for .../_catalog/checkpoints/...102.parquet: 503``)."""
+    from txlake.catalog.catalog import checkpoint_key
+
+    catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"), checkpoint_interval=1)
+    epoch = WriterLease(catalog, lease_ms=60_000).acquire()
+    catalog.checkpoint_bytes = 0  # a checkpoint at the next commit
+    assert catalog.commit([{"action": CREATE_TOPIC, "topic": "t", "topic_id": "x", "num_partitions": 1}], epoch) == 2
+    store = ObjectStore(f"file://{tmp_path}")
+    failing = _store(tmp_path, get_error_rate=1)
+    calls = []
+
+    def get(key):
+        calls.append(key)
+        return (failing.get if len(calls) == 1 else ObjectStore.get.__get__(store))(key)
+    store.get = get
+    opened = Catalog.open(store)
+    assert calls[:2] == [checkpoint_key(2)] * 2 and failing.faults.injected["get.error"] == 1
+    assert (opened.version, opened.checkpoint_version, sorted(opened.state.topics)) == (2, 2, ["t"])
+
+
 def test_catalog_commit_that_never_lands_raises_and_writes_nothing(tmp_path):
     catalog = Catalog.open(ObjectStore(f"file://{tmp_path}"))
     epoch = WriterLease(catalog, lease_ms=60_000).acquire()

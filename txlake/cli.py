@@ -1397,9 +1397,12 @@ def verify_command(ctx: click.Context, trials: int, seed: int, history_dir: str 
 
     Each trial creates a topic verify-<seed>-<run> on the root of --storage (or
     $TXLAKE_STORAGE; without either, a temporary directory removed afterwards) and runs idempotent and transactional
-    producers (committing and aborting) and consumers under both isolation levels at once,
-    then reads the final state through a Consumer and DuckDB and checks the history for
-    lost writes, duplicates, aborted and precommitted reads, skipped and nonmonotonic polls.
+    producers (committing and aborting), consumers under both isolation levels and a
+    consume-transform-produce group (a member killed mid-transaction and restarted, one
+    joining and leaving) at once, then reads the final state through a Consumer, DuckDB and
+    the Delta table (and the wire with --serve) and checks the history for lost writes,
+    duplicates, aborted and precommitted reads, skipped and nonmonotonic polls, and offsets
+    committed without their outputs.
     -O storage.faults.* injects object-store faults; --process-faults kills, stops or restarts
     the server, a compaction or the object store during the trials.
     Prints one line per trial and the totals; exits 1 if any anomaly was found.

@@ -1,5 +1,6 @@
 """A campaign: N trials of the workload (:mod:`.workload`) with consecutive seeds, the
-counts of operations and anomalies by kind per trial and in total (``txlake verify``)."""
+counts of operations and anomalies by kind per trial and in total (``txlake verify``, and
+each trial of the soak, benchmarks/soak_verify.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .checker import KINDS, summarize
+from .ctp import GROUP_BROKER_SETTINGS
 from .workload import TrialResult, WorkloadSpec, default_readers, final_consumer_read, run_trial
+
+#: the workload of a campaign run without a spec (``txlake verify``): :class:`WorkloadSpec`'s
+#: sizes with the consume-transform-produce group (:mod:`.ctp`) of 2 initial members
+DEFAULT_SPEC = WorkloadSpec(ctp_members=2)
 
 
 @dataclass
@@ -44,14 +50,22 @@ def trial_line(index: int, trials: int, seed: int, result: TrialResult) -> str:
 def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None = None,
                  echo: Callable[[str], None] = print, history_dir: str | None = None,
                  serve: bool = False, process_faults: tuple[str, ...] = (),
-                 store_restart: Callable[[], None] | None = None) -> CampaignReport:
+                 store_restart: Callable[[], None] | None = None,
+                 readers: dict[str, Callable] | None = None,
+                 on_trial: Callable[[int, TrialResult], None] | None = None) -> CampaignReport:
     """Run ``trials`` trials on the root of ``conf``, trial ``i`` (from 0) with seed ``seed + i``
     on a new topic ``verify-<seed>-<random>``, echoing one :func:`trial_line` per trial and
     each anomaly under it.
 
+    The trials' group coordinator starts a group without waiting for more members
+    (:data:`~.ctp.GROUP_BROKER_SETTINGS`, unless ``conf`` sets it): in-process through
+    ``conf``, through ``txlake serve`` as its ``--config``.
+
     Args:
         conf: client config of the root (``storage.url``, ``storage.options``).
         trials: how many trials (>= 1).
+        spec: the workload of each trial (default :data:`DEFAULT_SPEC`: with the
+            consume-transform-produce group).
         seed: the first trial's seed; re-run one trial with its own seed and ``trials=1``.
         history_dir: a local directory to write each trial's history to
             (``<topic>.jsonl``), or None.
@@ -62,6 +76,9 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
         process_faults: kinds of :data:`~.process_faults.PROCESS_FAULTS`, one per trial in
             turn (:mod:`.process_faults`); counted in the report's ``process_faults``.
         store_restart: restarts the object store, for ``store-restart``.
+        readers: the final readers of the root (default :func:`~.workload.default_readers` of
+            ``conf``); through ``txlake serve`` the wire reader is added to them.
+        on_trial: called with each trial's seed and :class:`~.workload.TrialResult` once it is checked.
 
     Raises:
         ValueError: ``trials`` < 1; a process fault that needs ``serve`` or ``store_restart``.
@@ -72,15 +89,19 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
         raise ValueError(f"trials must be at least 1, got {trials}")
     from .process_faults import CLIENT_TIMEOUT_MS, ProcessFaults, RestartableServe
 
+    spec = spec or DEFAULT_SPEC
     if not serve:
+        conf = {**GROUP_BROKER_SETTINGS, **conf}
         faults = ProcessFaults(process_faults, conf, None, store_restart) if process_faults else None
-        return _trials(conf, trials, seed, spec, echo, history_dir, {}, faults)
+        return _trials(conf, trials, seed, spec, echo, history_dir, {} if readers is None else {"readers": readers},
+                       faults, on_trial)
     import dataclasses
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="txlake-verify-serve-") as run_dir, \
             open(os.path.join(run_dir, "serve.log"), "w") as log:
-        server = RestartableServe(conf["storage.url"], conf.get("storage.options") or {}, run_dir, log)
+        server = RestartableServe(conf["storage.url"], conf.get("storage.options") or {}, run_dir, log,
+                                  settings=GROUP_BROKER_SETTINGS)
         try:
             wire = {"bootstrap.servers": server.address}
             faults = None
@@ -90,10 +111,10 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
                 wire["reconnect.backoff.max.ms"] = 500  # back within a second of the server (default: up to 10 s)
                 faults = ProcessFaults(process_faults, conf, server, store_restart, run_dir, log)
             readers = {"wire": lambda topic, n: final_consumer_read(wire, topic, n, drain_s=2.0),
-                       **default_readers(conf)}
-            spec = dataclasses.replace(spec or WorkloadSpec(), send_interval_ms=200)  # kills land between sends
+                       **(default_readers(conf) if readers is None else readers)}
+            spec = dataclasses.replace(spec, send_interval_ms=200)  # kills land between sends
             report = _trials(wire, trials, seed, spec, echo, history_dir,
-                             dict(readers=readers, drain_s=2.0, kill_writer=run_dir), faults)
+                             dict(readers=readers, drain_s=2.0, kill_writer=run_dir), faults, on_trial)
         finally:
             code = server.stop()
             server.close()
@@ -102,8 +123,9 @@ def run_campaign(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None =
     return report
 
 
-def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo: Callable[[str], None],
-            history_dir: str | None, options: dict, faults=None) -> CampaignReport:
+def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec, echo: Callable[[str], None],
+            history_dir: str | None, options: dict, faults=None,
+            on_trial: Callable[[int, TrialResult], None] | None = None) -> CampaignReport:
     from contextlib import nullcontext
 
     report = CampaignReport()
@@ -132,6 +154,8 @@ def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo:
             report.anomalies[kind] += n
         if result.anomalies:
             report.failed_seeds.append(trial_seed)
+        if on_trial is not None:
+            on_trial(trial_seed, result)
         echo(trial_line(i + 1, trials, trial_seed, result))
         for a in result.anomalies:
             echo(f"  {a.kind} at {a.where or 'log'}: {a.note}; records {list(a.records)}")
@@ -142,7 +166,7 @@ def _trials(conf: dict, trials: int, seed: int, spec: WorkloadSpec | None, echo:
 _SETUP_ATTEMPTS = 8
 
 
-def _one_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec | None, history_dir: str | None,
+def _one_trial(conf: dict, seed: int, topic: str, spec: WorkloadSpec, history_dir: str | None,
                options: dict) -> TrialResult:
     """:func:`run_trial`, its history written to ``history_dir/<topic>.jsonl`` when given."""
     if history_dir is None:

@@ -86,7 +86,7 @@ def member_loop(conf: dict, history: History, topic_in: str, topic_out: str, gro
     Raises:
         KafkaException: a client error outside a transaction's outcome (init, a fatal error).
     """
-    from .workload import _records, clients
+    from .workload import clients, polled_records
 
     k = clients(conf)
     rng = random.Random(f"{plan.seed}-{process}")
@@ -115,7 +115,7 @@ def member_loop(conf: dict, history: History, topic_in: str, topic_out: str, gro
             if plan.leave_at is not None and History.now() >= plan.leave_at:
                 return LEFT
             t0 = History.now()
-            msgs = _records(k, consumer.consume(plan.max_batch, 0.1))
+            msgs = polled_records(k, consumer.consume(plan.max_batch, 0.1))
             if not msgs:
                 continue
             txn = f"{process}-T{n}"
@@ -140,7 +140,7 @@ def member_loop(conf: dict, history: History, topic_in: str, topic_out: str, gro
 def _transaction(k, producer, consumer, history: History, process: str, group: str, topic_out: str, txn: str,
                  recs: list, commit: bool, kill: bool, self_kill: bool) -> bool:
     """One transaction copying ``recs``; False when the member is killed inside it."""
-    from .workload import _send, end_transaction
+    from .workload import end_transaction, send_value
 
     ends: dict[tuple, int] = {}
     for t, p, o, _ in recs:
@@ -149,7 +149,7 @@ def _transaction(k, producer, consumer, history: History, process: str, group: s
     try:
         producer.begin_transaction()
         for _, p, _, value in recs:
-            _send(k, producer, history, process, topic_out, p, f"{value}>{txn}", txn, attempts=True,
+            send_value(k, producer, history, process, topic_out, p, f"{value}>{txn}", txn, attempts=True,
                   source=value)
         producer.send_offsets_to_transaction([k.TopicPartition(t, p, o) for (t, p), o in sorted(ends.items())],
                                              consumer.consumer_group_metadata(), 30)

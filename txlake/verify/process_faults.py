@@ -185,6 +185,9 @@ class RestartableServe:
     """``txlake serve`` on a root (a :class:`~txlake.serve_process.ServeProcess`) that a process
     fault can stop, kill and start again on the same address, so the clients reconnect to it.
 
+    Args:
+        settings: engine settings of every start (``--config KEY=VALUE``), or None.
+
     Attributes:
         proc: the current ServeProcess; address: ``HOST:PORT`` it listens on (kept across restarts).
 
@@ -192,10 +195,10 @@ class RestartableServe:
         as :class:`~txlake.serve_process.ServeProcess` (start-up failures).
     """
 
-    def __init__(self, url: str, options: dict, run_dir: str, log: IO[str]):
+    def __init__(self, url: str, options: dict, run_dir: str, log: IO[str], settings: dict | None = None):
         from txlake.serve_process import ServeProcess
 
-        self._start = lambda **kw: ServeProcess(url, options, run_dir, log, **kw)
+        self._start = lambda **kw: ServeProcess(url, options, run_dir, log, settings=settings, **kw)
         self.proc = self._start()
         self.address = self.proc.address
 

@@ -114,8 +114,29 @@ def _record_delivery(history: History, process: str, value: str, txn: str | None
     return on_delivery
 
 
-def _send(k, producer, history: History, process: str, topic: str, partition: int, value: str,
-          txn: str | None, attempts: bool = False, source: str | None = None) -> None:
+def send_value(k, producer, history: History, process: str, topic: str, partition: int, value: str,
+               txn: str | None, attempts: bool = False, source: str | None = None) -> None:
+    """Produce the unique ``value`` (UTF-8) to ``topic``/``partition`` with ``producer`` and record
+    its outcome in ``history`` as :class:`~.history.Send` events of ``process``.
+
+    The outcome is recorded when it is known: ``ok`` with the acknowledged offset from the
+    delivery report (``on_delivery``, served by this or a later ``producer.poll``/``flush``);
+    ``info`` (unknown outcome: the record may still have been appended, e.g. a timeout) for a
+    delivery error; ``fail`` (not written) when ``produce`` itself refused it (a
+    ``KafkaException`` or ``BufferError``, e.g. a fatal or fenced producer, a full queue).
+    Delivery semantics are the Kafka producer's (``KafkaProducer.send`` and its callback).
+
+    Args:
+        k: the client module of the producer (:func:`clients`).
+        producer: a ``Producer`` of that module (idempotent or transactional).
+        txn: the transaction the send belongs to (its name in the history), or None.
+        attempts: record the attempt first as ``info`` ``attempted`` (for a process that may be
+            SIGKILLed before its report: the attempt's record then stands as unknown outcome).
+        source: the input value a consume-transform-produce output copies (:mod:`.ctp`), or None.
+
+    Raises:
+        nothing of its own: a refused send is recorded, not raised.
+    """
     t0 = History.now()
     if attempts:  # a process that may be killed records the attempt first; its report replaces it
         history.add(Send(process, topic, partition, value, SEND_INFO, None, txn, "attempted", t0, t0, source=source))
@@ -135,7 +156,7 @@ def _idempotent(conf: dict, history: History, topic: str, name: str, spec: Workl
     p = k.Producer({**conf, "enable.idempotence": True, "linger.ms": 2})
     try:
         for n in range(spec.sends_per_producer):
-            _send(k, p, history, name, topic, rng.randrange(spec.partitions), f"{name}-{n}", None)
+            send_value(k, p, history, name, topic, rng.randrange(spec.partitions), f"{name}-{n}", None)
         p.flush(30)
     finally:
         p.flush(30)
@@ -172,7 +193,7 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
             t0, ending = History.now(), False
             try:
                 for n, partition in enumerate(partitions):
-                    _send(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
+                    send_value(k, p, history, name, topic, partition, f"{txn}-{n}", txn, attempts)
                     if spec.send_interval_ms:
                         time.sleep(spec.send_interval_ms / 1000)
                 t0, ending = History.now(), True
@@ -223,7 +244,7 @@ def end_transaction(producer, history: History, process: str, txn: str, commit: 
     history.add(Txn(process, txn, TXN_COMMIT if commit else TXN_ABORT, t0, History.now()))
 
 
-def _records(k, msgs: list) -> list:
+def polled_records(k, msgs: list) -> list:
     """The records among ``msgs``; an error other than end-of-partition or a transient one (the
     server unreachable for a while under process faults: the client retries) raises (a trial
     that cannot read is an error, not a history)."""
@@ -248,7 +269,7 @@ def _poller(conf: dict, history: History, topic: str, name: str, isolation: str,
         while quiet_since is None or History.now() - quiet_since < drain_s:
             finished = done.is_set()
             t0 = History.now()
-            msgs = _records(k, c.consume(200, 0.1))
+            msgs = polled_records(k, c.consume(200, 0.1))
             if msgs:
                 history.add(Poll(name, isolation, [(m.topic(), m.partition(), m.offset(), m.value().decode())
                                                    for m in msgs], t0, History.now()))
@@ -283,7 +304,7 @@ def final_consumer_read(conf: dict, topic: str, partitions: int, drain_s: float 
     try:
         last = History.now()
         while History.now() - last < drain_s:
-            msgs = _records(k, c.consume(500, 0.1))
+            msgs = polled_records(k, c.consume(500, 0.1))
             if msgs:
                 last = History.now()
             out.extend((m.topic(), m.partition(), m.offset(), m.value().decode()) for m in msgs)
