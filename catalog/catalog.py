@@ -76,7 +76,7 @@ from txlake.formats.errors import CorruptObjectError, FormatError
 
 from .errors import CatalogGapError, CommitConflictError, WriterFencedError
 from .state import CatalogState
-from .storage import ObjectNotFoundError, ObjectStore, StorageError, put_if_absent_confirmed, retry_storage
+from .storage import ObjectStore, StorageError, put_if_absent_confirmed, retry_storage
 
 log = logging.getLogger(__name__)
 
