@@ -60,7 +60,10 @@ FAULT_KINDS: dict[str, dict] = {
     "get.error": {"storage.faults.get.error.rate": 0.02},
     "get.delay": {"storage.faults.get.delay.rate": 0.05, "storage.faults.get.delay.ms": 20},
     "list.lag": {"storage.faults.list.lag.rate": 0.3, "storage.faults.list.lag.ms": 500},
-    "cas.race": {"storage.faults.cas.race.rate": 0.02},
+    # 0.005, not 0.02: a trial makes 100-150 commits (the consume-transform-produce group's),
+    # so at 0.02 a writer lost all 8 of its attempts in 18 of 800 trials and the trial could not
+    # run (docs/reliability-soak.md, seeds 1000-1799); a race per trial or two is what is tested
+    "cas.race": {"storage.faults.cas.race.rate": 0.005},
 }
 #: kinds a served trial does not draw: a cas.race fences ``txlake serve``'s writer for the rest
 #: of the server's life (only an in-process root is reopened, docs/reliability.md)
