@@ -203,12 +203,12 @@ def main() -> None:
     ap.add_argument("--bulk-only", action="store_true", help="only the bulk-load ratios")
     ap.add_argument("--served", action="store_true", help="also produce through txlake serve")
     ap.add_argument("--memory-pool", choices=("default", "mimalloc", "jemalloc", "system"), default="default",
-                    help="the process's Arrow memory pool (txlake.engine.compaction.use_memory_pool, as "
+                    help="the process's Arrow memory pool (txlake.engine.memory.use_memory_pool, as "
                          "`txlake serve --memory-pool`)")
     ap.add_argument("--decay-ms", type=int, default=1000, help="jemalloc's decay time (ms) with --memory-pool jemalloc")
     args = ap.parse_args()
     if args.memory_pool != "default":
-        from txlake.engine.compaction import use_memory_pool
+        from txlake.engine.memory import use_memory_pool
 
         use_memory_pool(args.memory_pool, args.decay_ms)
     results: dict = {}

@@ -42,7 +42,7 @@ from common import fresh_root, peak_rss_mb, rss_mb  # noqa: E402
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.catalog.catalog import MIN_LOG_RETENTION_MS  # noqa: E402
 from txlake.engine import compaction as compaction_module  # noqa: E402
-from txlake.engine.compaction import configure_writer_memory  # noqa: E402
+from txlake.engine.memory import configure_writer_memory  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
 
 PHASES = ("rewrite_runs", "clean_objects", "drop_deleted_tables", "checkpoint_tables", "clean_dv_files",

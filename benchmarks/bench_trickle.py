@@ -47,7 +47,8 @@ from common import fresh_root, machine, peak_rss_mb, root_path, rss_mb  # noqa: 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.catalog.catalog import MIN_LOG_RETENTION_MS  # noqa: E402
 from txlake.catalog.storage import ObjectStore  # noqa: E402
-from txlake.engine.compaction import MEMORY_POOL_BACKENDS, compact, configure_writer_memory  # noqa: E402
+from txlake.engine.compaction import compact  # noqa: E402
+from txlake.engine.memory import MEMORY_POOL_BACKENDS, configure_writer_memory  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
 
 #: object kinds by key prefix

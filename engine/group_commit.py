@@ -64,6 +64,7 @@ from txlake.formats.records import RECORD_SCHEMA, TIMESTAMP_LOG_APPEND_TIME, enc
 from .errors import ApiError, Errors
 from .flush_schedule import FlushSchedule
 from .log_reader import SegmentCache
+from .memory import bulk_memory_pool
 from .requests import BrokerConfig, ProduceBatch, ProduceResult
 
 log = logging.getLogger(__name__)
@@ -433,7 +434,7 @@ class GroupCommitter:
                 return chosen
         # a quarter more, in whole MiB: the next flushes, a little bigger or smaller, fit it too
         # (pages never written cost address space, not memory)
-        return pa.allocate_buffer(-(-(size * 5 // 4) // (1 << 20)) << 20)
+        return pa.allocate_buffer(-(-(size * 5 // 4) // (1 << 20)) << 20, memory_pool=bulk_memory_pool())
 
     def _release_buffer(self, buffer: pa.Buffer) -> None:
         """Keep ``buffer`` (its object's PUT is done) for a next flush: at most one per flusher,

@@ -58,12 +58,13 @@ from txlake.formats.records import (DEFAULT_ROW_GROUP_ROWS, RECORD_SCHEMA, read_
 
 from .group_commit import DATA_PREFIX
 from .log_reader import LogReader
+from .memory import glibc_function
 from .object_cleaner import Committer
 
 __all__ = ["COALESCE_PIECES", "DEAD_OBJECT_FRACTION", "MERGE_BATCH_BYTES", "MERGE_FACTOR", "MERGE_THREADS",
            "READ_THREADS", "ROW_GROUP_BYTES", "SMALL_SEGMENT_FRACTION", "TIER_FLOOR_BYTES", "TIER_SLACK",
            "MergeCancelled", "MergeRun", "RoundWorkers", "RowFilter", "SegmentRewrite", "StaleRewriteError",
-           "commit_rewrite", "discard_rewrite", "glibc_function", "in_batches", "plan_merges", "release_unused_memory",
+           "commit_rewrite", "discard_rewrite", "in_batches", "plan_merges", "release_unused_memory",
            "replace_segments", "rewrite_runs", "rewrite_segments", "swap_actions"]
 
 T = TypeVar("T")
@@ -132,17 +133,6 @@ def release_unused_memory() -> None:
     pa.default_memory_pool().release_unused()
     if _malloc_trim is not None:
         _malloc_trim(0)
-
-
-def glibc_function(name: str):
-    """glibc's function ``name`` through ctypes, or None when the C library is not glibc (or
-    lacks it): ``malloc_trim`` here, ``mallopt`` for :func:`~.compaction.limit_malloc_arenas`."""
-    try:
-        import ctypes
-
-        return getattr(ctypes.CDLL("libc.so.6"), name)
-    except (OSError, AttributeError):  # not glibc
-        return None
 
 
 _malloc_trim = glibc_function("malloc_trim")

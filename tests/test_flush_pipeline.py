@@ -152,7 +152,9 @@ def test_a_failed_put_fails_its_flush_in_commit_order(storage):
 def test_encode_buffers_are_reused_one_per_flusher_and_dropped_when_far_too_big(storage):
     """A flush encodes its object into a buffer a previous flush's PUT is done with (its pages
     are mapped already); at most one per flusher is kept, and one more than 4x (+8 MiB) too big
-    for a flush is dropped rather than held."""
+    for a flush is dropped rather than held. They come from the engine's bulk pool."""
+    from txlake.engine.memory import bulk_memory_pool
+
     broker = open_broker(storage)
     try:
         committer = broker._committer
@@ -164,7 +166,11 @@ def test_encode_buffers_are_reused_one_per_flusher_and_dropped_when_far_too_big(
         assert [x.size for x in committer._buffers] == [4 << 20, 3 << 20]  # FLUSH_THREADS, the biggest
         assert committer._encode_buffer(1 << 20) is b  # the smallest that fits
         assert committer._encode_buffer(5 << 20).size == 7 << 20  # none fits: a new one
+        # from the engine's bulk pool (issue 20: freed on another thread than it was allocated on)
+        pool = bulk_memory_pool()
+        before = pool.bytes_allocated()
         big = committer._encode_buffer(64 << 20)
+        assert pool.bytes_allocated() - before == 80 << 20
         committer._release_buffer(big)
         assert [x.size for x in committer._buffers] == [80 << 20, 4 << 20]
         assert committer._encode_buffer(1 << 20) is c and committer._buffers == []  # big is > 4x + 8 MiB: dropped

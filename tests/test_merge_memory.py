@@ -285,7 +285,7 @@ def test_every_thread_that_decoded_or_encoded_in_a_round_releases_its_memory(sto
 
 
 def test_use_memory_pool_refuses_a_backend_pyarrow_lacks_and_leaves_the_pool():
-    from txlake.engine.compaction import use_memory_pool
+    from txlake.engine.memory import use_memory_pool
 
     before = pa.default_memory_pool().backend_name
     with pytest.raises(ValueError, match=r"Arrow memory pool 'tcmalloc' is not available: this pyarrow supports "
@@ -301,7 +301,7 @@ def test_use_memory_pool_refuses_a_backend_pyarrow_lacks_and_leaves_the_pool():
 WRITER_MEMORY_CHILD = r"""
 import ctypes, json, os, sys, tempfile, threading
 import pyarrow as pa
-from txlake.engine.compaction import configure_writer_memory
+from txlake.engine.memory import configure_writer_memory
 
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
@@ -355,7 +355,7 @@ def test_a_writer_process_runs_on_jemalloc_with_two_malloc_arenas():
 
 
 def test_writer_memory_settings_refuse_fewer_than_one_arena():
-    from txlake.engine.compaction import configure_writer_memory, limit_malloc_arenas
+    from txlake.engine.memory import configure_writer_memory, limit_malloc_arenas
 
     with pytest.raises(ValueError, match=r"^malloc arenas must be at least 1, got 0$"):
         limit_malloc_arenas(0)

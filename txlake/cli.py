@@ -1215,7 +1215,7 @@ def serve_command(ctx: click.Context, listen: str, advertised_listener: str | No
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     cfg = parse_config(client_conf(ctx, **extra), "admin")
-    from txlake.engine.compaction import configure_writer_memory
+    from txlake.engine.memory import configure_writer_memory
 
     try:
         memory = configure_writer_memory(memory_pool, malloc_arenas)

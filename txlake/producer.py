@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from txlake.engine.requests import ProduceBatch, ProduceResult
 from txlake.engine.errors import ApiError, Errors
+from txlake.engine.memory import bulk_memory_pool
 from txlake.engine.partitioner import consistent_partition, fnv1a_partition, partition_for_key
 from txlake.engine.producer_state import increment_sequence
 from txlake.engine.transaction_metadata import SHORT_MAX_VALUE
@@ -1337,7 +1338,9 @@ def _split_by_partition(payload: pa.Table, parts: np.ndarray,
     order = pa.array(np.argsort(keys, kind="stable").astype(np.int32, copy=False))
     varying = [name for name, column in zip(payload.column_names, payload.columns)
                if name not in uniform and column.null_count < n]
-    taken = payload.select(varying).take(order) if varying else payload  # one call: each releases and retakes the GIL
+    # one call (each releases and retakes the GIL), into the engine's bulk pool: the flushers
+    # free these rows once committed, and mimalloc, the default pool, would not reuse them here
+    taken = pc.take(payload.select(varying), order, memory_pool=bulk_memory_pool()) if varying else payload
     grouped = pa.Table.from_arrays(
         [taken.column(name) if name in varying else payload.column(name) for name in payload.column_names],
         schema=payload.schema)
