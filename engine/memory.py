@@ -51,7 +51,10 @@ def use_memory_pool(backend: str, decay_ms: int = JEMALLOC_DECAY_MS) -> str:
     jemalloc purges its arenas from any thread: with ``backend="jemalloc"`` freed pages are
     returned after ``decay_ms`` (``pa.jemalloc_set_decay_ms``; 0: at once) and
     :func:`~.segment_merge.release_unused_memory` purges every arena. docs/benchmarks.md ("Trickle") gives
-    what each measured.
+    what each measured. It does not reach Arrow's C++ allocations from the pool Arrow chose at
+    start-up, such as the Parquet writer's own page and compression buffers (``pq.write_table``
+    with jemalloc set here still took 32 MB from mimalloc); ``ARROW_DEFAULT_MEMORY_POOL`` in the
+    environment when the process starts does.
 
     Args:
         backend: one of :data:`MEMORY_POOL_BACKENDS`.
