@@ -171,3 +171,62 @@ def test_delta_reader_repeats_a_publication_whose_commit_put_timed_out(tmp_path,
     faulty = {"storage.url": url, "storage.options": {"storage.faults.put.timeout.rate": 1}}
     assert final_delta_read(faulty, "d") == [("d", 0, 0, "v0"), ("d", 0, 1, "v1"), ("d", 0, 2, "v2")]
     assert injected_totals()["put.timeout"] == before + 1
+
+
+def test_init_transactions_is_called_again_after_a_retriable_timeout(tmp_path, close_engines):  # noqa: F811
+    """A workload's transactional producer resumes an ``init_transactions`` that timed out (the
+    server stopped or slow under faults: seed 2071 of the soak failed its trial on the first
+    ``_TIMED_OUT``): a retriable error leaves the initialisation running and the next call
+    resumes it; a call budget spent raises the last error."""
+    import txlake
+    from txlake.verify.workload import init_transactions
+
+    conf = {"storage.url": f"file://{tmp_path}"}
+    txlake.AdminClient(conf).create_topics([txlake.NewTopic("t", 1)])["t"].result()
+    p = txlake.Producer({**conf, "transactional.id": "w"})
+    try:
+        with pytest.raises(txlake.KafkaException) as info:
+            init_transactions(txlake, p, timeout_s=0.0, calls=1)
+        assert (info.value.args[0].code(), info.value.args[0].retriable()) == (txlake.KafkaError._TIMED_OUT, True)
+        init_transactions(txlake, p, timeout_s=0.001, calls=100_000)
+        p.begin_transaction()
+        p.produce("t", b"after the retries")
+        p.commit_transaction(30)
+    finally:
+        p.close()
+
+
+def test_a_member_that_missed_max_poll_interval_rejoins_instead_of_failing_its_trial(tmp_path, close_engines):  # noqa: F811
+    """``polled_records`` passes over ``_MAX_POLL_EXCEEDED`` (seeds 2119, 2221, 2223 and 2280 of the
+    soak failed their trials on it when the machine starved them): the member has left the
+    group, and its next polls serve the loss and rejoin, then deliver the records again."""
+    import time
+
+    import txlake
+    from txlake.verify.workload import polled_records
+
+    conf = {"storage.url": f"file://{tmp_path}"}
+    txlake.AdminClient(conf).create_topics([txlake.NewTopic("t", 1)])["t"].result()
+    p = txlake.Producer(conf)
+    p.produce("t", b"r0", partition=0)
+    p.flush(30)
+    p.close()
+    c = txlake.Consumer({**conf, "group.id": "g", "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "max.poll.interval.ms": 1000, "session.timeout.ms": 6000})
+    try:
+        c.subscribe(["t"])
+        got = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            got = polled_records(txlake, c.consume(10, 0.2))
+        assert [m.value() for m in got] == [b"r0"]
+        time.sleep(1.5)  # past max.poll.interval.ms
+        errors, again = [], []
+        while not again and time.monotonic() < deadline:
+            msgs = c.consume(10, 0.2)
+            errors += [m.error().code() for m in msgs if m.error() is not None]
+            again = polled_records(txlake, msgs)
+        assert errors[:1] == [txlake.KafkaError._MAX_POLL_EXCEEDED]
+        assert [(m.partition(), m.offset(), m.value()) for m in again] == [(0, 0, b"r0")]  # nothing committed: re-read
+    finally:
+        c.close()

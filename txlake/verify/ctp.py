@@ -86,14 +86,14 @@ def member_loop(conf: dict, history: History, topic_in: str, topic_out: str, gro
     Raises:
         KafkaException: a client error outside a transaction's outcome (init, a fatal error).
     """
-    from .workload import clients, polled_records
+    from .workload import clients, init_transactions, polled_records
 
     k = clients(conf)
     rng = random.Random(f"{plan.seed}-{process}")
     producer = k.Producer({**conf, "transactional.id": f"{group}-{plan.name}", "linger.ms": 2,
                            "client.id": process})
     t0 = History.now()
-    producer.init_transactions(30)
+    init_transactions(k, producer)
     for txn in unfinished:
         history.add(Txn(process, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
     cconf = {**conf, **MEMBER_CONSUMER_CONF, "group.id": group, "enable.auto.commit": False,

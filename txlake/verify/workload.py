@@ -174,7 +174,7 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
     try:
         t0 = History.now()
         try:
-            p.init_transactions(30)
+            init_transactions(k, p)
         except k.KafkaException as exc:  # e.g. the writer fenced itself (a cas.race fault): nothing was sent
             if not exc.args[0].fatal():
                 raise
@@ -212,6 +212,29 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
         p.close()  # its threads end (a soak runs thousands of producers in one process)
 
 
+#: ``init_transactions`` calls a workload's transactional producer makes before its trial fails
+INIT_TRANSACTIONS_CALLS = 4
+
+
+def init_transactions(k, producer, timeout_s: float = 30.0, calls: int = INIT_TRANSACTIONS_CALLS) -> None:
+    """``producer.init_transactions(timeout_s)``, called again after a retriable error, up to
+    ``calls`` calls in all. A retriable error (``_TIMED_OUT`` while the server is stopped or slow
+    under faults) leaves the initialisation running, and a new call resumes it
+    (``rd_kafka_init_transactions``; txlake's Producer does the same).
+
+    Raises:
+        KafkaException: a non-retriable error at once (e.g. fatal: the writer fenced itself), or
+            the last call's retriable one.
+    """
+    for call in range(1, calls + 1):
+        try:
+            producer.init_transactions(timeout_s)
+            return
+        except k.KafkaException as exc:
+            if not exc.args[0].retriable() or call == calls:
+                raise
+
+
 def _end_transaction(producer, commit: bool, calls: int = 4) -> None:
     """``commit_transaction(30)`` or ``abort_transaction(30)``, called again while it raises a
     retriable error (a timeout while the server was stopped or restarting), up to ``calls``
@@ -245,10 +268,14 @@ def end_transaction(producer, history: History, process: str, txn: str, commit: 
 
 
 def polled_records(k, msgs: list) -> list:
-    """The records among ``msgs``; an error other than end-of-partition or a transient one (the
-    server unreachable for a while under process faults: the client retries) raises (a trial
-    that cannot read is an error, not a history)."""
-    transient = (k.KafkaError._PARTITION_EOF, k.KafkaError._TRANSPORT, k.KafkaError._ALL_BROKERS_DOWN)
+    """The records among ``msgs``; an error other than end-of-partition or a transient one raises
+    (a trial that cannot read is an error, not a history). Transient: the server unreachable for
+    a while under process faults (the client retries), and ``_MAX_POLL_EXCEEDED``: a group member
+    that did not poll within ``max.poll.interval.ms`` (a starved trial) has left its group, and
+    its next poll serves the loss of its partitions and rejoins (KIP-62, librdkafka's
+    ``rd_kafka_consumer_poll``), which the history records as assignments."""
+    transient = (k.KafkaError._PARTITION_EOF, k.KafkaError._TRANSPORT, k.KafkaError._ALL_BROKERS_DOWN,
+                 k.KafkaError._MAX_POLL_EXCEEDED)
     for m in msgs:
         err = m.error()
         if err is not None and err.code() not in transient and not err.retriable():
