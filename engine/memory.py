@@ -15,6 +15,8 @@ faults fresh (kernel-zeroed) pages in. jemalloc's arenas are reused and purged f
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 
 
@@ -152,6 +154,7 @@ def configure_writer_memory(memory_pool: str = "auto", malloc_arenas: int = WRIT
     return f"Arrow memory pool {backend}, malloc arenas {arenas}"
 
 
+@functools.cache
 def bulk_memory_pool() -> pa.MemoryPool:
     """The Arrow pool the engine allocates a bulk load's copies from: the rows of
     ``Producer.produce_arrow`` regrouped by partition (:func:`txlake.producer._split_by_partition`),

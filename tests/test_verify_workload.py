@@ -186,9 +186,9 @@ def test_init_transactions_is_called_again_after_a_retriable_timeout(tmp_path, c
     p = txlake.Producer({**conf, "transactional.id": "w"})
     try:
         with pytest.raises(txlake.KafkaException) as info:
-            init_transactions(txlake, p, timeout_s=0.0, calls=1)
+            init_transactions(p, timeout_s=0.0, calls=1)
         assert (info.value.args[0].code(), info.value.args[0].retriable()) == (txlake.KafkaError._TIMED_OUT, True)
-        init_transactions(txlake, p, timeout_s=0.001, calls=100_000)
+        init_transactions(p, timeout_s=0.001, calls=100_000)
         p.begin_transaction()
         p.produce("t", b"after the retries")
         p.commit_transaction(30)

@@ -93,7 +93,7 @@ def member_loop(conf: dict, history: History, topic_in: str, topic_out: str, gro
     producer = k.Producer({**conf, "transactional.id": f"{group}-{plan.name}", "linger.ms": 2,
                            "client.id": process})
     t0 = History.now()
-    init_transactions(k, producer)
+    init_transactions(producer)
     for txn in unfinished:
         history.add(Txn(process, txn, TXN_ABORT, t0, History.now(), "aborted by init_transactions"))
     cconf = {**conf, **MEMBER_CONSUMER_CONF, "group.id": group, "enable.auto.commit": False,

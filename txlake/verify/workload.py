@@ -174,7 +174,7 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
     try:
         t0 = History.now()
         try:
-            init_transactions(k, p)
+            init_transactions(p)
         except k.KafkaException as exc:  # e.g. the writer fenced itself (a cas.race fault): nothing was sent
             if not exc.args[0].fatal():
                 raise
@@ -212,46 +212,47 @@ def _transactional(conf: dict, history: History, topic: str, name: str, spec: Wo
         p.close()  # its threads end (a soak runs thousands of producers in one process)
 
 
-#: ``init_transactions`` calls a workload's transactional producer makes before its trial fails
-INIT_TRANSACTIONS_CALLS = 4
+#: calls of a transactional API a workload makes while it raises a retriable error
+TRANSACTION_API_CALLS = 4
 
 
-def init_transactions(k, producer, timeout_s: float = 30.0, calls: int = INIT_TRANSACTIONS_CALLS) -> None:
-    """``producer.init_transactions(timeout_s)``, called again after a retriable error, up to
-    ``calls`` calls in all. A retriable error (``_TIMED_OUT`` while the server is stopped or slow
-    under faults) leaves the initialisation running, and a new call resumes it
-    (``rd_kafka_init_transactions``; txlake's Producer does the same).
+def _resumed(call: Callable[[], None], calls: int) -> None:
+    """``call()``, called again while it raises a retriable error (a timeout while the server was
+    stopped or restarting), up to ``calls`` times: librdkafka's contract for its transactional
+    API (the call resumes the operation; txlake's Producer does the same).
+
+    Raises:
+        KafkaException: a non-retriable error at once, or the last retriable one.
+    """
+    for n in range(calls):
+        try:
+            call()
+            return
+        except Exception as exc:  # either client library's KafkaException: args[0] is its KafkaError
+            error = exc.args[0] if exc.args else None
+            if not (hasattr(error, "retriable") and error.retriable()) or n == calls - 1:
+                raise
+
+
+def init_transactions(producer, timeout_s: float = 30.0, calls: int = TRANSACTION_API_CALLS) -> None:
+    """``producer.init_transactions(timeout_s)``, called again after a retriable error
+    (:func:`_resumed`; soak seed 2071 failed its trial on the first ``_TIMED_OUT``).
 
     Raises:
         KafkaException: a non-retriable error at once (e.g. fatal: the writer fenced itself), or
             the last call's retriable one.
     """
-    for call in range(1, calls + 1):
-        try:
-            producer.init_transactions(timeout_s)
-            return
-        except k.KafkaException as exc:
-            if not exc.args[0].retriable() or call == calls:
-                raise
+    _resumed(lambda: producer.init_transactions(timeout_s), calls)
 
 
-def _end_transaction(producer, commit: bool, calls: int = 4) -> None:
-    """``commit_transaction(30)`` or ``abort_transaction(30)``, called again while it raises a
-    retriable error (a timeout while the server was stopped or restarting), up to ``calls``
-    times: librdkafka's contract (the call resumes; another call in between is refused with
-    _CONFLICT).
+def _end_transaction(producer, commit: bool, calls: int = TRANSACTION_API_CALLS) -> None:
+    """``commit_transaction(30)`` or ``abort_transaction(30)``, called again after a retriable
+    error (:func:`_resumed`; another call in between is refused with _CONFLICT).
 
     Raises:
         KafkaException: a non-retriable error, or the last retriable one.
     """
-    for call in range(calls):
-        try:
-            (producer.commit_transaction if commit else producer.abort_transaction)(30)
-            return
-        except Exception as exc:  # either client library's KafkaException: args[0] is its KafkaError
-            error = exc.args[0] if exc.args else None
-            if not (hasattr(error, "retriable") and error.retriable()) or call == calls - 1:
-                raise
+    _resumed(lambda: (producer.commit_transaction if commit else producer.abort_transaction)(30), calls)
 
 
 def end_transaction(producer, history: History, process: str, txn: str, commit: bool, invoked: bool,
