@@ -3,6 +3,7 @@ object PUTs per flush, and peak memory of a streamed bulk load.
 
 Run:  .venv/bin/python benchmarks/bench_produce.py [--records 1000000] [--repeat 3]
       .venv/bin/python benchmarks/bench_produce.py --bulk-only --served   # the ratios alone
+      .venv/bin/python benchmarks/bench_produce.py --bounds               # what bounds the bulk load
 
 ``--served`` adds the same records produced through ``txlake serve`` by confluent-kafka
 (idempotent, acks=all; default requests and bigger ones), against ``write_table`` of the same
@@ -119,6 +120,116 @@ def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
     results["bulk_cpu_ratio"] = results["raw_write_table_cpu_s"] / results["txlake_bulk_cpu_s"]
 
 
+def bench_bounds(n: int, results: dict, repeat: int = 5) -> None:
+    """What bounds the bulk load on this machine, each figure against the raw tool in the same run:
+
+    * ``object_encode_vs_write_table``: ``write_table`` of the load's table (key, value) against
+      encoding the same records as a segment object (the 17 columns of ``RECORD_SCHEMA``, read
+      back from a real load) on one thread, in one row group and in the 16 Ki-row groups of a
+      load's flushes (best of ``repeat``, into memory);
+    * ``copy_two_threads_speedup_*`` and ``encode_two_threads_speedup_*``: how much faster two
+      threads do the same work side by side than one after the other (four 64 MB copies each;
+      the two halves of the segment object encoded by ``encode_segments``), each of ``repeat``
+      rounds and their median: 2.0 is two full cores;
+    * ``presorted_bulk_ratio_median``: ``write_table`` against a load whose input is already
+      grouped by partition (``partition=`` a column): no split copy, whole partitions per batch
+      run -- what the load reaches if the split cost nothing (interleaved with ``write_table``,
+      as :func:`bench_bulk`).
+    """
+    import glob
+    import statistics
+    import threading
+    import time
+
+    import numpy as np
+
+    from txlake.formats.records import encode_segments, read_segment
+    from txlake.producer import _partition_keys
+
+    table = records_table(n)
+    url = fresh_root()
+    create(url, "bulk", 8)
+    p = Producer({"storage.url": url})
+    p.produce_arrow("bulk", table)
+    p.close()
+    close_all()
+    root = url[len("file://"):]
+    segment = pa.concat_tables(read_segment(path, path) for path in sorted(glob.glob(f"{root}/data/*.parquet")))
+    segment = segment.combine_chunks()
+    assert segment.num_rows == n
+
+    def encode(t: pa.Table, row_group_rows: int) -> None:
+        encode_segments([t], row_group_rows=row_group_rows, as_buffer=True)
+
+    def cpu_best(fn) -> float:
+        times = []
+        for _ in range(repeat + 1):
+            start = time.thread_time()
+            fn()
+            times.append(time.thread_time() - start)
+        return min(times[1:])
+
+    raw = cpu_best(lambda: pq.write_table(table, pa.BufferOutputStream()))
+    one = cpu_best(lambda: encode(segment, n))
+    small = cpu_best(lambda: encode(segment, 16_384))
+    results["write_table_cpu_ms"] = raw * 1000
+    results["object_encode_cpu_ms"] = one * 1000
+    results["object_encode_16k_groups_cpu_ms"] = small * 1000
+    results["object_encode_vs_write_table"] = raw / one
+    results["object_encode_16k_groups_vs_write_table"] = raw / small
+
+    def side_by_side(work) -> list[float]:
+        """(one after the other) / (side by side) of each of ``repeat`` rounds (after a warm-up)."""
+        ratios = []
+        for _ in range(repeat + 1):
+            start = time.perf_counter()
+            work(0)
+            work(1)
+            serial = time.perf_counter() - start
+            threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            ratios.append(serial / (time.perf_counter() - start))
+        return ratios[1:]
+
+    sources = [np.ones(64 << 20, np.uint8) for _ in range(2)]
+    targets = [np.empty_like(a) for a in sources]
+    halves = [segment.slice(0, n // 2), segment.slice(n // 2)]
+    for name, work in (("copy", lambda i: [np.copyto(targets[i], sources[i]) for _ in range(4)]),
+                       ("encode", lambda i: encode(halves[i], 16_384))):
+        speedups = side_by_side(work)
+        results[f"{name}_two_threads_speedup_median"] = statistics.median(speedups)
+        results[f"{name}_two_threads_speedups_each"] = " ".join(f"{x:.2f}" for x in speedups)
+    del sources, targets, halves, segment
+
+    parts = _partition_keys(table.column("key").combine_chunks(), 8, 0)
+    order = np.argsort(parts, kind="stable")
+    grouped = table.take(pa.array(order)).append_column("p", pa.array(parts[order]))
+    folder = scratch_dir("txlake-bench-raw-")
+    ratios, walls = [], []
+    for i in range(repeat + 1):
+        start = time.perf_counter()
+        pq.write_table(table, os.path.join(folder, f"raw{i}.parquet"))
+        raw_s = time.perf_counter() - start
+        url = fresh_root()
+        create(url, "bulk", 8)
+        p = Producer({"storage.url": url})
+        start = time.perf_counter()
+        p.produce_arrow("bulk", grouped, partition="p")
+        lake_s = time.perf_counter() - start
+        p.close()
+        close_all()
+        if i:  # the first round warms up
+            ratios.append(raw_s / lake_s)
+            walls.append(lake_s)
+    results["presorted_bulk_s"] = min(walls)
+    results["presorted_bulk_ratio_median"] = statistics.median(ratios)
+    results["presorted_bulk_ratios_each"] = " ".join(f"{r:.2f}" for r in ratios)
+
+
 def _cpu_since(before) -> float:
     """User + system CPU seconds of this process (all threads) since ``os.times()`` ``before``."""
     now = os.times()
@@ -202,6 +313,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs of the bulk load (best is reported)")
     ap.add_argument("--bulk-only", action="store_true", help="only the bulk-load ratios")
     ap.add_argument("--served", action="store_true", help="also produce through txlake serve")
+    ap.add_argument("--bounds", action="store_true", help="only what bounds the bulk load (bench_bounds)")
     ap.add_argument("--memory-pool", choices=("default", "mimalloc", "jemalloc", "system"), default="default",
                     help="the process's Arrow memory pool (txlake.engine.memory.use_memory_pool, as "
                          "`txlake serve --memory-pool`)")
@@ -212,10 +324,13 @@ def main() -> None:
 
         use_memory_pool(args.memory_pool, args.decay_ms)
     results: dict = {}
-    bench_bulk(args.records, results, args.repeat)
+    if args.bounds:
+        bench_bounds(args.records, results, args.repeat)
+    else:
+        bench_bulk(args.records, results, args.repeat)
     if args.served:
         bench_served(args.records, results)
-    if not args.bulk_only:
+    if not args.bulk_only and not args.bounds:
         bench_per_record(args.records, results)
         bench_puts(results)
         for factor in (3, 6):
