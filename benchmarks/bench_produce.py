@@ -16,19 +16,25 @@ as the raw tool; the goals are >= 0.5 for the bulk load).
 from __future__ import annotations
 
 import argparse
-import io
+import glob
 import os
+import statistics
 import subprocess
 import sys
+import threading
+import time
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import fresh_root, machine, records_table, scratch_dir, timed  # noqa: E402
+from common import fresh_root, machine, records_table, root_path, scratch_dir  # noqa: E402
 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
+from txlake.formats.records import encode_segments, read_segment  # noqa: E402
+from txlake.producer import _partition_keys  # noqa: E402
 
 
 def create(url: str, topic: str, partitions: int) -> None:
@@ -41,8 +47,6 @@ def bench_served(n: int, results: dict, repeat: int = 1) -> None:
     ``records_table(n)`` (idempotent, acks=all, round-robin over 8 partitions) until the last
     delivery report, with librdkafka's default requests and with bigger ones; each run beside
     a ``write_table`` of the same table. Best of ``repeat``; the server's CPU s per run too."""
-    import time
-
     from bench_server import BIG_REQUESTS, bench_produce_wire, cpu_seconds, start_server
     from bench_server import create as create_served
 
@@ -78,9 +82,6 @@ def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
     alike). Also the
     process CPU seconds (user + system, median) of the raw write and of the load: on a machine
     shared with other work the wall times swing with the load, the CPU less."""
-    import statistics
-    import time
-
     table = records_table(n)
     folder = scratch_dir("txlake-bench-raw-")  # removed at exit (600 MB of raw files per run)
     raw, raw_fsync, lake, raw_cpu, lake_cpu = [], [], [], [], []
@@ -121,31 +122,8 @@ def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
 
 
 def bench_bounds(n: int, results: dict, repeat: int = 5) -> None:
-    """What bounds the bulk load on this machine, each figure against the raw tool in the same run:
-
-    * ``object_encode_vs_write_table``: ``write_table`` of the load's table (key, value) against
-      encoding the same records as a segment object (the 17 columns of ``RECORD_SCHEMA``, read
-      back from a real load) on one thread, in one row group and in the 16 Ki-row groups of a
-      load's flushes (best of ``repeat``, into memory);
-    * ``copy_two_threads_speedup_*`` and ``encode_two_threads_speedup_*``: how much faster two
-      threads do the same work side by side than one after the other (four 64 MB copies each;
-      the two halves of the segment object encoded by ``encode_segments``), each of ``repeat``
-      rounds and their median: 2.0 is two full cores;
-    * ``presorted_bulk_ratio_median``: ``write_table`` against a load whose input is already
-      grouped by partition (``partition=`` a column): no split copy, whole partitions per batch
-      run -- what the load reaches if the split cost nothing (interleaved with ``write_table``,
-      as :func:`bench_bulk`).
-    """
-    import glob
-    import statistics
-    import threading
-    import time
-
-    import numpy as np
-
-    from txlake.formats.records import encode_segments, read_segment
-    from txlake.producer import _partition_keys
-
+    """What bounds the bulk load on this machine, each figure against the raw tool in the same
+    run (:func:`_encode_bounds`, :func:`_two_thread_speedups`, :func:`_presorted_load`)."""
     table = records_table(n)
     url = fresh_root()
     create(url, "bulk", 8)
@@ -153,14 +131,25 @@ def bench_bounds(n: int, results: dict, repeat: int = 5) -> None:
     p.produce_arrow("bulk", table)
     p.close()
     close_all()
-    root = url[len("file://"):]
-    segment = pa.concat_tables(read_segment(path, path) for path in sorted(glob.glob(f"{root}/data/*.parquet")))
-    segment = segment.combine_chunks()
+    # the load's records as its objects hold them (17 columns), in one table
+    paths = sorted(glob.glob(os.path.join(root_path(url), "data", "*.parquet")))
+    segment = pa.concat_tables(read_segment(path, path) for path in paths).combine_chunks()
     assert segment.num_rows == n
+    _encode_bounds(table, segment, results, repeat)
+    _two_thread_speedups(segment, results, repeat)
+    del segment
+    _presorted_load(table, results, repeat)
 
-    def encode(t: pa.Table, row_group_rows: int) -> None:
-        encode_segments([t], row_group_rows=row_group_rows, as_buffer=True)
 
+def _encode(segment: pa.Table, row_group_rows: int) -> None:
+    encode_segments([segment], row_group_rows=row_group_rows, as_buffer=True)
+
+
+def _encode_bounds(table: pa.Table, segment: pa.Table, results: dict, repeat: int) -> None:
+    """``object_encode_vs_write_table``: the CPU time (one thread, best of ``repeat`` after a
+    warm-up, into memory) of ``write_table`` of the load's table (key, value) against encoding
+    the same records as a segment object -- in one row group, and in the 16 Ki-row groups of a
+    load's flushes."""
     def cpu_best(fn) -> float:
         times = []
         for _ in range(repeat + 1):
@@ -170,41 +159,49 @@ def bench_bounds(n: int, results: dict, repeat: int = 5) -> None:
         return min(times[1:])
 
     raw = cpu_best(lambda: pq.write_table(table, pa.BufferOutputStream()))
-    one = cpu_best(lambda: encode(segment, n))
-    small = cpu_best(lambda: encode(segment, 16_384))
+    one = cpu_best(lambda: _encode(segment, segment.num_rows))
+    small = cpu_best(lambda: _encode(segment, 16_384))
     results["write_table_cpu_ms"] = raw * 1000
     results["object_encode_cpu_ms"] = one * 1000
     results["object_encode_16k_groups_cpu_ms"] = small * 1000
     results["object_encode_vs_write_table"] = raw / one
     results["object_encode_16k_groups_vs_write_table"] = raw / small
 
-    def side_by_side(work) -> list[float]:
-        """(one after the other) / (side by side) of each of ``repeat`` rounds (after a warm-up)."""
-        ratios = []
+
+def _two_thread_speedups(segment: pa.Table, results: dict, repeat: int) -> None:
+    """``copy_two_threads_speedup_*`` and ``encode_two_threads_speedup_*``: how much faster two
+    threads do the same work side by side than one after the other -- four 64 MB copies each;
+    the two halves of the segment object encoded -- in each of ``repeat`` rounds (after a
+    warm-up) and their median. 2.0 is two full cores."""
+    sources = [np.ones(64 << 20, np.uint8) for _ in range(2)]
+    targets = [np.empty_like(a) for a in sources]
+    half = segment.num_rows // 2
+    halves = [segment.slice(0, half), segment.slice(half)]
+    work = {"copy": lambda i: [np.copyto(targets[i], sources[i]) for _ in range(4)],
+            "encode": lambda i: _encode(halves[i], 16_384)}
+    for name, fn in work.items():
+        speedups = []
         for _ in range(repeat + 1):
             start = time.perf_counter()
-            work(0)
-            work(1)
+            fn(0)
+            fn(1)
             serial = time.perf_counter() - start
-            threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+            threads = [threading.Thread(target=fn, args=(i,)) for i in (0, 1)]
             start = time.perf_counter()
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            ratios.append(serial / (time.perf_counter() - start))
-        return ratios[1:]
+            speedups.append(serial / (time.perf_counter() - start))
+        results[f"{name}_two_threads_speedup_median"] = statistics.median(speedups[1:])
+        results[f"{name}_two_threads_speedups_each"] = " ".join(f"{x:.2f}" for x in speedups[1:])
 
-    sources = [np.ones(64 << 20, np.uint8) for _ in range(2)]
-    targets = [np.empty_like(a) for a in sources]
-    halves = [segment.slice(0, n // 2), segment.slice(n // 2)]
-    for name, work in (("copy", lambda i: [np.copyto(targets[i], sources[i]) for _ in range(4)]),
-                       ("encode", lambda i: encode(halves[i], 16_384))):
-        speedups = side_by_side(work)
-        results[f"{name}_two_threads_speedup_median"] = statistics.median(speedups)
-        results[f"{name}_two_threads_speedups_each"] = " ".join(f"{x:.2f}" for x in speedups)
-    del sources, targets, halves, segment
 
+def _presorted_load(table: pa.Table, results: dict, repeat: int) -> None:
+    """``presorted_bulk_ratio_median``: ``write_table`` against a load of the same records
+    already grouped by partition (``partition=`` a column): no split copy, whole partitions per
+    run of batches -- what the load reaches if the split cost nothing. Each of ``repeat`` rounds
+    (after a warm-up) times both, as :func:`bench_bulk`."""
     parts = _partition_keys(table.column("key").combine_chunks(), 8, 0)
     order = np.argsort(parts, kind="stable")
     grouped = table.take(pa.array(order)).append_column("p", pa.array(parts[order]))
@@ -242,8 +239,6 @@ def bench_per_record(n: int, results: dict) -> None:
     p = Producer({"storage.url": url, "queue.buffering.max.messages": 2_000_000})
     value = b"x" * 100
     keys = [b"key-%d" % i for i in range(1000)]
-    import time
-
     start = time.perf_counter()
     for i in range(n):
         p.produce("rec", value, keys[i % 1000])
