@@ -4,6 +4,7 @@ object PUTs per flush, and peak memory of a streamed bulk load.
 Run:  .venv/bin/python benchmarks/bench_produce.py [--records 1000000] [--repeat 3]
       .venv/bin/python benchmarks/bench_produce.py --bulk-only --served   # the ratios alone
       .venv/bin/python benchmarks/bench_produce.py --bounds               # what bounds the bulk load
+                                                                          # (and what-if loads)
 
 ``--served`` adds the same records produced through ``txlake serve`` by confluent-kafka
 (idempotent, acks=all; default requests and bigger ones), against ``write_table`` of the same
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pyarrow as pa
@@ -123,7 +125,7 @@ def bench_bulk(n: int, results: dict, repeat: int = 3) -> None:
 
 def bench_bounds(n: int, results: dict, repeat: int = 5) -> None:
     """What bounds the bulk load on this machine, each figure against the raw tool in the same
-    run (:func:`_encode_bounds`, :func:`_two_thread_speedups`, :func:`_presorted_load`)."""
+    run (:func:`_encode_bounds`, :func:`_two_thread_speedups`, :func:`_what_if_loads`)."""
     table = records_table(n)
     url = fresh_root()
     create(url, "bulk", 8)
@@ -138,7 +140,7 @@ def bench_bounds(n: int, results: dict, repeat: int = 5) -> None:
     _encode_bounds(table, segment, results, repeat)
     _two_thread_speedups(segment, results, repeat)
     del segment
-    _presorted_load(table, results, repeat)
+    _what_if_loads(table, results, repeat)
 
 
 def _encode(segment: pa.Table, row_group_rows: int) -> None:
@@ -197,34 +199,95 @@ def _two_thread_speedups(segment: pa.Table, results: dict, repeat: int) -> None:
         results[f"{name}_two_threads_speedups_each"] = " ".join(f"{x:.2f}" for x in speedups[1:])
 
 
-def _presorted_load(table: pa.Table, results: dict, repeat: int) -> None:
-    """``presorted_bulk_ratio_median``: ``write_table`` against a load of the same records
-    already grouped by partition (``partition=`` a column): no split copy, whole partitions per
-    run of batches -- what the load reaches if the split cost nothing. Each of ``repeat`` rounds
-    (after a warm-up) times both, as :func:`bench_bulk`."""
+#: the columns a flush object keeps in the what-if of :func:`_flushes_without_batch_columns`
+RECORD_COLUMNS = ("offset", "timestamp", "key", "value", "headers")
+
+
+@contextmanager
+def _flushes_without_batch_columns():
+    """A what-if, not a format: while inside, the flushers build and encode only the record
+    columns (:data:`RECORD_COLUMNS`; offsets as today, the segment writer's encodings), as a
+    layout that kept the batch fields once per batch instead of once per row would. The objects
+    written are not readable by txlake; the benchmark only times the load."""
+    import txlake.engine.group_commit as group_commit
+    from txlake.formats.records import RECORD_SCHEMA, STATISTICS_COLUMNS, STAMPED_SCHEMA
+
+    schema = pa.schema([RECORD_SCHEMA.field(name) for name in RECORD_COLUMNS]).with_metadata(STAMPED_SCHEMA.metadata)
+
+    def record_table(topic, partition, pending):
+        payload = pa.concat_tables([q.batch.records for q in pending])
+        lengths = np.array([q.batch.records.num_rows for q in pending], dtype=np.int64)
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        base_offsets = np.repeat(np.array([q.base_offset for q in pending], dtype=np.int64), lengths)
+        offsets = base_offsets + (np.arange(int(lengths.sum()), dtype=np.int64) - starts)
+        return pa.Table.from_arrays([pa.array(offsets)] + [payload.column(name) for name in RECORD_COLUMNS[1:]],
+                                    schema=schema)
+
+    def encode_segments(tables, compression, row_group_rows, as_buffer, target):
+        sink = pa.FixedSizeBufferWriter(target)
+        ranges, first = [], 0
+        with pq.ParquetWriter(sink, schema, compression=compression,
+                              use_dictionary=[n for n in RECORD_COLUMNS if n not in ("value", "offset")],
+                              column_encoding={"offset": "DELTA_BINARY_PACKED"}, write_batch_size=65_536,
+                              write_statistics=[n for n in STATISTICS_COLUMNS if n in RECORD_COLUMNS]) as writer:
+            for table in tables:
+                writer.write_table(table, row_group_size=row_group_rows)
+                count = -(-table.num_rows // row_group_rows)
+                ranges.append((first, count))
+                first += count
+        return target.slice(0, sink.tell()), ranges
+
+    saved = group_commit.record_table, group_commit.encode_segments
+    group_commit.record_table, group_commit.encode_segments = record_table, encode_segments
+    try:
+        yield
+    finally:
+        group_commit.record_table, group_commit.encode_segments = saved
+
+
+def _what_if_loads(table: pa.Table, results: dict, repeat: int) -> None:
+    """Four loads of the same records, each against ``write_table`` timed just before it, in
+    ``repeat`` rounds (after a warm-up) that run all four in turn (as :func:`bench_bulk`):
+
+    * ``keyed``: the load as it is (the partitioner places the keys; the split copies);
+    * ``presorted``: the records already grouped by partition (``partition=`` a column): no
+      split copy, whole partitions per run of batches -- what the load reaches if the split
+      cost nothing;
+    * ``keyed_no_batch_columns`` and ``presorted_no_batch_columns``: the same two with flush
+      objects of the record columns only (:func:`_flushes_without_batch_columns`).
+
+    Reports each one's median ratio (``<load>_ratio_median``), the rounds' ratios and its best
+    wall time (s)."""
     parts = _partition_keys(table.column("key").combine_chunks(), 8, 0)
     order = np.argsort(parts, kind="stable")
     grouped = table.take(pa.array(order)).append_column("p", pa.array(parts[order]))
+    loads = {"keyed": (table, {}, False), "presorted": (grouped, {"partition": "p"}, False),
+             "keyed_no_batch_columns": (table, {}, True),
+             "presorted_no_batch_columns": (grouped, {"partition": "p"}, True)}
     folder = scratch_dir("txlake-bench-raw-")
-    ratios, walls = [], []
+    ratios: dict[str, list[float]] = {name: [] for name in loads}
+    walls: dict[str, list[float]] = {name: [] for name in loads}
     for i in range(repeat + 1):
-        start = time.perf_counter()
-        pq.write_table(table, os.path.join(folder, f"raw{i}.parquet"))
-        raw_s = time.perf_counter() - start
-        url = fresh_root()
-        create(url, "bulk", 8)
-        p = Producer({"storage.url": url})
-        start = time.perf_counter()
-        p.produce_arrow("bulk", grouped, partition="p")
-        lake_s = time.perf_counter() - start
-        p.close()
-        close_all()
-        if i:  # the first round warms up
-            ratios.append(raw_s / lake_s)
-            walls.append(lake_s)
-    results["presorted_bulk_s"] = min(walls)
-    results["presorted_bulk_ratio_median"] = statistics.median(ratios)
-    results["presorted_bulk_ratios_each"] = " ".join(f"{r:.2f}" for r in ratios)
+        for name, (data, kwargs, without) in loads.items():
+            start = time.perf_counter()
+            pq.write_table(table, os.path.join(folder, f"raw-{name}{i}.parquet"))
+            raw_s = time.perf_counter() - start
+            url = fresh_root()
+            create(url, "bulk", 8)
+            p = Producer({"storage.url": url})
+            with _flushes_without_batch_columns() if without else nullcontext():
+                start = time.perf_counter()
+                p.produce_arrow("bulk", data, **kwargs)
+                lake_s = time.perf_counter() - start
+                p.close()
+            close_all()
+            if i:  # the first round warms up
+                ratios[name].append(raw_s / lake_s)
+                walls[name].append(lake_s)
+    for name in loads:
+        results[f"{name}_ratio_median"] = statistics.median(ratios[name])
+        results[f"{name}_ratios_each"] = " ".join(f"{r:.2f}" for r in ratios[name])
+        results[f"{name}_best_s"] = min(walls[name])
 
 
 def _cpu_since(before) -> float:
