@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import fresh_root, machine, records_table, root_path, scratch_dir  # noqa: E402
+from common import best, fresh_root, machine, records_table, root_path, scratch_dir  # noqa: E402
 
 from txlake import AdminClient, NewTopic, Producer  # noqa: E402
 from txlake.engine.registry import close_all  # noqa: E402
@@ -153,12 +153,7 @@ def _encode_bounds(table: pa.Table, segment: pa.Table, results: dict, repeat: in
     the same records as a segment object -- in one row group, and in the 16 Ki-row groups of a
     load's flushes."""
     def cpu_best(fn) -> float:
-        times = []
-        for _ in range(repeat + 1):
-            start = time.thread_time()
-            fn()
-            times.append(time.thread_time() - start)
-        return min(times[1:])
+        return best(fn, repeat, warmup=True, clock=time.thread_time)
 
     raw = cpu_best(lambda: pq.write_table(table, pa.BufferOutputStream()))
     one = cpu_best(lambda: _encode(segment, segment.num_rows))
