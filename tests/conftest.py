@@ -62,31 +62,44 @@ class StorageTarget:
         return ObjectStore(self.url, dict(self.options))
 
 
-#: the test files that take longest, longest first (seconds on the shared, loaded 2-core
-#: machine, 2026-11-25: a full run's ``--durations``, or the file run alone). ``dev/test.sh``
-#: runs files whole on 3 workers (``--dist loadfile``) in collection order
-#: (``--no-loadscope-reorder``): these go first, so the run does not end with one worker alone
-#: on a long file. xdist's default order (most tests
-#: first) put every one of them but test_spark_write last: they hold 1 or 2 tests each.
+#: the test files that take longest, longest first: each one's tests' seconds (setup, call and
+#: teardown) in a full run on the 2-core machine, 2026-11-25 (``-v --durations=0``; the files
+#: of :data:`SAME_WORKER` counted with their first). ``dev/test.sh`` runs files whole on 3
+#: workers (``--dist loadfile``) in collection order (``--no-loadscope-reorder``): these go
+#: first, longest first, so the run does not end with one worker alone on a long file. xdist's
+#: default order (most tests first) put most of them last: they hold 1 or 2 tests each. With
+#: only the 18 longest named (a list from earlier figures), the workers ran 883, 899 and 985 s:
+#: test_server_topics.py (122 s), test_verify_cli.py (83 s) and test_writer_lease.py (71 s) ran
+#: last.
 LONGEST_FILES = (
-    "test_demo.py",                 # several whole demos (~400 s on a loaded machine)
-    "test_demo_runs.py",            # the demo on all flights, in a child process (197 s loaded)
-    "test_spark_write.py",          # ~120 s, 39 tests; the worker's Spark session starts here
-    "test_txn_copy.py",             # 65 + 26 s: 100 000 records, 6 copier processes
-    "test_group_copy.py",           # 41 + 33 s
-    "test_kafka_tools_eos.py",      # Kafka's TransactionalMessageCopier JVMs, 43-69 s
-    "test_tables.py",               # 35-60 s
-    "test_examples.py",             # 35-40 s: the upstream-style programs as subprocesses
-    "test_verify_workload.py",
-    "test_eos_worker.py",           # 22-32 s
-    "test_tables_spark.py",
-    "test_spark_read.py",           # ~60 s
-    "test_spark_contact.py",        # 36 + 21 s: a Spark driver JVM each
-    "test_spark_stream_read.py",    # ~55 s
-    "test_txn_crash.py",
-    "test_crash_recovery.py",
-    "test_differential_basic.py",   # Apache Kafka's start, 23 s
-    "test_spark_compaction.py",
+    "test_demo.py",                 # ~190 s: two whole demos (242 s with a third, merged since)
+    "test_demo_runs.py",            # 193 s: the demo on all flights, in a child process
+    "test_spark_write.py",          # 157 s, 39 tests; the worker's Spark session starts here
+    "test_server_topics.py",        # 122 s
+    "test_tables_spark.py",         # 95 s
+    "test_server_log.py",           # 94 s
+    "test_txn_crash.py",            # 88 s
+    "test_verify_cli.py",           # 83 s: the short campaigns on file:// and S3
+    "test_differential_basic.py",   # 74 s with its SAME_WORKER files: Apache Kafka's start, 22 s
+    "test_spark_contact.py",        # 73 s: a Spark driver JVM each
+    "test_writer_lease.py",         # 71 s
+    "test_txn_copy.py",             # 70 s: 100 000 records, 6 copier processes
+    "test_crash_recovery.py",       # 67 s
+    "test_group_copy.py",           # 66 s
+    "test_spark_read.py",           # 63 s
+    "test_server_cluster.py",       # 61 s
+    "test_verify_faults.py",        # 59 s
+    "test_verify_workload.py",      # 52 s
+    "test_kip360.py",               # 50 s
+    "test_spark_stream_read.py",    # 47 s
+    "test_catalog_gap.py",          # 47 s
+    "test_tables.py",               # 44 s
+    "test_server_groups.py",        # 40 s
+    "test_groups.py",               # 40 s
+    "test_kafka_tools_eos.py",      # 37 s: Kafka's TransactionalMessageCopier JVMs
+    "test_txn_abandoned.py",        # 36 s
+    "test_transactions.py",         # 34 s
+    "test_examples.py",             # 33 s: the upstream-style programs as subprocesses
 )
 
 

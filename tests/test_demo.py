@@ -119,57 +119,6 @@ def check_serve(result, rows, partitions, options=None):
     assert re.fullmatch(r"127\.0\.0\.1:\d+", serve.address) and serve.pid > 0
 
 
-def test_demo_command(tmp_path, monkeypatch):
-    """``txlake demo`` without --storage writes a new folder under the default root and says how
-    to remove it; a second run on that root is refused before it writes, naming --fresh; ``demo
-    --clean`` removes the demo's folders and logs and nothing else. (--fresh on a used root, and
-    the messages of an explicit --storage: test_a_failing_step_is_named_and_nothing_is_claimed_for_it.)"""
-    monkeypatch.setenv("TXLAKE_STORAGE", f"file://{tmp_path}/lake")
-    url = demo_storage_url()
-    assert url.startswith(f"file://{tmp_path}/lake/demo-") and url != demo_storage_url()
-    assert demo_storage_url(fresh=True) == f"file://{tmp_path}/lake/demo"
-    assert demo_storage_url("memory://x") == "memory://x"
-    runner = CliRunner()
-    log = tmp_path / "demo.log"
-    res = runner.invoke(main, ["demo", "--rows", "5000", "--partitions", "4", "--no-spark", "--log-file", str(log)],
-                        env={"COLUMNS": "200"}, catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    out = res.stdout
-    (made,) = (tmp_path / "lake").iterdir()
-    assert made.name.startswith("demo-") and (made / "_catalog" / "commits").is_dir()
-    root = f"file://{made}"
-    for text in (f"Storage root: {root}", "1. Load 5,000 flights", "2. Partitioning", "3. Idempotence", "4. Restart",
-                 "5. DuckDB", "DUPLICATE → base offset", "still duplicates after the restart", "demo finished in",
-                 f"Log file: {log}", "9. Spark — skipped: --no-spark", "8. Kafka clients over the wire",
-                 "5,000 of 5,000 records acknowledged, 0 delivery errors", "steps 1–8: every claim above holds"):
-        assert text in out, text
-    assert "FAILED" not in out and "✗" not in out
-    # what it keeps, and how to remove it
-    size = sum(f.stat().st_size for f in made.rglob("*") if f.is_file())
-    assert f"The data lives in {made} ({size / 2**20:.1f} MiB)" in out
-    assert ("Nothing removes it: `txlake demo --clean` deletes the demo's folders under "
-            f"file://{tmp_path}/lake and their logs") in out
-    # the root now holds the demo's topics: a second run is refused before it writes, naming --fresh
-    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000", "--log-file", str(log)],
-                        catch_exceptions=False)
-    assert res.exit_code == 1 and res.stdout.count("Storage root") == 1
-    assert res.stderr == (f"Error: the storage root {root} already holds the topics flights, route-delays, "
-                          "route-delays-by-group, flights-wire of an earlier demo run. Run again with --fresh to wipe it first "
-                          f"(txlake demo --storage {root} --fresh), or pick another --storage\n")
-    # --clean removes the demo's folders under the default root and the demo logs, nothing else
-    (tmp_path / "lake" / "_catalog").mkdir()        # the default root's own data is not the demo's
-    (tmp_path / "lake" / "_catalog" / "keep").write_text("mine")
-    logs = tmp_path / "home" / ".txlake" / "logs"
-    logs.mkdir(parents=True)
-    for name in ("demo.log", f"{made.name}.log", "other.log"):
-        (logs / name).write_text("x")
-    res = runner.invoke(main, ["demo", "--clean"], env={"HOME": str(tmp_path / "home")}, catch_exceptions=False)
-    assert res.exit_code == 0 and res.stdout.startswith(f"removed {root}: ")
-    assert f"removed {logs}/demo*.log: 2 files, 2 B\nCleaned: 2 places," in res.stdout
-    assert [p.name for p in (tmp_path / "lake").iterdir()] == ["_catalog"]
-    assert [p.name for p in logs.iterdir()] == ["other.log"]
-
-
 def test_clean_removes_the_temporary_files_a_killed_writer_left(tmp_path):
     """A worker SIGKILLed while writing an object (steps 6 and 7 kill them) leaves the local
     backend's ``.txlake-tmp-*`` file behind: --clean and --fresh delete it too, so --clean
@@ -329,7 +278,7 @@ def test_a_failing_step_is_named_and_nothing_is_claimed_for_it(tmp_path):
     assert re.search(r"✗ step 6 \(the exactly-once copier\) failed: the exactly-once copier process \(pid \d+\) "
                      r"exited with code 3 before it held transaction 4 open: RuntimeError: the copier was made to "
                      r"fail by the test\n", out), out
-    assert "not run, as they build on it: steps 7, 8\n" in out
+    assert "not run, as they build on it: steps 7, 8\n" in out     # not 9: --no-spark skipped it before
     assert re.search(r"✗ demo FAILED at step 6 \(the exactly-once copier\) after [\d.]+ s: the exactly-once copier "
                      r"process", out)
     assert "killed with SIGKILL" not in out and "first worker" not in out and "restarted worker" not in out
@@ -381,10 +330,22 @@ def test_a_server_that_does_not_start_fails_step_8_by_name(tmp_path, monkeypatch
     assert result.serve.records_sent == 1000 and result.serve.acknowledged == 0
 
 
-def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
-    """The base install (no pyspark, no confluent-kafka: imports that fail, as for ``pip install
-    txlake``) on a machine without Java: each is named with how to get it, the Spark and the
-    txlake serve steps are skipped, steps 1-7 run, exit 0."""
+def test_demo_on_the_default_root_without_java_pyspark_and_confluent_kafka(tmp_path, monkeypatch):
+    """``txlake demo`` without --storage, on the base install (no pyspark, no confluent-kafka:
+    imports that fail, as for ``pip install txlake``) on a machine without Java.
+
+    The prerequisites: each missing one is named with how to get it, the Spark and the txlake
+    serve steps are skipped, steps 1-7 run on the in-process clients, exit 0. The default root:
+    the demo writes a new folder under it and says how to remove it; a second run on that
+    folder is refused before it writes, naming --fresh; ``demo --clean`` removes the demo's
+    folders and logs and nothing else. (--fresh on a used root, the messages of an explicit
+    --storage and --no-spark: test_a_failing_step_is_named_and_nothing_is_claimed_for_it; one
+    demo run checks both, as each run costs a minute of the suite.)"""
+    monkeypatch.setenv("TXLAKE_STORAGE", f"file://{tmp_path}/lake")
+    url = demo_storage_url()
+    assert url.startswith(f"file://{tmp_path}/lake/demo-") and url != demo_storage_url()
+    assert demo_storage_url(fresh=True) == f"file://{tmp_path}/lake/demo"
+    assert demo_storage_url("memory://x") == "memory://x"
     nothing = tmp_path / "bin"          # PATH without java (nor anything else)
     nothing.mkdir()
     shim = tmp_path / "no-pyspark"
@@ -392,12 +353,21 @@ def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
         (shim / module).mkdir(parents=True)
         (shim / module / "__init__.py").write_text(f'raise ModuleNotFoundError("No module named \'{module}\'", '
                                                    f'name="{module}")\n')
-    proc = run_txlake_demo("--storage", f"file://{tmp_path}/root", "--rows", "1000", "--partitions", "2",
-                           "--log-file", str(tmp_path / "demo.log"), cwd=tmp_path,
-                           env={"PATH": str(nothing), "PYTHONPATH": str(shim)}, drop=("JAVA_HOME",))
+    log = tmp_path / "demo.log"
+    proc = run_txlake_demo("--rows", "1000", "--partitions", "2", "--log-file", str(log), cwd=tmp_path,
+                           env={"PATH": str(nothing), "PYTHONPATH": str(shim), "TXLAKE_STORAGE": f"file://{tmp_path}/lake"},
+                           drop=("JAVA_HOME",))
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
-    assert proc.stderr == "" and "Traceback" not in out and "✗" not in out
+    assert proc.stderr == "" and "Traceback" not in out and "✗" not in out and "FAILED" not in out
+    # the default root: a new folder under it
+    (made,) = (tmp_path / "lake").iterdir()
+    assert made.name.startswith("demo-") and (made / "_catalog" / "commits").is_dir()
+    root = f"file://{made}"
+    for text in (f"Storage root: {root}", "1. Load 1,000 flights", "2. Partitioning", "3. Idempotence", "4. Restart",
+                 "5. DuckDB", "DUPLICATE → base offset", "still duplicates after the restart", f"Log file: {log}"):
+        assert text in out, text
+    # the prerequisites, named
     java = ("Java: no java on PATH and JAVA_HOME is not set; install a Java 17 or 21 runtime (Debian/Ubuntu: "
             "apt-get install openjdk-17-jre-headless; macOS: brew install openjdk@17) and put its bin/ on PATH or set "
             "JAVA_HOME to it")
@@ -416,6 +386,32 @@ def test_demo_without_java_and_pyspark_skips_spark_and_runs_the_rest(tmp_path):
     assert ("Steps 6 and 7 run their workers on txlake's in-process clients without confluent-kafka (with it, they "
             "are Kafka clients through `txlake serve`).\n") in out
     assert "workers — threads of one engine process" in out and "Kafka client (confluent-kafka)" not in out
+    # what it keeps, and how to remove it
+    size = sum(f.stat().st_size for f in made.rglob("*") if f.is_file())
+    assert f"The data lives in {made} ({size / 2**20:.1f} MiB)" in out
+    # the hint names the script by its path, as PATH (an empty folder) does not find it
+    assert (f"Nothing removes it: `{TXLAKE} demo --clean` deletes the demo's folders under "
+            f"file://{tmp_path}/lake and their logs") in out
+    # the root now holds the demo's topics: a second run is refused before it writes, naming --fresh
+    runner = CliRunner()
+    res = runner.invoke(main, ["demo", "--storage", root, "--rows", "5000", "--log-file", str(log)],
+                        catch_exceptions=False)
+    assert res.exit_code == 1 and res.stdout.count("Storage root") == 1
+    assert res.stderr == (f"Error: the storage root {root} already holds the topics flights, route-delays, "
+                          "route-delays-by-group of an earlier demo run. Run again with --fresh to wipe it first "
+                          f"(txlake demo --storage {root} --fresh), or pick another --storage\n")
+    # --clean removes the demo's folders under the default root and the demo logs, nothing else
+    (tmp_path / "lake" / "_catalog").mkdir()        # the default root's own data is not the demo's
+    (tmp_path / "lake" / "_catalog" / "keep").write_text("mine")
+    logs = tmp_path / "home" / ".txlake" / "logs"
+    logs.mkdir(parents=True)
+    for name in ("demo.log", f"{made.name}.log", "other.log"):
+        (logs / name).write_text("x")
+    res = runner.invoke(main, ["demo", "--clean"], env={"HOME": str(tmp_path / "home")}, catch_exceptions=False)
+    assert res.exit_code == 0 and res.stdout.startswith(f"removed {root}: ")
+    assert f"removed {logs}/demo*.log: 2 files, 2 B\nCleaned: 2 places," in res.stdout
+    assert [p.name for p in (tmp_path / "lake").iterdir()] == ["_catalog"]
+    assert [p.name for p in logs.iterdir()] == ["other.log"]
 
 
 def test_delta_unavailable_says_why_spark_cannot_read_the_table(tmp_path, monkeypatch):
