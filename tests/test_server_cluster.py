@@ -58,21 +58,29 @@ def test_metadata_of_a_missing_topic_is_unknown_topic_or_partition(served):
     assert [(t.name, t.error_code) for t in answer.topics] == [("nope", 3)]
 
 
-@pytest.mark.parametrize("payload, what", [
+#: frames a client might send that are not requests the server can answer, and what its log
+#: line names for each
+BAD_FRAMES = [
     (struct.pack(">i", 200_000_000), "larger than socket.request.max.bytes=104857600"),
     (struct.pack(">i", 6) + b"\x00\x03\x00\x0c\x00\x01", "shorter than a request header"),
     (struct.pack(">i", 10) + struct.pack(">hhih", 999, 0, 1, 0), "unknown API key 999"),
     (struct.pack(">i", 13) + struct.pack(">hhih", 3, 12, 1, 0) + b"\x00\xff\xff", "cannot decode MetadataRequest v12"),
     (struct.pack(">i", 10) + struct.pack(">hhih", 3, 12, 1, 0), "MetadataRequest v12: truncated varint"),
-])
-def test_bad_frames_close_the_connection_with_a_log_line_and_the_server_keeps_serving(served, payload, what):
-    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
-        sock.sendall(payload)
-        assert sock.recv(1) == b""  # closed by the server, nothing answered
-    md = AdminClient({"bootstrap.servers": served.bootstrap}).list_topics(timeout=10)
-    assert md.cluster_id
-    log = served.log_text()
-    assert "closing the connection from 127.0.0.1:" in log and what in log, log[-2000:]
+]
+
+
+def test_bad_frames_close_the_connection_with_a_log_line_and_the_server_keeps_serving(served):
+    """Each bad frame, one after the other on one server: the connection is closed with nothing
+    answered, the log names what was wrong, and a client's next request is answered."""
+    for n, (payload, what) in enumerate(BAD_FRAMES, 1):
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+            sock.sendall(payload)
+            assert sock.recv(1) == b"", what  # closed by the server, nothing answered
+        md = AdminClient({"bootstrap.servers": served.bootstrap}).list_topics(timeout=10)
+        assert md.cluster_id, what
+        log = served.log_text()
+        assert log.count("closing the connection from 127.0.0.1:") == n, log[-2000:]
+        assert what in log, log[-2000:]
 
 
 def test_a_second_server_on_the_same_root_is_refused_naming_the_holder(serve_root, tmp_path):
