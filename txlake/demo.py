@@ -1275,9 +1275,12 @@ WIRE_CLIENT_CONF = {"client.id": "txlake-demo",
                     # transactional call in flight then never completes; the address stays the same across restarts
                     "metadata.recovery.strategy": "none"}
 #: the settings of the demo's ``txlake serve`` (steps 6-8): timed-out transactions are looked for every
-#: second (step 7's crashed worker), and a transaction's writes are flushed within 100 ms instead of 500
+#: second (step 7's crashed worker), a transaction's writes are flushed within 100 ms instead of 500, and a
+#: new group's first rebalance does not wait for more members (Kafka's own config/server.properties sets
+#: group.initial.rebalance.delay.ms=0 "for a better out-of-the-box experience for development and testing";
+#: its 3 s default, extended by 3 s per member joining, held step 7's workers idle for 6 s)
 DEMO_SERVER_CONF = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
-                    "storage.flush.interval.ms": 100}
+                    "storage.flush.interval.ms": 100, "group.initial.rebalance.delay.ms": 0}
 #: seconds a read-back of a target topic may take
 READ_BACK_TIMEOUT_S = 300.0
 
@@ -1443,8 +1446,11 @@ def _copier_stage(res: CopierResult, url: str, options: dict, source_rows: int, 
 
 GROUP_TARGET = "route-delays-by-group"
 GROUP_ID = "route-delays-group"
-#: the group process's broker settings: timed-out transactions are looked for every second
-GROUP_BROKER_CONF = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000}
+#: the group process's broker settings (without confluent-kafka, step 7's engine): as
+#: :data:`DEMO_SERVER_CONF`, timed-out transactions are looked for every second and a new group's
+#: first rebalance does not wait for more members
+GROUP_BROKER_CONF = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
+                     "group.initial.rebalance.delay.ms": 0}
 
 
 def _group_stage(res: GroupCopyResult, url: str, options: dict, source_rows: int, console, run_dir: str,
