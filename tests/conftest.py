@@ -72,11 +72,10 @@ class StorageTarget:
 #: test_server_topics.py (122 s), test_verify_cli.py (83 s) and test_writer_lease.py (71 s) ran
 #: last.
 LONGEST_FILES = (
+    "test_spark_write.py",          # ~340 s with its SAME_WORKER files (157 s alone, 39 tests)
     "test_demo.py",                 # ~190 s: two whole demos (242 s with a third, merged since)
     "test_demo_runs.py",            # 193 s: the demo on all flights, in a child process
-    "test_spark_write.py",          # 157 s, 39 tests; the worker's Spark session starts here
     "test_server_topics.py",        # 122 s
-    "test_tables_spark.py",         # 95 s
     "test_server_log.py",           # 94 s
     "test_txn_crash.py",            # 88 s
     "test_verify_cli.py",           # 83 s: the short campaigns on file:// and S3
@@ -86,12 +85,10 @@ LONGEST_FILES = (
     "test_txn_copy.py",             # 70 s: 100 000 records, 6 copier processes
     "test_crash_recovery.py",       # 67 s
     "test_group_copy.py",           # 66 s
-    "test_spark_read.py",           # 63 s
     "test_server_cluster.py",       # 61 s
     "test_verify_faults.py",        # 59 s
     "test_verify_workload.py",      # 52 s
     "test_kip360.py",               # 50 s
-    "test_spark_stream_read.py",    # 47 s
     "test_catalog_gap.py",          # 47 s
     "test_tables.py",               # 44 s
     "test_server_groups.py",        # 40 s
@@ -115,9 +112,13 @@ def pytest_collection_modifyitems(config, items):
 
 #: test files that share a costly session fixture, each to the xdist scope of the first named:
 #: ``--dist loadfile`` then runs them on one worker, so the fixture starts once per run, not
-#: once on each worker that got one of them (Apache Kafka's start: 12-27 s).
+#: once on each worker that got one of them: Apache Kafka (its start: 12-27 s), and the
+#: process's SparkSession (tests/spark_support.py; its JVM's start took 15-23 s of the first
+#: test on each of the three workers that started one, 2026-11-25, and each holds a GiB).
 SAME_WORKER = {"test_differential_txn.py": "test_differential_basic.py",
-               "test_differential_faults.py": "test_differential_basic.py"}
+               "test_differential_faults.py": "test_differential_basic.py",
+               **{name: "test_spark_write.py" for name in ("test_spark_read.py", "test_spark_stream_read.py",
+                                                           "test_tables_spark.py", "test_spark_compaction.py")}}
 
 
 def pytest_xdist_make_scheduler(config, log):
