@@ -294,3 +294,53 @@ def test_close_during_a_rebalance_returns_promptly_and_the_member_leaves(env, cl
     assert env.committed("t", 6) == [(10, "")] * 6
     assert described(env) == ("Empty", [])
     assert group_threads() == 0
+
+
+def test_close_while_a_rejoin_awaits_its_syncgroup_commits_what_was_read(env, monkeypatch):
+    """a leaves; b (cooperative-sticky, so it keeps 3-5 through the rebalance) rejoins from its
+    group thread and its JoinGroup is answered, but its SyncGroup answers 1 s late, and b is
+    closed meanwhile. The group is in a new generation that waits for that SyncGroup: a commit
+    with b's last completed generation was refused (ILLEGAL_GENERATION) and b's reads of 5-9
+    stayed uncommitted (found by a full run on 4 workers). close() completes the join first, so
+    its commit carries the new generation: every partition ends committed at 10."""
+    from txlake.engine.group_coordinator import GroupCoordinator
+
+    handle_sync_group = GroupCoordinator.handle_sync_group
+    late: list[float] = []
+
+    def answered_late(self, *args, **kwargs):
+        if late:
+            time.sleep(late[0])
+        return handle_sync_group(self, *args, **kwargs)
+
+    monkeypatch.setattr(GroupCoordinator, "handle_sync_group", answered_late)
+    env.topic("t", 6, records=5)
+    a, b = (App(env, name, **{"partition.assignment.strategy": "cooperative-sticky"}) for name in ("a", "b"))
+    seen: dict[str, object] = {}
+
+    def scenario(progress: list[str]) -> None:
+        a.subscribe()
+        in_turn([a], lambda: len(a.records) == 30, "a reading 30 records")
+        b.subscribe()
+        in_turn([a, b], lambda: (a.partitions(), b.partitions()) == SPLITS["cooperative-sticky"]
+                and env.group().is_in(GroupState.STABLE), "the split")
+        env.produce("t", {p: range(5, 10) for p in range(6)})
+        in_turn([a, b], lambda: len(a.records) + len(b.records) == 60, "reading the 30 new records")
+        progress.append("a closes; b's rejoin is answered, its SyncGroup 1 s late")
+        late.append(1.0)
+        a.close()
+        deadline = time.monotonic() + 5
+        while env.group().generation_id < 4 and time.monotonic() < deadline:   # b's JoinGroup answered
+            time.sleep(0.01)
+        seen["generation"] = env.group().generation_id
+        seen["state"] = described(env)[0]
+        progress.append("b closes while its SyncGroup is in flight")
+        seen["close b"] = b.close()
+
+    run_bounded(scenario)
+    assert seen["generation"] == 4 and seen["state"] == "CompletingRebalance"
+    assert seen["close b"] < CALL_BOUND_S
+    assert sorted(b.records) == records([3, 4, 5], range(5, 10))
+    assert env.committed("t", 6) == [(10, "")] * 6
+    assert described(env) == ("Empty", [])
+    assert group_threads() == 0

@@ -171,6 +171,7 @@ class ConsumerCoordinator:
         self._request: Future | None = None   # the JoinGroup or SyncGroup awaiting its answer
         self._request_kind = ""           # "join" or "sync"
         self._joined = None               # the JoinGroup response the SyncGroup belongs to
+        self._answering = False           # the group thread is handling a JoinGroup or SyncGroup answer
         self._rejoin_needed = True
         self._stable = False              # between a completed SyncGroup and the next rejoin (heartbeats only then)
         self._max_poll_exceeded = False   # left for max.poll.interval.ms: no rejoin until the application polls
@@ -250,17 +251,34 @@ class ConsumerCoordinator:
 
     def close(self) -> None:
         """Leave the group (librdkafka's consumer close, Kafka's ``maybeLeaveGroup``), in the
-        caller's thread and without waiting for the group: stop the background thread, serve the
-        revocations and losses still queued (assignments never applied are dropped), auto-commit,
-        revoke what is owned (``on_revoke``), then LeaveGroup -- not for a static member, whose
-        partitions wait for it to return until its session times out (KIP-345). A JoinGroup or
-        SyncGroup still parked at the coordinator is answered by the LeaveGroup. Idempotent."""
+        caller's thread: complete a join the coordinator already answered (its SyncGroup, for at
+        most the session timeout and 10 s), stop the background thread, serve the revocations and
+        losses still queued (assignments never applied are dropped), auto-commit, revoke what is
+        owned (``on_revoke``), then LeaveGroup -- not for a static member, whose partitions wait
+        for it to return until its session times out (KIP-345). A JoinGroup still parked at the
+        coordinator (the other members have not rejoined) is not waited for: the LeaveGroup
+        answers it. Idempotent."""
         with self._cond:
             if self._closed:
                 return
-            self._closed = self._terminate = True
+            self._closed = True          # the group thread starts nothing new, it only reads answers
             self._cond.notify_all()
             thread = self._thread
+            # A join the coordinator answered (a SyncGroup in flight, or a JoinGroup answer not read
+            # yet) moved the group to a new generation that waits for this member's SyncGroup: a
+            # commit with the last completed generation would be refused (ILLEGAL_GENERATION, or
+            # REBALANCE_IN_PROGRESS while the group completes the rebalance), and the positions
+            # read since would be read again. The group thread completes that join first, bounded
+            # by the session timeout; the commit then carries the new generation. A JoinGroup still
+            # parked leaves the group preparing the rebalance, where the last generation's commit is
+            # accepted (Kafka's GroupCoordinator.handleCommitOffsets), and the LeaveGroup answers it.
+            deadline = time.monotonic() + min(CLOSE_JOIN_TIMEOUT_S, self.session_timeout_ms / 1000)
+            while (thread is not None and thread.is_alive() and time.monotonic() < deadline
+                   and (self._answering or (self._request is not None
+                                            and (self._request_kind == "sync" or self._request.done())))):
+                self._cond.wait(0.01)
+            self._terminate = True
+            self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():
             thread.join(CLOSE_JOIN_TIMEOUT_S)
             if thread.is_alive():
@@ -379,6 +397,9 @@ class ConsumerCoordinator:
                     if self._request is None and not self._stable:
                         self._rejoin_needed = True
                     self._join_not_before = time.monotonic() + FAILURE_BACKOFF_S
+            finally:
+                with self._cond:
+                    self._answering = False
 
     def _next_step(self) -> Callable[[], None] | None:
         """What the group thread does next (lock held), or None after setting ``_wait_s``."""
@@ -391,7 +412,10 @@ class ConsumerCoordinator:
         now = time.monotonic()
         waits = [MAX_IDLE_S]
         if self._request is not None and self._request.done():
+            self._answering = True      # until the handler returned (it clears _request first)
             return self._on_sync_answer if self._request_kind == "sync" else self._on_join_answer
+        if self._closed:
+            return None                 # close() waits for the answers of a join in flight, nothing more
         if self._stable:
             poll_deadline = self._last_poll + self.max_poll_interval_ms / 1000
             if now > poll_deadline:
