@@ -109,6 +109,11 @@ def test_trial_with_a_transactional_writer_sigkilled_mid_transaction(served, clo
         s.value for s in result.history.of(Send) if s.txn in t0 and t0[s.txn][0] == "commit"}
 
 
+def producer_threads() -> set[tuple[str, int]]:
+    """The running send and transaction threads of txlake Producers, as ``(name, ident)``."""
+    return {(t.name, t.ident) for t in threading.enumerate() if t.name in ("txlake-producer", "txlake-producer-txn")}
+
+
 def test_consume_transform_produce_group_with_rebalances_and_a_killed_member(tmp_path, close_engines):  # noqa: F811
     """The consume-transform-produce group (txlake/verify/ctp.py) on file://: members m0 and m1
     copy the topic to c4-out in transactions carrying their offsets (KIP-447); the seeded victim,
@@ -120,6 +125,7 @@ def test_consume_transform_produce_group_with_rebalances_and_a_killed_member(tmp
     from txlake.verify.ctp import GROUP_BROKER_SETTINGS, plans
 
     conf = {"storage.url": f"file://{tmp_path}/root", "storage.flush.linger.ms": 1, **GROUP_BROKER_SETTINGS}
+    before = producer_threads()     # an earlier test of this worker process may have left one running
     result = run_trial(conf, seed=4, topic="c4", spec=dataclasses.replace(SPEC, ctp_members=2))
     assert result.anomalies == []
     assert result.faults == {"ctp.member.kill": 1}
@@ -148,7 +154,7 @@ def test_consume_transform_produce_group_with_rebalances_and_a_killed_member(tmp
         ("lost-write", "duckdb", (out,)), ("missing-output", "duckdb", (src,))]
     # every producer of the trial (writers, members, the abandoned one) is closed: its threads are gone
     # (a soak runs a thousand trials in one process)
-    assert [t.name for t in threading.enumerate() if t.name in ("txlake-producer", "txlake-producer-txn")] == []
+    assert producer_threads() - before == set()
 
 
 def test_delta_reader_repeats_a_publication_whose_commit_put_timed_out(tmp_path, close_engines):  # noqa: F811
