@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./dev/setup.sh
-exec .venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder -q "$@"
+exec .venv/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder -q "$@"

@@ -144,6 +144,7 @@ def test_orphan_grace_is_measured_by_object_age(storage, close_engines):
     AdminClient(conf).create_topics([NewTopic("t", num_partitions=1)])["t"].result()
     producer.produce("t", value=b"v")
     assert producer.flush(10) == 0
+    producer.close()
     from txlake.engine.registry import close_all
 
     close_all()
