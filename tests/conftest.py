@@ -63,14 +63,14 @@ class StorageTarget:
 
 
 #: the test files that take longest, longest first: each one's tests' seconds (setup, call and
-#: teardown) in a full run on 3 workers on the 2-core machine, 2026-11-25 (``-v --durations=0``; the files
-#: of :data:`SAME_WORKER` counted with their first). ``dev/test.sh`` runs files whole on 4
-#: workers (``--dist loadfile``) in collection order (``--no-loadscope-reorder``): these go
-#: first, longest first, so the run does not end with one worker alone on a long file. xdist's
-#: default order (most tests first) put most of them last: they hold 1 or 2 tests each. With
-#: only the 18 longest named (a list from earlier figures), the workers ran 883, 899 and 985 s:
-#: test_server_topics.py (122 s), test_verify_cli.py (83 s) and test_writer_lease.py (71 s) ran
-#: last.
+#: teardown) in a full run on 3 workers on the 2-core machine, 2026-11-25 (``-v
+#: --durations=0``; the files of :data:`SAME_WORKER` counted with their first). ``dev/test.sh``
+#: runs files whole on 4 workers (``--dist loadfile``) in collection order
+#: (``--no-loadscope-reorder``): these go first, longest first, so the run does not end with
+#: one worker alone on a long file. xdist's default order (most tests first) put most of them
+#: last: they hold 1 or 2 tests each. With only the 18 longest named (a list from earlier
+#: figures), the workers ran 883, 899 and 985 s: test_server_topics.py (122 s),
+#: test_verify_cli.py (83 s) and test_writer_lease.py (71 s) ran last.
 LONGEST_FILES = (
     "test_spark_write.py",          # 408 s with its SAME_WORKER files on 4 workers (157 s alone, 39 tests)
     "test_demo.py",                 # ~190 s: two whole demos (242 s with a third, merged since)
