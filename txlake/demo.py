@@ -1276,9 +1276,9 @@ WIRE_CLIENT_CONF = {"client.id": "txlake-demo",
                     "metadata.recovery.strategy": "none"}
 #: the settings of the demo's ``txlake serve`` (steps 6-8): timed-out transactions are looked for every
 #: second (step 7's crashed worker), a transaction's writes are flushed within 100 ms instead of 500, and a
-#: new group's first rebalance does not wait for more members (Kafka's own config/server.properties sets
-#: group.initial.rebalance.delay.ms=0 "for a better out-of-the-box experience for development and testing";
-#: its 3 s default, extended by 3 s per member joining, held step 7's workers idle for 6 s)
+#: new group's first rebalance does not wait for more members (the sample config/server.properties Apache
+#: Kafka ships sets group.initial.rebalance.delay.ms=0 for development and tests; the 3 s default, extended
+#: by 3 s per member joining, held step 7's workers idle for 6 s)
 DEMO_SERVER_CONF = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
                     "storage.flush.interval.ms": 100, "group.initial.rebalance.delay.ms": 0}
 #: seconds a read-back of a target topic may take
