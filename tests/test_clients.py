@@ -1,5 +1,7 @@
 """Producer, Consumer and AdminClient through the public API (confluent-kafka semantics)."""
 
+import logging
+import threading
 import time
 
 import pytest
@@ -169,6 +171,34 @@ def test_producer_errors(conf):
     with pytest.raises(TypeError):
         p.produce("t", value=123)
     p.close()
+
+
+def test_a_producer_dropped_without_close_stops_and_releases_the_root(conf, caplog):
+    """confluent-kafka's dealloc (librdkafka's rd_kafka_destroy): a Producer dropped without
+    close() -- a transactional one after its commit, an idempotent one with a record still
+    lingering -- is collected. Its threads end, the lingering record is dropped with a warning
+    naming how many, and the last release closes the root's engine (and gives its writer lease
+    back). Before, their threads held them: both ran, and held the engine, until the process
+    exited."""
+    create(conf, "t")
+    committed = Producer({**conf, "transactional.id": "dropped"})
+    committed.init_transactions(30)
+    committed.begin_transaction()
+    committed.produce("t", value=b"committed")
+    committed.commit_transaction(30)
+    lingering = Producer({**conf, "linger.ms": 60_000})
+    lingering.produce("t", value=b"never sent")
+    threads = [committed._sender, committed._txn_thread, lingering._sender]
+    broker = committed._broker
+    assert lingering._broker is broker and all(t.is_alive() for t in threads)
+    with caplog.at_level(logging.WARNING, logger="txlake.producer"):
+        del committed, lingering
+        for thread in threads:
+            thread.join(5)
+    assert [t.name for t in threads if t.is_alive()] == []
+    assert broker._closed
+    assert caplog.text.count("dropped without close() with 1 records still queued or in flight") == 1
+    assert [m.value() for m in consume_all(conf, "t", 1, **{"isolation.level": "read_committed"})] == [b"committed"]
 
 
 def test_oversize_for_topic_fails_delivery(conf):

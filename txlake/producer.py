@@ -32,7 +32,10 @@ import operator
 import random
 import threading
 import time
+import weakref
 from collections import deque
+from concurrent.futures import Future
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable
 
@@ -247,7 +250,7 @@ class Producer(HandleCalls):
             self._broker = acquire_broker(self._cfg.storage_url, self._cfg.storage_options, self._cfg.broker_config())
         local_requests.load(self._broker)
         self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
+        self._cond = _CountingCondition(self._lock)
         self._buffers: dict[tuple[str, int], _Buffer] = {}
         #: closed batches not sent yet, per partition, in order (waiting for AddPartitionsToTxn,
         #: for a retry of the batch in front, or for an epoch bump)
@@ -274,7 +277,7 @@ class Producer(HandleCalls):
         self._txn: TransactionManager | None = None
         if v["transactional.id"] is not None:
             self._txn = TransactionManager(v["transactional.id"], v["transaction.timeout.ms"], self._broker,
-                                           self._set_identity)
+                                           partial(_call_if_alive, weakref.ref(self), Producer._set_identity))
         self._next_seq: dict[tuple[str, int], int] = {}
         self._fatal: KafkaError | None = None
         self._closed = False
@@ -283,10 +286,19 @@ class Producer(HandleCalls):
         #: an AddPartitionsToTxn of the transaction thread is under way
         self._adding = False
         self._txn_thread: threading.Thread | None = None
-        self._sender = threading.Thread(target=self._send_loop, name="txlake-producer", daemon=True)
+        #: set by __del__ to the records still queued when the producer was dropped without close()
+        self._dropped: list[int] = []
+        # the threads hold the producer only during a step, never while they wait, so that one
+        # dropped without close() is collected and stops (__del__), as confluent-kafka's
+        self._sender = threading.Thread(target=_while_referenced,
+                                        args=(weakref.ref(self), Producer._send_step, self._cond,
+                                              partial(_release_dropped, self._dropped, self._broker)),
+                                        name="txlake-producer", daemon=True)
         self._sender.start()
         if self._txn is not None:
-            self._txn_thread = threading.Thread(target=self._txn_loop, name="txlake-producer-txn", daemon=True)
+            self._txn_thread = threading.Thread(target=_while_referenced,
+                                                args=(weakref.ref(self), Producer._txn_step, self._cond),
+                                                name="txlake-producer-txn", daemon=True)
             self._txn_thread.start()
 
     def _check_idempotence(self) -> bool:
@@ -700,7 +712,7 @@ class Producer(HandleCalls):
         # has reported it (a late answer is ignored), so the request waits a second longer
         timeout_ms = int((flight.deadline - time.monotonic()) * 1000) + 1000
         future = local_requests.produce(self._broker, flight.batch, timeout_ms, self._cfg["transactional.id"])
-        future.add_done_callback(lambda f, fl=flight: self._on_result(fl, f.result()))
+        future.add_done_callback(partial(_answered, weakref.ref(self), flight))
 
     def _requeue(self, flight: _InFlight) -> None:
         """Put a batch to retry back in its partition's queue, in front of every batch sent after
@@ -848,60 +860,62 @@ class Producer(HandleCalls):
         self._bump_required = False
         self._cond.notify_all()
 
-    def _send_loop(self) -> None:
-        while True:
+    def _send_step(self) -> float | None:
+        """One turn of the send thread: close the batches whose linger passed, expire, bump the
+        epoch if due, send what is ready. Returns how long to wait for the next thing due (s;
+        50 ms when nothing is), None once the producer is closed."""
+        if self._unknown:
+            self._place_unknown()
+        with self._lock:
+            if self._closed:
+                return None
+            now = time.monotonic()
+            for tp in [tp for tp, b in self._buffers.items() if now - b.created >= self._linger]:
+                self._close_batch(tp)
+            self._expire(now)
+            self._maybe_bump()
+            for tp in list(self._queues):
+                self._drain(tp, now)
+            waits = [b.created + self._linger - now for b in self._buffers.values()]
+            waits += [q[0].retry_at - now for q in self._queues.values() if q and q[0].retry_at > now]
+            waits += [q[0].deadline - now for q in self._queues.values() if q]
+            if self._inflight:
+                waits.append(self._expiry_due - now)
             if self._unknown:
-                self._place_unknown()
-            with self._lock:
-                if self._closed:
-                    return
-                now = time.monotonic()
-                for tp in [tp for tp, b in self._buffers.items() if now - b.created >= self._linger]:
-                    self._close_batch(tp)
-                self._expire(now)
-                self._maybe_bump()
-                for tp in list(self._queues):
-                    self._drain(tp, now)
-                waits = [b.created + self._linger - now for b in self._buffers.values()]
-                waits += [q[0].retry_at - now for q in self._queues.values() if q and q[0].retry_at > now]
-                waits += [q[0].deadline - now for q in self._queues.values() if q]
-                if self._inflight:
-                    waits.append(self._expiry_due - now)
-                if self._unknown:
-                    waits.append(0.05)
-                self._cond.wait(max(0.001, min(waits)) if waits else 0.05)
+                waits.append(0.05)
+            return max(0.001, min(waits)) if waits else 0.05
 
-    def _txn_loop(self) -> None:
-        """The transaction thread: adds the partitions new to the transaction, all that are waiting
-        in one AddPartitionsToTxn, then sends their queued batches (or fails them with its error).
-        A coordinator request waits for a commit, so it is sent without holding the lock."""
+    def _txn_step(self) -> float | None:
+        """One turn of the transaction thread: add the partitions new to the transaction, all that
+        are waiting in one AddPartitionsToTxn, then send their queued batches (or fail them with
+        its error). A coordinator request waits for a commit, so it is sent without holding the
+        lock. Returns how long to wait (s): 0 after a request, 1 with none waiting (a notify
+        ends the wait); None once the producer is closed with none waiting."""
         assert self._txn is not None
-        while True:
+        with self._lock:
+            if not self._txn_pending:
+                return None if self._closed else 1.0
+            todo = frozenset(self._txn_pending)
+            self._adding = True
+        try:
+            error = self._txn.add_partitions(todo, self._delivery_timeout)
+        finally:
             with self._lock:
-                while not self._txn_pending and not self._closed:
-                    self._cond.wait()
-                if not self._txn_pending:
-                    return
-                todo = frozenset(self._txn_pending)
-                self._adding = True
-            try:
-                error = self._txn.add_partitions(todo, self._delivery_timeout)
-            finally:
-                with self._lock:
-                    self._adding = False
-            with self._lock:
-                self._txn_pending -= todo
-                if error == Errors.NO_ERROR:
-                    for tp in todo:
-                        self._drain(tp)
-                else:  # never sent: no sequence was used
-                    err = self._txn.error or KafkaError(error, error.name)
-                    for tp in todo:
-                        for flight in self._take_queue(tp):
-                            self._fail_flight(flight, err)
-                    if self._txn.has_error:
-                        self._abort_undrained()
-                self._cond.notify_all()
+                self._adding = False
+        with self._lock:
+            self._txn_pending -= todo
+            if error == Errors.NO_ERROR:
+                for tp in todo:
+                    self._drain(tp)
+            else:  # never sent: no sequence was used
+                err = self._txn.error or KafkaError(error, error.name)
+                for tp in todo:
+                    for flight in self._take_queue(tp):
+                        self._fail_flight(flight, err)
+                if self._txn.has_error:
+                    self._abort_undrained()
+            self._cond.notify_all()
+        return 0.0
 
     # ------------------------------------------------------------------ transactions
     def _transactions(self) -> TransactionManager:
@@ -1301,11 +1315,92 @@ class Producer(HandleCalls):
         release_broker(self._broker)
         return True
 
+    def __del__(self) -> None:
+        """A producer dropped without :meth:`close` (confluent-kafka's dealloc, librdkafka's
+        ``rd_kafka_destroy``): its threads stop, records still queued or in flight are dropped
+        without delivery reports (a warning names how many), and the storage root is released
+        -- by its send thread (:func:`_release_dropped`): a finalizer runs in whatever thread
+        dropped the last reference, which may hold a lock the release needs (the registry's,
+        while it opens a broker), so it only notes the count, taking no lock."""
+        if not getattr(self, "_closed", True) and hasattr(self, "_dropped"):   # not closed, fully made
+            self._dropped.append(self._queued)
+
     def __enter__(self) -> "Producer":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _CountingCondition(threading.Condition):
+    """A Condition that counts its notifications: a background thread that decides to wait
+    while holding the lock but waits after releasing it (:func:`_while_referenced`) sees
+    whether a notification came in between, instead of sleeping through it."""
+
+    def __init__(self, lock) -> None:
+        super().__init__(lock)
+        self.notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+    def notify_all(self) -> None:
+        self.notified += 1
+        super().notify_all()
+
+
+def _while_referenced(ref: weakref.ref, step: Callable[[Any], float | None], cond: _CountingCondition,
+                      gone: Callable[[], None] | None = None) -> None:
+    """A client's background thread: ``wait = step(client)`` while the client (``ref()``)
+    exists and ``wait`` is not None, then wait up to ``wait`` s (at most 1 s) for a
+    notification of ``cond``, unless one came during the step. The client is held only during a
+    step, so one dropped without ``close()`` is collected; the thread then calls ``gone()``
+    (if given) and ends."""
+    while True:
+        client = ref()
+        if client is None:
+            if gone is not None:
+                gone()
+            return
+        with cond:
+            seen = cond.notified
+        wait = step(client)
+        del client
+        if wait is None:
+            return
+        if wait > 0:
+            with cond:
+                if cond.notified == seen:
+                    cond.wait(min(wait, 1.0))
+
+
+def _release_dropped(dropped: list[int], broker) -> None:
+    """The send thread of a producer collected without ``close()`` (``dropped``: what its
+    ``__del__`` noted): warn of the records it held, release the storage root."""
+    if not dropped:  # pragma: no cover - collected without __del__ running (interpreter exit)
+        return
+    if dropped[0]:
+        log.warning("a producer was dropped without close() with %d records still queued or in flight: they are "
+                    "not delivered (call flush() or close() first)", dropped[0])
+    release_broker(broker)
+
+
+def _call_if_alive(ref: weakref.ref, method: Callable, *args: Any) -> None:
+    """``method(ref(), *args)`` if the object still exists: a callback held by a part of it
+    (its transaction manager) without the reference cycle that would keep it alive."""
+    obj = ref()
+    if obj is not None:
+        method(obj, *args)
+
+
+def _answered(ref: weakref.ref, flight: "_InFlight", future: Future) -> None:
+    """A batch's Produce answer, to its producer if that still exists. The engine may hold an
+    answered request a while (a flusher keeps its last work item until the next one), and a
+    strong reference there would keep a producer dropped without ``close()`` alive."""
+    producer = ref()
+    if producer is not None:
+        producer._on_result(flight, future.result())
 
 
 def _split_by_partition(payload: pa.Table, parts: np.ndarray,
