@@ -860,10 +860,11 @@ class Producer(HandleCalls):
         self._bump_required = False
         self._cond.notify_all()
 
-    def _send_step(self) -> float | None:
+    def _send_step(self) -> tuple[float, int] | None:
         """One turn of the send thread: close the batches whose linger passed, expire, bump the
         epoch if due, send what is ready. Returns how long to wait for the next thing due (s;
-        50 ms when nothing is), None once the producer is closed."""
+        50 ms when nothing is) and the condition's notification count when it decided so; None
+        once the producer is closed."""
         if self._unknown:
             self._place_unknown()
         with self._lock:
@@ -883,18 +884,19 @@ class Producer(HandleCalls):
                 waits.append(self._expiry_due - now)
             if self._unknown:
                 waits.append(0.05)
-            return max(0.001, min(waits)) if waits else 0.05
+            return (max(0.001, min(waits)) if waits else 0.05), self._cond.notified
 
-    def _txn_step(self) -> float | None:
+    def _txn_step(self) -> tuple[float, int] | None:
         """One turn of the transaction thread: add the partitions new to the transaction, all that
         are waiting in one AddPartitionsToTxn, then send their queued batches (or fail them with
         its error). A coordinator request waits for a commit, so it is sent without holding the
-        lock. Returns how long to wait (s): 0 after a request, 1 with none waiting (a notify
-        ends the wait); None once the producer is closed with none waiting."""
+        lock. Returns how long to wait (s) -- 0 after a request, 1 with none waiting (a notify
+        ends the wait) -- and the condition's notification count when it decided so; None once
+        the producer is closed with none waiting."""
         assert self._txn is not None
         with self._lock:
             if not self._txn_pending:
-                return None if self._closed else 1.0
+                return None if self._closed else (1.0, self._cond.notified)
             todo = frozenset(self._txn_pending)
             self._adding = True
         try:
@@ -915,7 +917,7 @@ class Producer(HandleCalls):
                 if self._txn.has_error:
                     self._abort_undrained()
             self._cond.notify_all()
-        return 0.0
+        return 0.0, 0
 
     # ------------------------------------------------------------------ transactions
     def _transactions(self) -> TransactionManager:
@@ -1350,11 +1352,12 @@ class _CountingCondition(threading.Condition):
         super().notify_all()
 
 
-def _while_referenced(ref: weakref.ref, step: Callable[[Any], float | None], cond: _CountingCondition,
-                      gone: Callable[[], None] | None = None) -> None:
-    """A client's background thread: ``wait = step(client)`` while the client (``ref()``)
-    exists and ``wait`` is not None, then wait up to ``wait`` s (at most 1 s) for a
-    notification of ``cond``, unless one came during the step. The client is held only during a
+def _while_referenced(ref: weakref.ref, step: Callable[[Any], tuple[float, int] | None],
+                      cond: _CountingCondition, gone: Callable[[], None] | None = None) -> None:
+    """A client's background thread: ``step(client)`` while the client (``ref()``) exists and
+    the step returns ``(wait, seen)``, not None; then wait up to ``wait`` s (at most 1 s) for a
+    notification of ``cond``, unless one came after the step decided to wait (``cond.notified``
+    no longer ``seen``, the count it read under the lock). The client is held only during a
     step, so one dropped without ``close()`` is collected; the thread then calls ``gone()``
     (if given) and ends."""
     while True:
@@ -1363,12 +1366,11 @@ def _while_referenced(ref: weakref.ref, step: Callable[[Any], float | None], con
             if gone is not None:
                 gone()
             return
-        with cond:
-            seen = cond.notified
-        wait = step(client)
+        turn = step(client)
         del client
-        if wait is None:
+        if turn is None:
             return
+        wait, seen = turn
         if wait > 0:
             with cond:
                 if cond.notified == seen:
