@@ -712,7 +712,9 @@ class Producer(HandleCalls):
         # has reported it (a late answer is ignored), so the request waits a second longer
         timeout_ms = int((flight.deadline - time.monotonic()) * 1000) + 1000
         future = local_requests.produce(self._broker, flight.batch, timeout_ms, self._cfg["transactional.id"])
-        future.add_done_callback(partial(_answered, weakref.ref(self), flight))
+        # held weakly: the engine may keep an answered request a while (a flusher keeps its last
+        # work item until the next), which would keep a producer dropped without close() alive
+        future.add_done_callback(partial(_call_if_alive, weakref.ref(self), Producer._on_answer, flight))
 
     def _requeue(self, flight: _InFlight) -> None:
         """Put a batch to retry back in its partition's queue, in front of every batch sent after
@@ -722,6 +724,10 @@ class Producer(HandleCalls):
         while i < len(queue) and queue[i].sent and queue[i].order < flight.order:
             i += 1
         queue.insert(i, flight)
+
+    def _on_answer(self, flight: _InFlight, future: Future) -> None:
+        """The done callback of a batch's Produce request: :meth:`_on_result` of its answer."""
+        self._on_result(flight, future.result())
 
     def _on_result(self, flight: _InFlight, result: ProduceResult) -> None:
         """The broker answered a batch (on the engine's thread, or at once for a refusal): report
@@ -1390,19 +1396,11 @@ def _release_dropped(dropped: list[int], broker) -> None:
 
 def _call_if_alive(ref: weakref.ref, method: Callable, *args: Any) -> None:
     """``method(ref(), *args)`` if the object still exists: a callback held by a part of it
-    (its transaction manager) without the reference cycle that would keep it alive."""
+    (its transaction manager) or by the engine (a request's done callback) without the
+    reference that would keep it alive."""
     obj = ref()
     if obj is not None:
         method(obj, *args)
-
-
-def _answered(ref: weakref.ref, flight: "_InFlight", future: Future) -> None:
-    """A batch's Produce answer, to its producer if that still exists. The engine may hold an
-    answered request a while (a flusher keeps its last work item until the next one), and a
-    strong reference there would keep a producer dropped without ``close()`` alive."""
-    producer = ref()
-    if producer is not None:
-        producer._on_result(flight, future.result())
 
 
 def _split_by_partition(payload: pa.Table, parts: np.ndarray,
